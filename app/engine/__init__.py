@@ -1,0 +1,1 @@
+"""Inference: the engine contract and its llama.cpp implementation."""

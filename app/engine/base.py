@@ -1,0 +1,135 @@
+"""The engine contract: what the API and the batch runner ask of an inference engine.
+
+The API and the runner never touch llama_cpp; they hand an OpenAI request body to an
+`Engine` and get back the exact OpenAI response body the synchronous endpoint returns.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+#: The endpoints an engine serves, by their OpenAI path.
+CHAT = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
+EMBEDDINGS = "/v1/embeddings"
+ENDPOINTS = (CHAT, COMPLETIONS, EMBEDDINGS)
+
+
+class Priority(enum.IntEnum):
+    """Lower runs first: online requests take a free slot before any batch line."""
+
+    ONLINE = 0
+    BATCH = 1
+
+
+class EngineError(Exception):
+    """A request-level failure, shaped like an OpenAI error.
+
+    Raised (through the future) for a request the engine refuses or cannot finish:
+    a prompt longer than a slot's context, parameters out of range, a cancelled request.
+    It never means the engine itself is broken; the next request runs as usual.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status_code: int = 400,
+        code: str | None = None,
+        param: str | None = None,
+        type: str = "invalid_request_error",
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status_code = status_code
+        self.code = code
+        self.param = param
+        self.type = type
+
+    def to_body(self) -> dict[str, Any]:
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+
+class RequestCancelled(EngineError):
+    """The request was withdrawn (batch cancelled or expired) before it finished."""
+
+    def __init__(self, message: str = "The request was cancelled.") -> None:
+        super().__init__(message, status_code=499, code="request_cancelled")
+
+
+@dataclass
+class ModelInfo:
+    """What the server says about the loaded model (`/v1/models`, `/health`, dashboard)."""
+
+    id: str  # the name responses carry in `model`, e.g. "SmolLM2-135M-Instruct.Q4_1"
+    path: str
+    size_bytes: int
+    quantization: str  # e.g. "Q4_1"
+    n_ctx_train: int
+    ctx_per_slot: int
+    n_slots: int
+    backend: str  # "CPU", "CUDA", "Metal", ...
+    n_gpu_layers: int
+    embedding_dim: int
+    has_chat_template: bool
+    created: int  # unix time the model file was written, for /v1/models
+
+
+@dataclass
+class EngineStats:
+    """Live figures for /metrics and the dashboard."""
+
+    active_slots: int = 0
+    queue_depth: int = 0
+    tokens_per_second: float = 0.0  # generated tokens/s over the last few seconds
+    prompt_tokens_total: int = 0
+    completion_tokens_total: int = 0
+    requests_total: dict[str, int] = field(default_factory=dict)  # outcome -> count
+
+
+#: Called from the engine thread with each `chat.completion.chunk` (or `text_completion`
+#: chunk) dict while a streamed request decodes. The final, whole response body still
+#: arrives through the future.
+ChunkCallback = Callable[[dict[str, Any]], None]
+
+
+class Engine(Protocol):
+    info: ModelInfo
+
+    def submit(
+        self,
+        endpoint: str,
+        body: dict[str, Any],
+        *,
+        priority: Priority = Priority.ONLINE,
+        on_chunk: ChunkCallback | None = None,
+    ) -> Future[dict[str, Any]]:
+        """Queue one request. Thread-safe, returns at once.
+
+        `endpoint` is one of ENDPOINTS; `body` the OpenAI request body. The future
+        resolves to the OpenAI response body (`chat.completion`, `text_completion`, or an
+        embeddings `list`, each with `usage`) or fails with `EngineError`.
+        """
+        ...
+
+    def cancel(self, future: Future[dict[str, Any]]) -> None:
+        """Withdraw a request: a queued one never runs, a running one frees its slot.
+        Its future fails with RequestCancelled. A finished one is left alone."""
+        ...
+
+    def stats(self) -> EngineStats: ...
+
+    def close(self) -> None:
+        """Stop the engine thread and free the model. Pending futures fail."""
+        ...

@@ -1,0 +1,1 @@
+"""The dashboard: pages, partials and live updates."""
