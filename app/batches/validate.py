@@ -1,0 +1,223 @@
+"""Input JSONL -> the batch's lines, or every bad line with OpenAI's error codes.
+
+Reads the file as a stream of raw lines, so a 200 MB input never sits in memory whole;
+each good line is kept as (offset, length) into the file, not as a copy.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, BinaryIO
+
+#: A line longer than this is refused on its own (OpenAI's per-request body limit is in MB).
+MAX_LINE_BYTES = 32 * 1024 * 1024
+#: How many line errors a failed batch reports; more are summed up in one last entry.
+MAX_REPORTED_ERRORS = 1000
+
+
+@dataclass
+class Line:
+    number: int  # 1-based
+    offset: int
+    length: int
+    custom_id: str
+
+
+@dataclass
+class LineError:
+    code: str
+    message: str
+    line: int | None = None
+    param: str | None = None
+
+    def to_openai(self) -> dict[str, Any]:
+        return {"code": self.code, "message": self.message, "param": self.param, "line": self.line}
+
+
+@dataclass
+class Validation:
+    lines: list[Line] = field(default_factory=list)
+    errors: list[LineError] = field(default_factory=list)
+    model: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors and bool(self.lines)
+
+    def reported_errors(self) -> list[dict[str, Any]]:
+        shown = [e.to_openai() for e in self.errors[:MAX_REPORTED_ERRORS]]
+        extra = len(self.errors) - MAX_REPORTED_ERRORS
+        if extra > 0:
+            shown.append(
+                LineError(
+                    "too_many_errors", f"{extra} more lines have errors; fix the ones above and retry."
+                ).to_openai()
+            )
+        return shown
+
+
+def raw_lines(stream: BinaryIO, chunk_size: int = 1 << 20) -> Iterator[tuple[int, bytes, bool]]:
+    """Yield (offset, line bytes without the newline, too_long) for each line of a stream.
+
+    A line past MAX_LINE_BYTES is not kept in memory: it is skipped up to its newline and
+    reported once with too_long set.
+    """
+    buf = b""
+    buf_start = 0  # file offset of buf[0]
+    dropping = False
+    drop_start = 0
+    while chunk := stream.read(chunk_size):
+        buf += chunk
+        pos = 0
+        while (nl := buf.find(b"\n", pos)) >= 0:
+            if dropping:
+                yield drop_start, b"", True
+                dropping = False
+            else:
+                yield buf_start + pos, buf[pos:nl], False
+            pos = nl + 1
+        buf_start += pos
+        buf = buf[pos:]
+        if len(buf) > MAX_LINE_BYTES:
+            if not dropping:
+                dropping, drop_start = True, buf_start
+            buf_start += len(buf)
+            buf = b""
+    if dropping:
+        yield drop_start, b"", True
+    elif buf:
+        yield buf_start, buf, False
+
+
+def validate_jsonl(
+    stream: BinaryIO, endpoint: str, *, max_requests: int = 50_000
+) -> Validation:
+    return validate_lines(raw_lines(stream), endpoint, max_requests=max_requests)
+
+
+def validate_lines(
+    lines: Iterable[tuple[int, bytes, bool]], endpoint: str, *, max_requests: int = 50_000
+) -> Validation:
+    result = Validation()
+    seen_ids: dict[str, int] = {}
+    requests = 0
+    for number, (offset, raw, too_long) in enumerate(lines, start=1):
+        before = len(result.lines)
+        err = _check_line(number, offset, raw, too_long, endpoint, seen_ids, result)
+        if err is not None:
+            result.errors.append(err)
+            continue
+        if len(result.lines) == before:
+            continue  # a blank line
+        requests += 1
+        if requests > max_requests:
+            result.lines.pop()
+            result.errors.append(
+                LineError(
+                    "too_many_requests",
+                    f"A batch may hold at most {max_requests} requests; this file has more "
+                    f"(line {number} is request {requests}).",
+                    line=number,
+                )
+            )
+            break
+    if not result.lines and not result.errors:
+        result.errors.append(LineError("empty_file", "The batch input file is empty: it holds no requests."))
+    return result
+
+
+def _check_line(
+    number: int,
+    offset: int,
+    raw: bytes,
+    too_long: bool,
+    endpoint: str,
+    seen_ids: dict[str, int],
+    result: Validation,
+) -> LineError | None:
+    if too_long:
+        return LineError(
+            "line_too_long", f"This line is longer than the limit of {MAX_LINE_BYTES} bytes.", line=number
+        )
+    # Byte-order mark on the first line: an editor's habit, harmless; skip it.
+    start = offset
+    if number == 1 and raw.startswith(b"\xef\xbb\xbf"):
+        raw = raw[3:]
+        start += 3
+    length = len(raw)
+    if raw.endswith(b"\r"):
+        raw = raw[:-1]
+        length -= 1
+    if raw.strip() == b"":
+        return None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return LineError(
+            "invalid_encoding", f"This line is not valid UTF-8 (byte {exc.start} of the line).", line=number
+        )
+    try:
+        obj = json.loads(text)
+    except (ValueError, RecursionError):
+        return LineError("invalid_json_line", "This line is not parseable as valid JSON.", line=number)
+    if not isinstance(obj, dict):
+        return LineError("invalid_json_line", "Each line must be a JSON object.", line=number)
+    custom_id = obj.get("custom_id")
+    if custom_id is None:
+        return LineError(
+            "missing_required_parameter", "Missing required parameter: 'custom_id'.", line=number, param="custom_id"
+        )
+    if not isinstance(custom_id, str) or not custom_id:
+        return LineError(
+            "invalid_custom_id", "custom_id must be a non-empty string.", line=number, param="custom_id"
+        )
+    if custom_id in seen_ids:
+        return LineError(
+            "duplicate_custom_id",
+            f"The custom_id '{custom_id}' is a duplicate of line {seen_ids[custom_id]}. "
+            "The custom_id parameter must be unique for each request in a batch.",
+            line=number,
+            param="custom_id",
+        )
+    seen_ids[custom_id] = number
+    method = obj.get("method")
+    if method != "POST":
+        return LineError(
+            "invalid_method", "The method for this request must be 'POST'.", line=number, param="method"
+        )
+    url = obj.get("url")
+    if url != endpoint:
+        return LineError(
+            "invalid_url",
+            f"The URL for this request does not match the batch's endpoint: expected '{endpoint}', "
+            f"got {json.dumps(url)}.",
+            line=number,
+            param="url",
+        )
+    body = obj.get("body")
+    if not isinstance(body, dict):
+        return LineError("invalid_request", "The body of this request must be a JSON object.", line=number, param="body")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        return LineError(
+            "missing_required_parameter", "Missing required parameter: 'body.model'.", line=number, param="body.model"
+        )
+    if result.model is None:
+        result.model = model
+    elif model != result.model:
+        first = result.lines[0].number if result.lines else number
+        return LineError(
+            "mismatched_model",
+            f"All requests in a batch must name the same model: line {first} names "
+            f"'{result.model}', this line names '{model}'.",
+            line=number,
+            param="body.model",
+        )
+    if body.get("stream"):
+        return LineError(
+            "invalid_request", "Streaming ('stream': true) is not supported in a batch.", line=number, param="body.stream"
+        )
+    result.lines.append(Line(number=number, offset=start, length=length, custom_id=custom_id))
+    return None

@@ -1,0 +1,245 @@
+"""The files service: every file the API or the dashboard stores, lists, serves or deletes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import func
+from sqlmodel import col, select
+
+from app.config import Settings
+from app.db import Database
+from app.errors import APIError, invalid, not_found
+from app.models import Batch, BatchStatus, File, new_id, now
+from app.storage import PartialWrite, Storage
+
+#: Purposes a client may upload with (OpenAI's list); batch_output is written by batchyard.
+UPLOAD_PURPOSES = ("assistants", "batch", "fine-tune", "vision", "user_data", "evals")
+#: Purposes the list filter accepts.
+ALL_PURPOSES = (*UPLOAD_PURPOSES, "batch_output", "assistants_output", "fine-tune-results")
+#: OpenAI: files with purpose=batch expire after 30 days unless told otherwise.
+BATCH_FILE_DEFAULT_TTL = 30 * 24 * 3600
+EXPIRES_MIN, EXPIRES_MAX = 3600, 30 * 24 * 3600
+
+
+def file_to_openai(f: File) -> dict[str, Any]:
+    """The `FileObject` shape."""
+    return {
+        "id": f.id,
+        "object": "file",
+        "bytes": f.bytes,
+        "created_at": f.created_at,
+        "expires_at": f.expires_at,
+        "filename": f.filename,
+        "purpose": f.purpose,
+        "status": "processed",
+        "status_details": None,
+    }
+
+
+def parse_expires_after(anchor: Any, seconds: Any, param: str = "expires_after") -> int:
+    """Validate an `expires_after` policy; returns its seconds."""
+    if anchor != "created_at":
+        raise invalid(f"{param}[anchor] must be 'created_at'.", param=f"{param}[anchor]")
+    try:
+        value = int(seconds)
+    except (TypeError, ValueError):
+        raise invalid(f"{param}[seconds] must be an integer.", param=f"{param}[seconds]") from None
+    if not EXPIRES_MIN <= value <= EXPIRES_MAX:
+        raise invalid(
+            f"{param}[seconds] must be between {EXPIRES_MIN} and {EXPIRES_MAX} (30 days); got {value}.",
+            param=f"{param}[seconds]",
+        )
+    return value
+
+
+class FileService:
+    def __init__(self, settings: Settings, db: Database, storage: Storage) -> None:
+        self.settings = settings
+        self.db = db
+        self.storage = storage
+
+    # -- limits -------------------------------------------------------------------------
+
+    def limit_for(self, purpose: str | None) -> int:
+        if purpose == "batch":
+            return self.settings.max_batch_file_bytes
+        return self.settings.max_file_bytes
+
+    def check_purpose(self, purpose: str | None) -> str:
+        if not purpose:
+            raise APIError(
+                400, "Missing required parameter: 'purpose'.", param="purpose", code="missing_required_parameter"
+            )
+        if purpose not in UPLOAD_PURPOSES:
+            raise invalid(
+                f"Invalid purpose '{purpose}'. Expected one of: {', '.join(UPLOAD_PURPOSES)}.", param="purpose"
+            )
+        return purpose
+
+    # -- writes -------------------------------------------------------------------------
+
+    def create(
+        self,
+        *,
+        partial: PartialWrite,
+        filename: str,
+        purpose: str,
+        owner: str,
+        expires_after: int | None = None,
+    ) -> File:
+        """Store an upload that was streamed into `partial` and give it an id."""
+        limit = self.limit_for(purpose)
+        if partial.size > limit:
+            partial.discard()
+            raise too_large(purpose, limit)
+        created = now()
+        if expires_after is None and purpose == "batch":
+            expires_after = BATCH_FILE_DEFAULT_TTL
+        row = File(
+            id=new_id("file-"),
+            owner=owner,
+            filename=safe_filename(filename),
+            purpose=purpose,
+            bytes=partial.size,
+            sha256=partial.sha256,
+            created_at=created,
+            expires_at=created + expires_after if expires_after else None,
+        )
+        partial.commit(row.id)
+        try:
+            with self.db.write() as s:
+                s.add(row)
+        except BaseException:
+            self.storage.delete(row.id)
+            raise
+        return row
+
+    def write_output(
+        self, *, file_id: str, filename: str, size: int, sha256: str, owner: str, expires_at: int | None
+    ) -> File:
+        """A row for output bytes already on disk under `file_id` (see batches.output)."""
+        return File(
+            id=file_id,
+            owner=owner,
+            filename=filename,
+            purpose="batch_output",
+            bytes=size,
+            sha256=sha256,
+            created_at=now(),
+            expires_at=expires_at,
+        )
+
+    def delete(self, file_id: str, owner: str) -> None:
+        with self.db.write() as s:
+            row = self._get(s, file_id, owner)
+            busy = s.exec(
+                select(Batch.id).where(
+                    Batch.input_file_id == file_id, col(Batch.status).in_(BatchStatus.ACTIVE)
+                )
+            ).first()
+            if busy:
+                raise APIError(
+                    409,
+                    f"File '{file_id}' is the input of batch '{busy}', which is still running. "
+                    "Cancel the batch or wait for it to finish, then delete the file.",
+                    param="file_id",
+                    code="file_in_use",
+                )
+            s.delete(row)
+        self.storage.delete(file_id)
+
+    def sweep_expired(self) -> int:
+        """Delete files whose expires_at has passed (inputs of active batches wait)."""
+        t = now()
+        with self.db.read() as s:
+            due = s.exec(
+                select(File.id, File.owner).where(col(File.expires_at).is_not(None), col(File.expires_at) <= t)
+            ).all()
+        removed = 0
+        for file_id, owner in due:
+            try:
+                self.delete(file_id, owner)
+                removed += 1
+            except APIError:
+                pass
+        return removed
+
+    # -- reads --------------------------------------------------------------------------
+
+    def _get(self, s: Any, file_id: str, owner: str) -> File:
+        row = s.get(File, file_id)
+        if row is None or row.owner != owner:
+            raise not_found("file", file_id, param="file_id")
+        return row
+
+    def get(self, file_id: str, owner: str) -> File:
+        with self.db.read() as s:
+            return self._get(s, file_id, owner)
+
+    def content_path(self, file_id: str, owner: str) -> tuple[File, Path]:
+        row = self.get(file_id, owner)
+        path = self.storage.path(row.id)
+        if not path.is_file():
+            raise APIError(500, f"The bytes of file '{file_id}' are missing from disk.", code="file_missing")
+        return row, path
+
+    def list(
+        self,
+        owner: str,
+        *,
+        purpose: str | None = None,
+        limit: int = 10000,
+        after: str | None = None,
+        order: str = "desc",
+    ) -> tuple[list[File], bool]:
+        if purpose is not None and purpose not in ALL_PURPOSES:
+            raise invalid(f"Invalid purpose '{purpose}'.", param="purpose")
+        if order not in ("asc", "desc"):
+            raise invalid("order must be 'asc' or 'desc'.", param="order")
+        with self.db.read() as s:
+            q = select(File).where(File.owner == owner)
+            if purpose:
+                q = q.where(File.purpose == purpose)
+            if after:
+                cursor = s.get(File, after)
+                if cursor is None or cursor.owner != owner:
+                    raise not_found("file", after, param="after")
+                key = (cursor.created_at, cursor.id)
+                if order == "desc":
+                    q = q.where(
+                        (File.created_at < key[0]) | ((File.created_at == key[0]) & (File.id < key[1]))
+                    )
+                else:
+                    q = q.where(
+                        (File.created_at > key[0]) | ((File.created_at == key[0]) & (File.id > key[1]))
+                    )
+            if order == "desc":
+                q = q.order_by(col(File.created_at).desc(), col(File.id).desc())
+            else:
+                q = q.order_by(col(File.created_at).asc(), col(File.id).asc())
+            rows = list(s.exec(q.limit(limit + 1)).all())
+        return rows[:limit], len(rows) > limit
+
+    def count(self, owner: str) -> int:
+        with self.db.read() as s:
+            return s.exec(select(func.count()).select_from(File).where(File.owner == owner)).one()
+
+
+def too_large(purpose: str | None, limit: int) -> APIError:
+    mb = limit / (1024 * 1024)
+    what = "Batch input files" if purpose == "batch" else "Files"
+    return APIError(
+        413,
+        f"{what} may be at most {limit} bytes ({mb:g} MB); this upload is larger.",
+        param="file",
+        code="file_too_large",
+    )
+
+
+def safe_filename(name: str | None) -> str:
+    """The name to show and to send back in Content-Disposition: no paths, no controls."""
+    name = (name or "upload").replace("\\", "/").rsplit("/", 1)[-1]
+    name = "".join(ch for ch in name if ch.isprintable() and ch not in '"\r\n')
+    return name[:255] or "upload"

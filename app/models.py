@@ -1,0 +1,118 @@
+"""Tables: File (bytes on disk), Batch, and Request (one line of a batch)."""
+
+from __future__ import annotations
+
+import secrets
+import time
+
+from sqlalchemy import Column, Index, Text
+from sqlmodel import Field, SQLModel
+
+
+def now() -> int:
+    return int(time.time())
+
+
+def new_id(prefix: str) -> str:
+    """OpenAI-style ids: a prefix and 24 random url-safe characters."""
+    alphabet = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
+    return prefix + "".join(secrets.choice(alphabet) for _ in range(24))
+
+
+class File(SQLModel, table=True):
+    id: str = Field(primary_key=True)
+    owner: str = Field(default="", index=True)
+    filename: str
+    purpose: str = Field(index=True)
+    bytes: int
+    sha256: str = ""
+    created_at: int = Field(default_factory=now, index=True)
+    expires_at: int | None = None
+
+
+class BatchStatus:
+    VALIDATING = "validating"
+    FAILED = "failed"
+    IN_PROGRESS = "in_progress"
+    FINALIZING = "finalizing"
+    COMPLETED = "completed"
+    EXPIRED = "expired"
+    CANCELLING = "cancelling"
+    CANCELLED = "cancelled"
+
+    ACTIVE = (VALIDATING, IN_PROGRESS, FINALIZING, CANCELLING)
+    FINISHED = (FAILED, COMPLETED, EXPIRED, CANCELLED)
+
+
+class Batch(SQLModel, table=True):
+    id: str = Field(primary_key=True)
+    owner: str = Field(default="", index=True)
+    endpoint: str
+    input_file_id: str = Field(index=True)
+    completion_window: str = "24h"
+    status: str = Field(default=BatchStatus.VALIDATING, index=True)
+    model: str | None = None
+    metadata_json: str | None = Field(default=None, sa_column=Column("metadata", Text))
+    errors_json: str | None = Field(default=None, sa_column=Column("errors", Text))
+    output_file_id: str | None = None
+    error_file_id: str | None = None
+    # Seconds after creation the output and error files expire; None keeps them.
+    output_expires_after: int | None = None
+
+    created_at: int = Field(default_factory=now, index=True)
+    expires_at: int | None = None
+    in_progress_at: int | None = None
+    finalizing_at: int | None = None
+    completed_at: int | None = None
+    failed_at: int | None = None
+    expired_at: int | None = None
+    cancelling_at: int | None = None
+    cancelled_at: int | None = None
+
+    # Counters move in the same transaction as the Request row they count.
+    total: int = 0
+    completed: int = 0
+    failed: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+
+
+class RequestStatus:
+    PENDING = "pending"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"  # never ran: the batch was cancelled first
+    EXPIRED = "expired"  # never finished inside the completion window
+
+    DONE = (SUCCEEDED, FAILED, CANCELLED, EXPIRED)
+
+
+class Request(SQLModel, table=True):
+    """One line of a batch's input file, found by (offset, length), and its result."""
+
+    __table_args__ = (
+        Index("ix_request_batch_status", "batch_id", "status"),
+        Index("ix_request_batch_line", "batch_id", "line", unique=True),
+    )
+
+    id: str = Field(primary_key=True)
+    batch_id: str = Field(foreign_key="batch.id", ondelete="CASCADE")
+    line: int  # 1-based line number in the input file
+    custom_id: str
+    offset: int
+    length: int
+    status: str = RequestStatus.PENDING
+    attempts: int = 0
+    claimed_by: str | None = None
+    claimed_at: int | None = None
+    lease_until: float | None = None
+    finished_at: int | None = None
+    status_code: int | None = None
+    request_id: str | None = None
+    # The response body (success) or {"error": ...} body (failure), as JSON text.
+    body_json: str | None = Field(default=None, sa_column=Column("body", Text))
+    # Set when the line never produced a response (expired): {"code", "message"}.
+    error_json: str | None = Field(default=None, sa_column=Column("error", Text))
+    prompt_tokens: int = 0
+    completion_tokens: int = 0

@@ -1,0 +1,113 @@
+"""File bytes on disk: streamed writes with a size cap, range reads, deletes.
+
+Files are named by id under data_dir/files/, never by the name they were uploaded with.
+A write goes to a temporary name first and is renamed into place only when complete,
+so a crash or a refused upload never leaves a half-written file under an id.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import secrets
+from collections.abc import Iterator
+from pathlib import Path
+from typing import BinaryIO
+
+
+class TooLarge(Exception):
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"File is larger than the limit of {limit} bytes")
+        self.limit = limit
+
+
+class PartialWrite:
+    """A file being written: append chunks, then `commit(file_id)` or `discard()`."""
+
+    def __init__(self, storage: Storage, limit: int) -> None:
+        self.storage = storage
+        self.limit = limit
+        self.size = 0
+        self._sha = hashlib.sha256()
+        self.tmp_path = storage.tmp_dir / f"upload-{secrets.token_hex(8)}"
+        self._fh: BinaryIO | None = open(self.tmp_path, "wb")  # noqa: SIM115
+
+    def write(self, chunk: bytes) -> None:
+        assert self._fh is not None
+        self.size += len(chunk)
+        if self.size > self.limit:
+            raise TooLarge(self.limit)
+        self._sha.update(chunk)
+        self._fh.write(chunk)
+
+    @property
+    def sha256(self) -> str:
+        return self._sha.hexdigest()
+
+    def commit(self, file_id: str) -> Path:
+        assert self._fh is not None
+        self._fh.flush()
+        os.fsync(self._fh.fileno())
+        self._fh.close()
+        self._fh = None
+        final = self.storage.path(file_id)
+        os.replace(self.tmp_path, final)
+        return final
+
+    def discard(self) -> None:
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+        self.tmp_path.unlink(missing_ok=True)
+
+
+class Storage:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.files_dir = root / "files"
+        self.tmp_dir = root / "tmp"
+        self.files_dir.mkdir(parents=True, exist_ok=True)
+        self.tmp_dir.mkdir(parents=True, exist_ok=True)
+
+    def path(self, file_id: str) -> Path:
+        if not file_id.replace("-", "").replace("_", "").isalnum():
+            raise ValueError(f"not a file id: {file_id!r}")
+        return self.files_dir / file_id
+
+    def begin_write(self, limit: int) -> PartialWrite:
+        return PartialWrite(self, limit)
+
+    def write_bytes(self, file_id: str, data: bytes) -> str:
+        """Write a whole file at once; returns its sha256."""
+        partial = self.begin_write(limit=len(data))
+        try:
+            partial.write(data)
+            partial.commit(file_id)
+        except BaseException:
+            partial.discard()
+            raise
+        return partial.sha256
+
+    def read_range(self, file_id: str, offset: int, length: int) -> bytes:
+        with open(self.path(file_id), "rb") as fh:
+            fh.seek(offset)
+            return fh.read(length)
+
+    def iter_bytes(self, file_id: str, chunk_size: int = 1 << 20) -> Iterator[bytes]:
+        with open(self.path(file_id), "rb") as fh:
+            while chunk := fh.read(chunk_size):
+                yield chunk
+
+    def exists(self, file_id: str) -> bool:
+        return self.path(file_id).is_file()
+
+    def delete(self, file_id: str) -> None:
+        self.path(file_id).unlink(missing_ok=True)
+
+    def sweep_tmp(self) -> int:
+        """Remove temporary files left by a crash; returns how many."""
+        count = 0
+        for leftover in self.tmp_dir.iterdir():
+            leftover.unlink(missing_ok=True)
+            count += 1
+        return count
