@@ -84,7 +84,11 @@ class Settings:
         keys = list(self.api_keys)
         if self.api_keys_file:
             text = Path(self.api_keys_file).expanduser().read_text(encoding="utf-8")
-            keys += [line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#")]
+            keys += [
+                line.strip()
+                for line in text.splitlines()
+                if line.strip() and not line.startswith("#")
+            ]
         return keys
 
     @classmethod
@@ -92,7 +96,9 @@ class Settings:
         return "BATCHYARD_" + name.upper()
 
     @classmethod
-    def load(cls, overrides: dict[str, Any] | None = None, environ: dict[str, str] | None = None) -> Settings:
+    def load(
+        cls, overrides: dict[str, Any] | None = None, environ: dict[str, str] | None = None
+    ) -> Settings:
         """Defaults, then BATCHYARD_* variables, then explicit overrides (flags); None means unset."""
         environ = dict(os.environ if environ is None else environ)
         values: dict[str, Any] = {}

@@ -50,6 +50,8 @@ def invalid(message: str, param: str | None = None, code: str | None = "invalid_
     return APIError(400, message, param=param, code=code)
 
 
-def not_found(what: str, ident: str, *, param: str | None = None, code: str | None = None) -> APIError:
+def not_found(
+    what: str, ident: str, *, param: str | None = None, code: str | None = None
+) -> APIError:
     """404 for an id that does not exist (or belongs to another owner: the same answer)."""
     return APIError(404, f"No such {what}: '{ident}'", param=param, code=code)

@@ -70,11 +70,15 @@ class FileService:
     def check_purpose(self, purpose: str | None) -> str:
         if not purpose:
             raise APIError(
-                400, "Missing required parameter: 'purpose'.", param="purpose", code="missing_required_parameter"
+                400,
+                "Missing required parameter: 'purpose'.",
+                param="purpose",
+                code="missing_required_parameter",
             )
         if purpose not in UPLOAD_PURPOSES:
             raise invalid(
-                f"Invalid purpose '{purpose}'. Expected one of: {', '.join(UPLOAD_PURPOSES)}.", param="purpose"
+                f"Invalid purpose '{purpose}'. Expected one of: {', '.join(UPLOAD_PURPOSES)}.",
+                param="purpose",
             )
         return purpose
 
@@ -116,21 +120,6 @@ class FileService:
             raise
         return row
 
-    def write_output(
-        self, *, file_id: str, filename: str, size: int, sha256: str, owner: str, expires_at: int | None
-    ) -> File:
-        """A row for output bytes already on disk under `file_id` (see batches.output)."""
-        return File(
-            id=file_id,
-            owner=owner,
-            filename=filename,
-            purpose="batch_output",
-            bytes=size,
-            sha256=sha256,
-            created_at=now(),
-            expires_at=expires_at,
-        )
-
     def delete(self, file_id: str, owner: str) -> None:
         with self.db.write() as s:
             row = self._get(s, file_id, owner)
@@ -155,7 +144,9 @@ class FileService:
         t = now()
         with self.db.read() as s:
             due = s.exec(
-                select(File.id, File.owner).where(col(File.expires_at).is_not(None), col(File.expires_at) <= t)
+                select(File.id, File.owner).where(
+                    col(File.expires_at).is_not(None), col(File.expires_at) <= t
+                )
             ).all()
         removed = 0
         for file_id, owner in due:
@@ -182,7 +173,9 @@ class FileService:
         row = self.get(file_id, owner)
         path = self.storage.path(row.id)
         if not path.is_file():
-            raise APIError(500, f"The bytes of file '{file_id}' are missing from disk.", code="file_missing")
+            raise APIError(
+                500, f"The bytes of file '{file_id}' are missing from disk.", code="file_missing"
+            )
         return row, path
 
     def list(
@@ -206,19 +199,12 @@ class FileService:
                 cursor = s.get(File, after)
                 if cursor is None or cursor.owner != owner:
                     raise not_found("file", after, param="after")
-                key = (cursor.created_at, cursor.id)
                 if order == "desc":
-                    q = q.where(
-                        (File.created_at < key[0]) | ((File.created_at == key[0]) & (File.id < key[1]))
-                    )
+                    q = q.where(col(File.created_ns) < cursor.created_ns)
                 else:
-                    q = q.where(
-                        (File.created_at > key[0]) | ((File.created_at == key[0]) & (File.id > key[1]))
-                    )
-            if order == "desc":
-                q = q.order_by(col(File.created_at).desc(), col(File.id).desc())
-            else:
-                q = q.order_by(col(File.created_at).asc(), col(File.id).asc())
+                    q = q.where(col(File.created_ns) > cursor.created_ns)
+            key = col(File.created_ns)
+            q = q.order_by(key.desc() if order == "desc" else key.asc())
             rows = list(s.exec(q.limit(limit + 1)).all())
         return rows[:limit], len(rows) > limit
 

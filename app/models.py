@@ -13,6 +13,10 @@ def now() -> int:
     return int(time.time())
 
 
+def now_ns() -> int:
+    return time.time_ns()
+
+
 def new_id(prefix: str) -> str:
     """OpenAI-style ids: a prefix and 24 random url-safe characters."""
     alphabet = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
@@ -26,7 +30,9 @@ class File(SQLModel, table=True):
     purpose: str = Field(index=True)
     bytes: int
     sha256: str = ""
-    created_at: int = Field(default_factory=now, index=True)
+    created_at: int = Field(default_factory=now)
+    # Orders lists and cursors: created_at has only whole seconds.
+    created_ns: int = Field(default_factory=now_ns, index=True)
     expires_at: int | None = None
 
 
@@ -59,7 +65,8 @@ class Batch(SQLModel, table=True):
     # Seconds after creation the output and error files expire; None keeps them.
     output_expires_after: int | None = None
 
-    created_at: int = Field(default_factory=now, index=True)
+    created_at: int = Field(default_factory=now)
+    created_ns: int = Field(default_factory=now_ns, index=True)
     expires_at: int | None = None
     in_progress_at: int | None = None
     finalizing_at: int | None = None

@@ -52,7 +52,8 @@ class Validation:
         if extra > 0:
             shown.append(
                 LineError(
-                    "too_many_errors", f"{extra} more lines have errors; fix the ones above and retry."
+                    "too_many_errors",
+                    f"{extra} more lines have errors; fix the ones above and retry.",
                 ).to_openai()
             )
         return shown
@@ -91,9 +92,7 @@ def raw_lines(stream: BinaryIO, chunk_size: int = 1 << 20) -> Iterator[tuple[int
         yield buf_start, buf, False
 
 
-def validate_jsonl(
-    stream: BinaryIO, endpoint: str, *, max_requests: int = 50_000
-) -> Validation:
+def validate_jsonl(stream: BinaryIO, endpoint: str, *, max_requests: int = 50_000) -> Validation:
     return validate_lines(raw_lines(stream), endpoint, max_requests=max_requests)
 
 
@@ -124,7 +123,9 @@ def validate_lines(
             )
             break
     if not result.lines and not result.errors:
-        result.errors.append(LineError("empty_file", "The batch input file is empty: it holds no requests."))
+        result.errors.append(
+            LineError("empty_file", "The batch input file is empty: it holds no requests.")
+        )
     return result
 
 
@@ -139,7 +140,9 @@ def _check_line(
 ) -> LineError | None:
     if too_long:
         return LineError(
-            "line_too_long", f"This line is longer than the limit of {MAX_LINE_BYTES} bytes.", line=number
+            "line_too_long",
+            f"This line is longer than the limit of {MAX_LINE_BYTES} bytes.",
+            line=number,
         )
     # Byte-order mark on the first line: an editor's habit, harmless; skip it.
     start = offset
@@ -156,22 +159,32 @@ def _check_line(
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         return LineError(
-            "invalid_encoding", f"This line is not valid UTF-8 (byte {exc.start} of the line).", line=number
+            "invalid_encoding",
+            f"This line is not valid UTF-8 (byte {exc.start} of the line).",
+            line=number,
         )
     try:
         obj = json.loads(text)
     except (ValueError, RecursionError):
-        return LineError("invalid_json_line", "This line is not parseable as valid JSON.", line=number)
+        return LineError(
+            "invalid_json_line", "This line is not parseable as valid JSON.", line=number
+        )
     if not isinstance(obj, dict):
         return LineError("invalid_json_line", "Each line must be a JSON object.", line=number)
     custom_id = obj.get("custom_id")
     if custom_id is None:
         return LineError(
-            "missing_required_parameter", "Missing required parameter: 'custom_id'.", line=number, param="custom_id"
+            "missing_required_parameter",
+            "Missing required parameter: 'custom_id'.",
+            line=number,
+            param="custom_id",
         )
     if not isinstance(custom_id, str) or not custom_id:
         return LineError(
-            "invalid_custom_id", "custom_id must be a non-empty string.", line=number, param="custom_id"
+            "invalid_custom_id",
+            "custom_id must be a non-empty string.",
+            line=number,
+            param="custom_id",
         )
     if custom_id in seen_ids:
         return LineError(
@@ -185,7 +198,10 @@ def _check_line(
     method = obj.get("method")
     if method != "POST":
         return LineError(
-            "invalid_method", "The method for this request must be 'POST'.", line=number, param="method"
+            "invalid_method",
+            "The method for this request must be 'POST'.",
+            line=number,
+            param="method",
         )
     url = obj.get("url")
     if url != endpoint:
@@ -198,11 +214,19 @@ def _check_line(
         )
     body = obj.get("body")
     if not isinstance(body, dict):
-        return LineError("invalid_request", "The body of this request must be a JSON object.", line=number, param="body")
+        return LineError(
+            "invalid_request",
+            "The body of this request must be a JSON object.",
+            line=number,
+            param="body",
+        )
     model = body.get("model")
     if not isinstance(model, str) or not model:
         return LineError(
-            "missing_required_parameter", "Missing required parameter: 'body.model'.", line=number, param="body.model"
+            "missing_required_parameter",
+            "Missing required parameter: 'body.model'.",
+            line=number,
+            param="body.model",
         )
     if result.model is None:
         result.model = model
@@ -217,7 +241,10 @@ def _check_line(
         )
     if body.get("stream"):
         return LineError(
-            "invalid_request", "Streaming ('stream': true) is not supported in a batch.", line=number, param="body.stream"
+            "invalid_request",
+            "Streaming ('stream': true) is not supported in a batch.",
+            line=number,
+            param="body.stream",
         )
     result.lines.append(Line(number=number, offset=start, length=length, custom_id=custom_id))
     return None

@@ -1,0 +1,181 @@
+"""Streaming multipart uploads: the bytes of `file` go to disk as they arrive.
+
+Litestar's own form parsing holds the whole body in memory; a 200 MB batch file must not,
+so both `POST /v1/files` and the dashboard's upload read the request stream here and
+write it through storage's size-capped writer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import anyio.to_thread
+from litestar import Request
+from python_multipart.multipart import MultipartParser, parse_options_header
+
+from app.errors import APIError
+from app.files import FileService, parse_expires_after, too_large
+from app.models import File
+from app.storage import PartialWrite, TooLarge
+
+#: Small form fields (purpose, expires_after[...]) are kept in memory up to this size.
+MAX_FIELD_BYTES = 64 * 1024
+#: Disk writes are gathered into pieces this big and done off the event loop.
+WRITE_PIECE = 1 << 20
+
+
+@dataclass
+class _Part:
+    name: str = ""
+    filename: str | None = None
+    data: bytearray = field(default_factory=bytearray)
+
+
+class _Collector:
+    """Callbacks for python-multipart's streaming parser."""
+
+    def __init__(self, files: FileService) -> None:
+        self.files = files
+        self.fields: dict[str, str] = {}
+        self.partial: PartialWrite | None = None
+        self.filename: str | None = None
+        self.file_seen = False
+        self.pending = bytearray()
+        self._part = _Part()
+        self._header_field = b""
+        self._header_value = b""
+        self._headers: dict[bytes, bytes] = {}
+        self.error: APIError | None = None
+
+    # header callbacks
+    def on_part_begin(self) -> None:
+        self._part = _Part()
+        self._headers = {}
+
+    def on_header_field(self, data: bytes, start: int, end: int) -> None:
+        self._header_field += data[start:end]
+
+    def on_header_value(self, data: bytes, start: int, end: int) -> None:
+        self._header_value += data[start:end]
+
+    def on_header_end(self) -> None:
+        self._headers[self._header_field.lower()] = self._header_value
+        self._header_field = b""
+        self._header_value = b""
+
+    def on_headers_finished(self) -> None:
+        _, opts = parse_options_header(self._headers.get(b"content-disposition", b""))
+        self._part.name = opts.get(b"name", b"").decode("utf-8", "replace")
+        raw_name = opts.get(b"filename")
+        self._part.filename = raw_name.decode("utf-8", "replace") if raw_name is not None else None
+        if self._part.name == "file":
+            if self.file_seen:
+                raise APIError(400, "Send exactly one 'file' part.", param="file")
+            self.file_seen = True
+            self.filename = self._part.filename or "upload"
+            # The purpose may arrive before the file (the SDK sends it first): cap by it.
+            self.partial = self.files.storage.begin_write(
+                self.files.limit_for(self.fields.get("purpose"))
+            )
+
+    def on_part_data(self, data: bytes, start: int, end: int) -> None:
+        if self._part.name == "file":
+            self.pending += data[start:end]
+        else:
+            self._part.data += data[start:end]
+            if len(self._part.data) > MAX_FIELD_BYTES:
+                raise APIError(
+                    400, f"Form field '{self._part.name}' is larger than {MAX_FIELD_BYTES} bytes."
+                )
+
+    def on_part_end(self) -> None:
+        if self._part.name and self._part.name != "file":
+            self.fields[self._part.name] = self._part.data.decode("utf-8", "replace")
+
+
+async def receive_upload(request: Request, files: FileService, owner: str) -> File:
+    """Parse a multipart upload (`file`, `purpose`, optional `expires_after[...]`) and store it."""
+    content_type = request.headers.get("content-type", "")
+    ctype, params = parse_options_header(content_type)
+    if ctype != b"multipart/form-data" or b"boundary" not in params:
+        raise APIError(
+            400,
+            "Uploads must be sent as multipart/form-data with a 'file' part and a 'purpose' field.",
+            param="file",
+            code="invalid_content_type",
+        )
+    declared = request.headers.get("content-length")
+    if (
+        declared
+        and declared.isdigit()
+        and int(declared) > files.settings.max_file_bytes + MAX_FIELD_BYTES
+    ):
+        raise too_large(None, files.settings.max_file_bytes)
+
+    col = _Collector(files)
+    callbacks = {
+        "on_part_begin": col.on_part_begin,
+        "on_part_data": col.on_part_data,
+        "on_part_end": col.on_part_end,
+        "on_header_field": col.on_header_field,
+        "on_header_value": col.on_header_value,
+        "on_header_end": col.on_header_end,
+        "on_headers_finished": col.on_headers_finished,
+    }
+    parser = MultipartParser(params[b"boundary"], callbacks)  # type: ignore[arg-type]
+
+    async def flush(force: bool) -> None:
+        if col.partial is not None and col.pending and (force or len(col.pending) >= WRITE_PIECE):
+            piece = bytes(col.pending)
+            col.pending.clear()
+            await anyio.to_thread.run_sync(col.partial.write, piece)
+
+    try:
+        async for chunk in request.stream():
+            parser.write(chunk)
+            await flush(False)
+        parser.finalize()
+        await flush(True)
+    except TooLarge as exc:
+        if col.partial is not None:
+            col.partial.discard()
+        raise too_large(col.fields.get("purpose"), exc.limit) from None
+    except APIError:
+        if col.partial is not None:
+            col.partial.discard()
+        raise
+    except Exception as exc:
+        if col.partial is not None:
+            col.partial.discard()
+        raise APIError(
+            400, f"The multipart body could not be parsed: {exc}", param="file"
+        ) from None
+
+    try:
+        if col.partial is None:
+            raise APIError(
+                400,
+                "Missing required parameter: 'file'.",
+                param="file",
+                code="missing_required_parameter",
+            )
+        purpose = files.check_purpose(col.fields.get("purpose"))
+        expires_after = None
+        if "expires_after[anchor]" in col.fields or "expires_after[seconds]" in col.fields:
+            expires_after = parse_expires_after(
+                col.fields.get("expires_after[anchor]"), col.fields.get("expires_after[seconds]")
+            )
+        partial = col.partial
+        return await anyio.to_thread.run_sync(
+            lambda: files.create(
+                partial=partial,
+                filename=col.filename or "upload",
+                purpose=purpose,
+                owner=owner,
+                expires_after=expires_after,
+            )
+        )
+    except BaseException:
+        if col.partial is not None:
+            col.partial.discard()
+        raise

@@ -1,0 +1,103 @@
+"""Output and error JSONL writers: one line per finished request, in input order."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from sqlmodel import col, select
+
+from app.db import Database
+from app.models import Batch, File, Request, RequestStatus, new_id
+from app.storage import PartialWrite, Storage
+
+#: Rows read from the database at a time while writing, so 50,000 results never sit in memory.
+CHUNK = 1000
+#: Output files have no size cap of their own; their inputs were capped.
+NO_LIMIT = 1 << 62
+
+
+@dataclass
+class Written:
+    file_id: str
+    size: int
+    sha256: str
+
+
+def result_line(r: Request) -> dict[str, Any]:
+    """One line of the output or error file, in OpenAI's batch output shape."""
+    if r.status == RequestStatus.EXPIRED:
+        return {
+            "id": r.id,
+            "custom_id": r.custom_id,
+            "response": None,
+            "error": json.loads(r.error_json or "null"),
+        }
+    return {
+        "id": r.id,
+        "custom_id": r.custom_id,
+        "response": {
+            "status_code": r.status_code,
+            "request_id": r.request_id,
+            "body": json.loads(r.body_json or "null"),
+        },
+        "error": None,
+    }
+
+
+def write_results(db: Database, storage: Storage, batch: Batch) -> dict[str, Written]:
+    """Write the output file (successes) and the error file (failures, expired lines).
+
+    Returns what was written by kind ("output", "error"); a kind with no lines gets no file.
+    The bytes land under fresh ids; the caller gives them File rows.
+    """
+    writers: dict[str, PartialWrite] = {}
+    try:
+        last_line = 0
+        while True:
+            with db.read() as s:
+                rows = s.exec(
+                    select(Request)
+                    .where(
+                        Request.batch_id == batch.id,
+                        col(Request.line) > last_line,
+                        col(Request.status).in_(
+                            (RequestStatus.SUCCEEDED, RequestStatus.FAILED, RequestStatus.EXPIRED)
+                        ),
+                    )
+                    .order_by(col(Request.line))
+                    .limit(CHUNK)
+                ).all()
+            if not rows:
+                break
+            for r in rows:
+                kind = "output" if r.status == RequestStatus.SUCCEEDED else "error"
+                if kind not in writers:
+                    writers[kind] = storage.begin_write(NO_LIMIT)
+                writers[kind].write(
+                    json.dumps(result_line(r), ensure_ascii=False).encode("utf-8") + b"\n"
+                )
+            last_line = rows[-1].line
+        written: dict[str, Written] = {}
+        for kind, w in writers.items():
+            file_id = new_id("file-")
+            w.commit(file_id)
+            written[kind] = Written(file_id, w.size, w.sha256)
+        return written
+    except BaseException:
+        for w in writers.values():
+            w.discard()
+        raise
+
+
+def sweep_orphans(db: Database, storage: Storage) -> int:
+    """Delete stored bytes that no File row names (left by a crash during finalizing)."""
+    with db.read() as s:
+        known = set(s.exec(select(File.id)).all())
+    removed = 0
+    for path in storage.files_dir.iterdir():
+        if path.name not in known:
+            path.unlink(missing_ok=True)
+            removed += 1
+    return removed

@@ -1,0 +1,143 @@
+"""The `batchyard` command: serve | run | models | version."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import threading
+import webbrowser
+from dataclasses import fields
+from typing import Any
+
+from app import __version__
+from app.config import Settings
+
+#: serve's flags: (flag, Settings field, type, help).
+SERVE_FLAGS: list[tuple[str, str, Any, str]] = [
+    ("--host", "host", str, "address to bind"),
+    ("--port", "port", int, "port to listen on"),
+    (
+        "--model",
+        "model",
+        str,
+        "path to a .gguf model (default: the embedded SmolLM2-135M-Instruct)",
+    ),
+    (
+        "--data-dir",
+        "data_dir",
+        str,
+        "where the database and files live (default: the platform's user data dir)",
+    ),
+    ("--n-gpu-layers", "n_gpu_layers", int, "layers to offload to the GPU (-1: all)"),
+    ("--parallel", "parallel", int, "sequences decoded together (0: 16 on CPU, 64 on GPU)"),
+    ("--ctx-size", "ctx_size", int, "context per slot, in tokens"),
+    ("--threads", "threads", int, "CPU threads for llama.cpp (0: its default)"),
+    ("--api-keys-file", "api_keys_file", str, "file with one API key per line"),
+    ("--log-level", "log_level", str, "debug, info, warning or error"),
+    ("--database-url", "database_url", str, "SQLAlchemy URL (default: SQLite in the data dir)"),
+]
+
+
+def _defaults() -> dict[str, Any]:
+    return {f.name: f.default for f in fields(Settings) if not callable(f.default_factory)}  # type: ignore[misc]
+
+
+def _add_engine_flags(p: argparse.ArgumentParser, names: tuple[str, ...]) -> None:
+    defaults = _defaults()
+    for flag, name, typ, text in SERVE_FLAGS:
+        if name in names:
+            shown = defaults.get(name)
+            p.add_argument(
+                flag,
+                dest=name,
+                type=typ,
+                default=None,
+                help=f"{text} [env {Settings.env_name(name)}; default: {shown!r}]",
+            )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="batchyard",
+        description="OpenAI's Files and Batch APIs on an embedded llama.cpp model.",
+    )
+    parser.add_argument("--version", action="version", version=f"batchyard {__version__}")
+    sub = parser.add_subparsers(dest="command")
+
+    serve = sub.add_parser("serve", help="run the server and open the dashboard")
+    _add_engine_flags(serve, tuple(name for _, name, _, _ in SERVE_FLAGS))
+    serve.add_argument(
+        "--api-key",
+        dest="api_keys",
+        action="append",
+        default=None,
+        help=f"an API key clients must send (repeatable) [env {Settings.env_name('api_keys')}, comma-separated]",
+    )
+    serve.add_argument(
+        "--no-browser",
+        dest="no_browser",
+        action="store_true",
+        default=None,
+        help=f"do not open the browser [env {Settings.env_name('no_browser')}]",
+    )
+
+    sub.add_parser("models", help="list the models this install can serve")
+    sub.add_parser("version", help="print the version")
+    return parser
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    names = {f.name for f in fields(Settings)}
+    return Settings.load({k: v for k, v in vars(args).items() if k in names})
+
+
+def serve(settings: Settings) -> int:
+    import uvicorn
+
+    from app.server import create_app
+
+    logging.basicConfig(
+        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    app = create_app(settings)
+    url = f"http://{'127.0.0.1' if settings.host in ('0.0.0.0', '::') else settings.host}:{settings.port}/"
+    print(
+        f"batchyard {__version__}: dashboard {url}  API {url}v1  data {settings.data_path}",
+        flush=True,
+    )
+    if not settings.no_browser:
+        threading.Timer(1.0, lambda: webbrowser.open(url)).start()
+    uvicorn.run(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level.lower(),
+        access_log=False,
+    )
+    return 0
+
+
+def models(settings: Settings) -> int:
+    path = settings.model_path
+    size = path.stat().st_size if path.exists() else 0
+    print(f"{path.stem}\t{size / 1e6:.1f} MB\t{path}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "serve":
+        return serve(_settings(args))
+    if args.command == "models":
+        return models(_settings(args))
+    if args.command == "version":
+        print(f"batchyard {__version__}")
+        return 0
+    parser.print_help()
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
