@@ -9,9 +9,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
-from typing import Any
-
-from typing import Annotated
+from typing import Annotated, Any
 
 from litestar import Request, delete, get, post
 from litestar.datastructures import State
@@ -21,6 +19,7 @@ from litestar.response import File as FileResponse
 from litestar.response import Response, ServerSentEvent, Template
 from litestar.response.sse import ServerSentEventMessage
 
+from app.api.common import Services, owner
 from app.errors import APIError
 from app.models import BatchStatus
 from app.web import views
@@ -36,13 +35,13 @@ RESULTS_SHOWN = 50
 # -- helpers -------------------------------------------------------------------------------
 
 
-def services(state: State) -> Any:
-    return state.services
+def services(state: State) -> Services:
+    return state.services  # type: ignore[no-any-return]
 
 
 def owner_of(request: Request[Any, Any, Any]) -> str:
-    """Whose files and batches the dashboard shows: the owner the auth layer set, if any."""
-    return getattr(request.state, "owner", "") or ""
+    """Whose files and batches the dashboard shows: the same owner the API would use."""
+    return owner(request)
 
 
 def render(request: Request[Any, Any, Any], name: str, **context: Any) -> str:
@@ -59,7 +58,9 @@ def finished(status: str) -> bool:
 
 
 def batch_list_context(request: Request[Any, Any, Any], after: str | None) -> dict[str, Any]:
-    batches, has_more = services(request.app.state).batches.list(owner_of(request), limit=PAGE_SIZE, after=after)
+    batches, has_more = services(request.app.state).batches.list(
+        owner_of(request), limit=PAGE_SIZE, after=after
+    )
     rows = [views.batch_row(b) for b in batches]
     return {
         "rows": rows,
@@ -86,7 +87,10 @@ def batch_page_context(request: Request[Any, Any, Any], batch_id: str) -> dict[s
 
 def results_rows(request: Request[Any, Any, Any], batch_id: str) -> list[dict[str, Any]]:
     svc = services(request.app.state)
-    return [views.result_row(r) for r in svc.batches.results(batch_id, owner_of(request), limit=RESULTS_SHOWN)]
+    return [
+        views.result_row(r)
+        for r in svc.batches.results(batch_id, owner_of(request), limit=RESULTS_SHOWN)
+    ]
 
 
 def parse_metadata(text: str) -> dict[str, str] | None:
@@ -98,7 +102,11 @@ def parse_metadata(text: str) -> dict[str, str] | None:
             continue
         sep = ":" if ":" in line else "=" if "=" in line else None
         if sep is None:
-            raise APIError(400, f"Metadata line {number} needs a key and a value: 'key: value'.", param="metadata")
+            raise APIError(
+                400,
+                f"Metadata line {number} needs a key and a value: 'key: value'.",
+                param="metadata",
+            )
         key, value = (part.strip() for part in line.split(sep, 1))
         if not key:
             raise APIError(400, f"Metadata line {number} has no key.", param="metadata")
@@ -119,13 +127,17 @@ def batch_page(request: Request[Any, Any, Any], batch_id: str) -> Template:
     try:
         context = batch_page_context(request, batch_id)
     except APIError as exc:
-        return Template(template_name="error.html", context={"error": exc}, status_code=exc.status_code)
+        return Template(
+            template_name="error.html", context={"error": exc}, status_code=exc.status_code
+        )
     return Template(template_name="batch.html", context=context)
 
 
 @get("/files", name="web:files", sync_to_thread=True, include_in_schema=False)
 def files_page(request: Request[Any, Any, Any], after: str | None = None) -> Template:
-    files, has_more = services(request.app.state).files.list(owner_of(request), limit=50, after=after)
+    files, has_more = services(request.app.state).files.list(
+        owner_of(request), limit=50, after=after
+    )
     return Template(
         template_name="files.html",
         context={
@@ -140,19 +152,33 @@ def files_page(request: Request[Any, Any, Any], after: str | None = None) -> Tem
 @get("/models", name="web:models", include_in_schema=False)
 async def models_page(request: Request[Any, Any, Any]) -> Template:
     engine = services(request.app.state).engine
+    if engine is None:  # the model is still loading (or failed to load: /health says why)
+        failure = getattr(request.app.state, "engine_failure", None)
+        return Template(template_name="models.html", context={"info": None, "failure": failure})
     return Template(
         template_name="models.html",
-        context={"info": engine.info, "size": views.size(engine.info.size_bytes), "stats": engine.stats()},
+        context={
+            "info": engine.info,
+            "size": views.size(engine.info.size_bytes),
+            "stats": engine.stats(),
+        },
     )
 
 
-@get("/files/{file_id:str}/download", name="web:download", sync_to_thread=True, include_in_schema=False)
+@get(
+    "/files/{file_id:str}/download",
+    name="web:download",
+    sync_to_thread=True,
+    include_in_schema=False,
+)
 def download(request: Request[Any, Any, Any], file_id: str) -> FileResponse:
     row, path = services(request.app.state).files.content_path(file_id, owner_of(request))
     return FileResponse(
         path=path,
         filename=row.filename,
-        media_type="application/jsonl" if row.filename.endswith(".jsonl") else "application/octet-stream",
+        media_type="application/jsonl"
+        if row.filename.endswith(".jsonl")
+        else "application/octet-stream",
         content_disposition_type="attachment",
     )
 
@@ -177,7 +203,9 @@ async def upload(request: Request[Any, Any, Any]) -> Template:
         preview = await asyncio.to_thread(preview_file, svc.files, row.id, owner)
     except APIError as exc:
         return Template(template_name="partials/upload_error.html", context={"error": exc})
-    return Template(template_name="partials/preview.html", context={"preview": preview, "error": None})
+    return Template(
+        template_name="partials/preview.html", context={"preview": preview, "error": None}
+    )
 
 
 @post("/web/batches", name="web:create_batch", sync_to_thread=True, include_in_schema=False)
@@ -209,12 +237,19 @@ def create_batch(
     )
 
 
-@get("/web/batches", name="web:batch_list", sync_to_thread=True, include_in_schema=False)
+@get("/web/batch-list", name="web:batch_list", sync_to_thread=True, include_in_schema=False)
 def batch_list(request: Request[Any, Any, Any], after: str | None = None) -> Template:
-    return Template(template_name="partials/batch_list.html", context=batch_list_context(request, after))
+    return Template(
+        template_name="partials/batch_list.html", context=batch_list_context(request, after)
+    )
 
 
-@post("/web/batches/{batch_id:str}/cancel", name="web:cancel", sync_to_thread=True, include_in_schema=False)
+@post(
+    "/web/batches/{batch_id:str}/cancel",
+    name="web:cancel",
+    sync_to_thread=True,
+    include_in_schema=False,
+)
 def cancel(request: Request[Any, Any, Any], batch_id: str) -> Template:
     svc = services(request.app.state)
     error = None
@@ -223,10 +258,18 @@ def cancel(request: Request[Any, Any, Any], batch_id: str) -> Template:
     except APIError as exc:
         error = exc
     context = batch_page_context(request, batch_id)
-    return Template(template_name="partials/batch_summary.html", context={**context, "error": error})
+    return Template(
+        template_name="partials/batch_summary.html", context={**context, "error": error}
+    )
 
 
-@delete("/web/files/{file_id:str}", name="web:delete_file", sync_to_thread=True, include_in_schema=False, status_code=200)
+@delete(
+    "/web/files/{file_id:str}",
+    name="web:delete_file",
+    sync_to_thread=True,
+    include_in_schema=False,
+    status_code=200,
+)
 def delete_file(request: Request[Any, Any, Any], file_id: str) -> Response[str] | Template:
     svc = services(request.app.state)
     owner = owner_of(request)
@@ -234,7 +277,9 @@ def delete_file(request: Request[Any, Any, Any], file_id: str) -> Response[str] 
         svc.files.delete(file_id, owner)
     except APIError as exc:
         row = svc.files.get(file_id, owner)
-        return Template(template_name="partials/file_row.html", context={"f": views.file_row(row), "error": exc})
+        return Template(
+            template_name="partials/file_row.html", context={"f": views.file_row(row), "error": exc}
+        )
     return Response("", media_type="text/html")
 
 
@@ -265,7 +310,11 @@ async def list_events(request: Request[Any, Any, Any], ids: str = "") -> ServerS
                     active.discard(batch_id)
                     continue
                 trackers[batch_id].add(batch, now)
-                html = render(request, "partials/batch_row.html", r=views.batch_row(batch, trackers[batch_id], now))
+                html = render(
+                    request,
+                    "partials/batch_row.html",
+                    r=views.batch_row(batch, trackers[batch_id], now),
+                )
                 if sent.get(batch_id) != html:
                     sent[batch_id] = html
                     yield message(f"row-{batch_id}", html)
@@ -322,12 +371,18 @@ async def batch_events(request: Request[Any, Any, Any], batch_id: str) -> Server
 @get("/web/events/engine", name="web:engine_events", include_in_schema=False)
 async def engine_events(request: Request[Any, Any, Any]) -> ServerSentEvent:
     """The engine's live figures once a second, for as long as the page is open."""
-    engine = services(request.app.state).engine
+    svc = services(request.app.state)
 
     async def stream() -> AsyncIterator[ServerSentEventMessage]:
         sent = ""
         while True:
-            html = render(request, "partials/engine_stats.html", stats=engine.stats(), info=engine.info)
+            engine = svc.engine
+            if engine is None:
+                await asyncio.sleep(TICK)
+                continue
+            html = render(
+                request, "partials/engine_stats.html", stats=engine.stats(), info=engine.info
+            )
             if html != sent:
                 sent = html
                 yield message("stats", html)

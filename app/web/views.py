@@ -126,7 +126,9 @@ def average_rates(batch: Batch, t: float | None = None) -> tuple[float | None, f
     return batch.output_tokens / span, (batch.completed + batch.failed) / span
 
 
-def batch_row(batch: Batch, tracker: Throughput | None = None, now: float | None = None) -> dict[str, Any]:
+def batch_row(
+    batch: Batch, tracker: Throughput | None = None, now: float | None = None
+) -> dict[str, Any]:
     """One batch as the list row and the batch page's summary show it."""
     now = time.time() if now is None else now
     total = batch.total
@@ -178,7 +180,9 @@ def timeline(openai_batch: dict[str, Any], now: float | None = None) -> list[dic
     for key, label in TIMELINE:
         ts = openai_batch.get(key)
         if ts:
-            steps.append({"label": label, "time": when(ts, now), "ts": ts, "future": key == "expires_at"})
+            steps.append(
+                {"label": label, "time": when(ts, now), "ts": ts, "future": key == "expires_at"}
+            )
     return sorted(steps, key=lambda s: (s["future"], s["ts"]))
 
 
@@ -211,7 +215,9 @@ def result_row(line: dict[str, Any]) -> dict[str, Any]:
         "custom_id": line.get("custom_id", ""),
         "status": line.get("status", ""),
         "status_code": line.get("status_code"),
-        "ok": not error and line.get("status") in ("succeeded", "completed", None) and not body.get("error"),
+        "ok": not error
+        and line.get("status") in ("succeeded", "completed", None)
+        and not body.get("error"),
         "preview": preview[:160] + ("…" if len(preview) > 160 else ""),
         "whole": whole,
     }
