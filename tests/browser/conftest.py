@@ -1,23 +1,20 @@
-"""Browser fixtures: Debian's chromium through Playwright, against a live batchyard server.
+"""Browser fixtures: Debian's chromium through Playwright, against the live batchyard server.
 
-The server is a real `python -m app.cli serve` process on a free port with the real default
-model; tests drive the dashboard the way a person would (drop a file, click, wait).
+The server is tests/conftest.py's `live_server`: a real `batchyard serve` process on the
+real default model. Tests drive the dashboard the way a person would (drop, click, wait).
 """
 
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from playwright.sync_api import Browser, BrowserContext, Page, sync_playwright
+
+from tests.conftest import OUTPUT, LiveServer
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
@@ -27,61 +24,24 @@ CHROMIUM_ARGS = [
     "--disable-component-update",
     "--no-first-run",
 ]
-REPO = Path(__file__).resolve().parents[2]
-SCREENSHOTS = REPO / "test-output" / "screenshots"
 
-if not Path(CHROMIUM).exists():  # the test command installs it; say so plainly if it did not
-    pytest.skip(f"{CHROMIUM} is missing: apt-get install -y chromium", allow_module_level=True)
-
-from playwright.sync_api import Browser, BrowserContext, Page, sync_playwright  # noqa: E402
+HERE = Path(__file__).parent
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _wait_healthy(url: str, proc: subprocess.Popen[bytes], timeout: float = 180) -> None:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the server exited with {proc.returncode}")
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.3)
-    raise RuntimeError(f"{url}/health did not answer 200 within {timeout} s")
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The test command installs chromium; if it is missing anyway, say so plainly."""
+    if Path(CHROMIUM).exists():
+        return
+    mark = pytest.mark.skip(reason=f"{CHROMIUM} is missing: apt-get install -y chromium")
+    for item in items:
+        if HERE in Path(item.path).parents:
+            item.add_marker(mark)
 
 
 @pytest.fixture(scope="session")
-def live_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A real server on the real default model (replaced by tests/conftest.py's once it exists)."""
-    port = _free_port()
-    data = tmp_path_factory.mktemp("browser-data")
-    log = open(data / "server.log", "wb")  # noqa: SIM115 - closed below
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "app.cli", "serve", "--no-browser", "--port", str(port)]
-        + ["--data-dir", str(data), "--parallel", "4"],
-        cwd=REPO,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        _wait_healthy(url, proc)
-        yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
+def base(live_server: LiveServer) -> str:
+    """The base URL of the session's live server (tests/conftest.py starts it)."""
+    return live_server.url
 
 
 @pytest.fixture(scope="session")
@@ -148,7 +108,8 @@ def drop_file(page: Page, name: str, text: str) -> None:
 
 
 def shoot(page: Page, name: str, **kwargs: Any) -> Path:
-    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    path = SCREENSHOTS / f"{name}.png"
+    shots = OUTPUT / "screenshots"
+    shots.mkdir(parents=True, exist_ok=True)
+    path = shots / f"{name}.png"
     page.screenshot(path=str(path), full_page=True, **kwargs)
     return path

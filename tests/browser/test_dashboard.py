@@ -38,9 +38,9 @@ def start_from_drop(page: Page, base: str, name: str, text: str, expected_lines:
 
 
 def test_drop_start_watch_and_download(
-    page: Page, browser: Browser, live_server: str, tmp_path: Path
+    page: Page, browser: Browser, base: str, tmp_path: Path
 ) -> None:
-    batch_id = start_from_drop(page, live_server, "five.jsonl", lines_for(live_server, 5), 5)
+    batch_id = start_from_drop(page, base, "five.jsonl", lines_for(base, 5), 5)
     assert batch_id.startswith("batch_")
 
     # No reload from here on: a marker on window survives only if the page is never reloaded.
@@ -82,20 +82,20 @@ def test_drop_start_watch_and_download(
     for scheme, width, suffix in (("dark", 1280, "dark"), ("light", 390, "phone")):
         ctx = new_context(browser, scheme, width)
         other = ctx.new_page()
-        other.goto(live_server + "/")
+        other.goto(base + "/")
         expect(other.locator(f"#row-{batch_id}")).to_have_attribute("data-status", "completed")
         shoot(other, f"home-{suffix}")
-        other.goto(f"{live_server}/batches/{batch_id}")
+        other.goto(f"{base}/batches/{batch_id}")
         expect(other.locator("#batch-status")).to_have_text("completed")
         shoot(other, f"batch-{suffix}")
         ctx.close()
 
 
-def test_broken_file_shows_line_errors(page: Page, live_server: str) -> None:
-    good = json.loads(lines_for(live_server, 1).strip())
+def test_broken_file_shows_line_errors(page: Page, base: str) -> None:
+    good = json.loads(lines_for(base, 1).strip())
     no_id = {k: v for k, v in good.items() if k != "custom_id"}
     text = "\n".join([json.dumps(good), "{not json", json.dumps(no_id), json.dumps(good)]) + "\n"
-    page.goto(live_server + "/")
+    page.goto(base + "/")
     drop_file(page, "broken.jsonl", text)
     errors = page.locator(".line-errors")
     expect(errors).to_be_visible()
@@ -110,13 +110,18 @@ def test_broken_file_shows_line_errors(page: Page, live_server: str) -> None:
     assert '{"error"' not in page.content()
 
 
-def test_cancel_a_running_batch(page: Page, live_server: str) -> None:
+def test_cancel_a_running_batch(page: Page, base: str) -> None:
     n = 40
-    batch_id = start_from_drop(
-        page, live_server, "long.jsonl", lines_for(live_server, n, max_tokens=200), n
-    )
-    page.goto(f"{live_server}/batches/{batch_id}")
+    batch_id = start_from_drop(page, base, "long.jsonl", lines_for(base, n, max_tokens=200), n)
+    row = page.locator(f"#row-{batch_id}")
+    expect(row).to_have_attribute("data-status", "in_progress", timeout=RUN_TIMEOUT)
+    expect(row.locator(".rate")).to_be_visible(timeout=RUN_TIMEOUT)
+    shoot(page, "home-running-light")
+    page.goto(f"{base}/batches/{batch_id}")
     expect(page.locator("#batch-status")).to_have_text("in progress", timeout=RUN_TIMEOUT)
+    expect(page.locator(".throughput")).to_contain_text("tokens/s")
+    page.wait_for_timeout(3000)  # a few live samples for the throughput bars
+    shoot(page, "batch-running-light")
     page.once("dialog", lambda dialog: dialog.accept())
     page.click("#cancel-batch")
     expect(page.locator("#batch-status")).to_have_text(re.compile("cancell(ing|ed)"))
@@ -129,12 +134,12 @@ def test_cancel_a_running_batch(page: Page, live_server: str) -> None:
     expect(page.locator("#cancel-batch")).to_have_count(0)
 
 
-def test_files_and_model_pages(page: Page, live_server: str) -> None:
-    page.goto(live_server + "/files")
+def test_files_and_model_pages(page: Page, base: str) -> None:
+    page.goto(base + "/files")
     expect(page).to_have_title(re.compile("Files"))
     expect(page.locator("table.files")).to_contain_text("five.jsonl")
     expect(page.locator("table.files")).to_contain_text("batch_output")
-    page.goto(live_server + "/models")
+    page.goto(base + "/models")
     expect(page).to_have_title(re.compile("Model"))
     facts = page.locator("dl.facts").first
     expect(facts).to_contain_text("Quantisation")
@@ -142,12 +147,10 @@ def test_files_and_model_pages(page: Page, live_server: str) -> None:
     expect(page.locator("#engine-stats")).to_contain_text("Tokens/s")
 
 
-def test_api_docs_load_offline(page: Page, live_server: str) -> None:
+def test_api_docs_load_offline(page: Page, base: str) -> None:
     outside: list[str] = []
-    page.on(
-        "request", lambda r: outside.append(r.url) if not r.url.startswith(live_server) else None
-    )
-    page.goto(live_server + "/schema")
+    page.on("request", lambda r: outside.append(r.url) if not r.url.startswith(base) else None)
+    page.goto(base + "/schema")
     expect(page.locator(".swagger-ui")).to_be_visible()
     expect(page.locator(".swagger-ui")).to_contain_text("/v1/batches")
     assert outside == [], outside
