@@ -96,6 +96,12 @@ def test_broken_file_shows_line_errors(page: Page, base: str) -> None:
     no_id = {k: v for k, v in good.items() if k != "custom_id"}
     text = "\n".join([json.dumps(good), "{not json", json.dumps(no_id), json.dumps(good)]) + "\n"
     page.goto(base + "/")
+    # Record what the progress line said as the bytes went up (the form is replaced after).
+    page.evaluate(
+        """window.__progress = [];
+        document.addEventListener("htmx:xhr:progress", (e) => window.__progress.push(
+            [e.detail.loaded, e.detail.total, document.querySelector("#upload-bytes").textContent]));"""
+    )
     drop_file(page, "broken.jsonl", text)
     errors = page.locator(".line-errors")
     expect(errors).to_be_visible()
@@ -106,6 +112,11 @@ def test_broken_file_shows_line_errors(page: Page, base: str) -> None:
     expect(errors).to_contain_text("Line 4")
     expect(errors).to_contain_text("duplicate")
     expect(page.locator("#start-batch")).to_have_count(0)
+    progress = page.evaluate("window.__progress")
+    assert progress, "no upload progress events"
+    loaded, total, said = progress[-1]
+    assert loaded == total > len(text)  # the multipart body holds the file and the purpose
+    assert re.fullmatch(r"[\d.]+ K?B of [\d.]+ K?B sent", said), said
     # Not a JSON dump: the page reads as sentences.
     assert '{"error"' not in page.content()
 
@@ -115,8 +126,18 @@ def test_cancel_a_running_batch(page: Page, base: str) -> None:
     batch_id = start_from_drop(page, base, "long.jsonl", lines_for(base, n, max_tokens=200), n)
     row = page.locator(f"#row-{batch_id}")
     expect(row).to_have_attribute("data-status", "in_progress", timeout=RUN_TIMEOUT)
-    expect(row.locator(".rate")).to_be_visible(timeout=RUN_TIMEOUT)
+    expect(row.locator(".eta")).to_be_visible(timeout=RUN_TIMEOUT)
     shoot(page, "home-running-light")
+
+    # Its input file cannot be deleted while it runs; the page says why.
+    page.goto(base + "/files")
+    file_row = page.locator("table.files tr", has_text="long.jsonl")
+    page.once("dialog", lambda dialog: dialog.accept())
+    file_row.get_by_role("button", name="Delete long.jsonl").click()
+    expect(page.locator("table.files tr", has_text="long.jsonl").locator(".alert")).to_contain_text(
+        "still running"
+    )
+
     page.goto(f"{base}/batches/{batch_id}")
     expect(page.locator("#batch-status")).to_have_text("in progress", timeout=RUN_TIMEOUT)
     expect(page.locator(".throughput")).to_contain_text("tokens/s")
@@ -139,12 +160,23 @@ def test_files_and_model_pages(page: Page, base: str) -> None:
     expect(page).to_have_title(re.compile("Files"))
     expect(page.locator("table.files")).to_contain_text("five.jsonl")
     expect(page.locator("table.files")).to_contain_text("batch_output")
+    shoot(page, "files-light")
+    # A file no batch uses goes at once.
+    broken = page.locator("table.files tr", has_text="broken.jsonl")
+    expect(broken).to_have_count(1)
+    page.once("dialog", lambda dialog: dialog.accept())
+    broken.get_by_role("button", name="Delete broken.jsonl").click()
+    expect(page.locator("table.files tr", has_text="broken.jsonl")).to_have_count(0)
+    page.reload()
+    expect(page.locator("table.files")).not_to_contain_text("broken.jsonl")
+
     page.goto(base + "/models")
     expect(page).to_have_title(re.compile("Model"))
     facts = page.locator("dl.facts").first
     expect(facts).to_contain_text("Quantisation")
     expect(facts).to_contain_text("CPU")
     expect(page.locator("#engine-stats")).to_contain_text("Tokens/s")
+    shoot(page, "models-light")
 
 
 def test_api_docs_load_offline(page: Page, base: str) -> None:
