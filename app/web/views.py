@@ -177,8 +177,11 @@ TIMELINE = (
 def timeline(openai_batch: dict[str, Any], now: float | None = None) -> list[dict[str, Any]]:
     """Each timestamp the batch has, in order of time (the expiry shown last while it runs)."""
     steps = []
+    running = openai_batch.get("status") in BatchStatus.ACTIVE
     for key, label in TIMELINE:
         ts = openai_batch.get(key)
+        if key == "expires_at" and not running:
+            continue  # the window only matters while the batch can still run out of it
         if ts:
             steps.append(
                 {"label": label, "time": when(ts, now), "ts": ts, "future": key == "expires_at"}
