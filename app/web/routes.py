@@ -76,8 +76,11 @@ def batch_page_context(request: Request[Any, Any, Any], batch_id: str) -> dict[s
     svc = services(request.app.state)
     owner = owner_of(request)
     batch = svc.batches.get(batch_id, owner)
+    tracker = views.Throughput()
+    if svc.engine is not None and not finished(batch.status):
+        tracker.add(batch, engine_tps=svc.engine.stats().tokens_per_second)
     return {
-        "row": views.batch_row(batch),
+        "row": views.batch_row(batch, tracker),
         "batch": svc.batches.to_openai(batch),
         "timeline": views.timeline(svc.batches.to_openai(batch)),
         "results": results_rows(request, batch_id),
@@ -340,7 +343,8 @@ async def batch_events(request: Request[Any, Any, Any], batch_id: str) -> Server
         while True:
             batch = await asyncio.to_thread(svc.batches.get, batch_id, owner)
             now = time.time()
-            tracker.add(batch, now)
+            engine_tps = svc.engine.stats().tokens_per_second if svc.engine is not None else None
+            tracker.add(batch, now, engine_tps)
             openai_batch = svc.batches.to_openai(batch)
             context = {
                 "row": views.batch_row(batch, tracker, now),

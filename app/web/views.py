@@ -88,30 +88,31 @@ class Sample:
 class Throughput:
     """Recent tokens/s and lines/s of one batch, from the samples one live stream saw.
 
-    Before two samples exist it falls back to the average since the batch started running,
-    so the first render already shows a figure.
+    A batch's counters move when a line finishes, so a short window over a batch of long
+    lines often sees nothing; then the average since the batch started running is shown.
+    `engine` keeps the engine's own generated tokens/s, sampled each tick, for the bars.
     """
 
-    window: float = 10.0
-    samples: deque[Sample] = field(default_factory=lambda: deque(maxlen=120))
-    history: deque[float] = field(default_factory=lambda: deque(maxlen=40))
+    window: float = 30.0
+    samples: deque[Sample] = field(default_factory=lambda: deque(maxlen=240))
+    engine: deque[float] = field(default_factory=lambda: deque(maxlen=40))
 
-    def add(self, batch: Batch, t: float | None = None) -> None:
+    def add(self, batch: Batch, t: float | None = None, engine_tps: float | None = None) -> None:
         t = time.time() if t is None else t
         self.samples.append(Sample(t, batch.output_tokens, batch.completed + batch.failed))
         while len(self.samples) > 2 and t - self.samples[0].t > self.window:
             self.samples.popleft()
-        rate = self.rates(batch, t)[0]
-        if rate is not None:
-            self.history.append(rate)
+        if engine_tps is not None:
+            self.engine.append(engine_tps)
 
     def rates(self, batch: Batch, t: float | None = None) -> tuple[float | None, float | None]:
         """(tokens/s, lines/s), or None where nothing has run yet."""
         t = time.time() if t is None else t
-        if len(self.samples) >= 2 and self.samples[-1].t - self.samples[0].t >= 1.0:
+        if len(self.samples) >= 2:
             a, b = self.samples[0], self.samples[-1]
             span = b.t - a.t
-            return (b.output_tokens - a.output_tokens) / span, (b.done - a.done) / span
+            if span >= 5.0 and b.done > a.done:
+                return (b.output_tokens - a.output_tokens) / span, (b.done - a.done) / span
         return average_rates(batch, t)
 
 
@@ -157,7 +158,8 @@ def batch_row(
         "eta": duration(eta) if eta is not None else None,
         "input_tokens": batch.input_tokens,
         "output_tokens": batch.output_tokens,
-        "history": list(tracker.history) if tracker else [],
+        "engine_history": list(tracker.engine) if tracker else [],
+        "engine_tps": f"{tracker.engine[-1]:.1f}" if tracker and tracker.engine else None,
     }
 
 
