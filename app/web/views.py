@@ -154,7 +154,8 @@ def batch_row(
         "done": done,
         "pct_completed": 100.0 * batch.completed / total if total else 0.0,
         "pct_failed": 100.0 * batch.failed / total if total else 0.0,
-        "tokens_per_s": f"{tok_s:.1f}" if tok_s is not None and running else None,
+        # Counters move as lines finish: before the first one a rate would read as a false 0.
+        "tokens_per_s": f"{tok_s:.1f}" if tok_s is not None and running and done else None,
         "eta": duration(eta) if eta is not None else None,
         "input_tokens": batch.input_tokens,
         "output_tokens": batch.output_tokens,
