@@ -51,6 +51,11 @@ def test_drop_start_watch_and_download(
     expect(row.locator(".counts")).to_contain_text("5 completed")
     expect(row.locator(".counts")).to_contain_text("0 failed")
     assert page.evaluate("window.__sameDocument") is True
+    # A finished list stops listening: no new event streams, no polling.
+    streams: list[str] = []
+    page.on("request", lambda r: streams.append(r.url) if "/web/events" in r.url else None)
+    page.wait_for_timeout(3000)
+    assert streams == [], streams
     shoot(page, "home-light")
 
     row.locator("a.batch-id").click()
