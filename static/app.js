@@ -103,6 +103,27 @@
     }
   });
 
+  // A request htmx could not swap in (a 5xx, the server gone): say so instead of doing nothing.
+  function flash(text) {
+    var box = document.getElementById("flash");
+    if (!box) {
+      box = document.createElement("p");
+      box.id = "flash";
+      box.className = "alert flash";
+      box.setAttribute("role", "alert");
+      document.getElementById("main").prepend(box);
+    }
+    box.textContent = text;
+  }
+  document.addEventListener("htmx:responseError", function (e) {
+    var text = "The server answered " + e.detail.xhr.status + ".";
+    try { text = JSON.parse(e.detail.xhr.responseText).error.message || text; } catch (_) { /* not JSON */ }
+    flash(text);
+  });
+  document.addEventListener("htmx:sendError", function () {
+    flash("The server could not be reached. Is batchyard still running?");
+  });
+
   // Relative times ("3 min ago") stay true while the page is open; the exact time is the title.
   function relative(iso) {
     var s = (Date.parse(iso) - Date.now()) / 1000, future = s > 0, a = Math.abs(s), n, unit;
