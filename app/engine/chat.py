@@ -26,7 +26,11 @@ def message_text(content: Any, index: int) -> str:
     if isinstance(content, list):
         texts = []
         for part in content:
-            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+            if (
+                not isinstance(part, dict)
+                or part.get("type") != "text"
+                or not isinstance(part.get("text"), str)
+            ):
                 kind = part.get("type") if isinstance(part, dict) else type(part).__name__
                 raise EngineError(
                     f"messages[{index}].content: only text parts are supported, got {kind!r}.",
@@ -45,11 +49,15 @@ def message_text(content: Any, index: int) -> str:
 def normalise_messages(messages: Any) -> list[dict[str, str]]:
     """Check the roles and flatten each content to a string, as chat templates expect."""
     if not isinstance(messages, list) or not messages:
-        raise EngineError("'messages' must be a non-empty list.", param="messages", code="invalid_value")
+        raise EngineError(
+            "'messages' must be a non-empty list.", param="messages", code="invalid_value"
+        )
     out = []
     for i, message in enumerate(messages):
         if not isinstance(message, dict):
-            raise EngineError(f"messages[{i}] must be an object.", param=f"messages[{i}]", code="invalid_type")
+            raise EngineError(
+                f"messages[{i}] must be an object.", param=f"messages[{i}]", code="invalid_type"
+            )
         role = message.get("role")
         if role not in ROLES:
             raise EngineError(
@@ -58,7 +66,12 @@ def normalise_messages(messages: Any) -> list[dict[str, str]]:
                 code="invalid_value",
             )
         # Templates know "system"; OpenAI's newer "developer" role means the same thing.
-        out.append({"role": "system" if role == "developer" else role, "content": message_text(message.get("content"), i)})
+        out.append(
+            {
+                "role": "system" if role == "developer" else role,
+                "content": message_text(message.get("content"), i),
+            }
+        )
     return out
 
 
@@ -83,7 +96,11 @@ class ChatTemplate:
         try:
             return self._formatter(messages=normalised).prompt
         except Exception as exc:  # a template's raise_exception(), e.g. roles out of order
-            raise EngineError(f"The model's chat template rejected the messages: {exc}", param="messages", code="invalid_value") from None
+            raise EngineError(
+                f"The model's chat template rejected the messages: {exc}",
+                param="messages",
+                code="invalid_value",
+            ) from None
 
     def stop_strings(self) -> list[str]:
         """Text that ends a turn even if the model writes it out instead of its EOG token."""

@@ -104,6 +104,12 @@ def _gpu_backend_name() -> str | None:
     return None
 
 
+def _closed() -> EngineError:
+    return EngineError(
+        "The engine is shut down.", status_code=503, code="engine_closed", type="server_error"
+    )
+
+
 def _cpu_threads(requested: int) -> int:
     if requested > 0:
         return requested
@@ -216,7 +222,9 @@ class LlamaEngine:
             raise FileNotFoundError(f"model file not found: {path}")
         model_params = lc.llama_model_default_params()
         # -1 means "every layer", which llama.cpp spells as any number above the layer count.
-        model_params.n_gpu_layers = 0x7FFFFFFF if settings.n_gpu_layers < 0 else settings.n_gpu_layers
+        model_params.n_gpu_layers = (
+            0x7FFFFFFF if settings.n_gpu_layers < 0 else settings.n_gpu_layers
+        )
         # llama.cpp's extra CPU buffer types (AMX, repacked weights) crash with a general
         # protection fault on multi-token batches where the kernel does not grant AMX tiles
         # (seen on this project's build machines); plain buffers are safe everywhere.
@@ -251,14 +259,18 @@ class LlamaEngine:
         self._embed_ctx: Any = None
 
         self.chat_template = ChatTemplate(
-            lc.llama_model_chat_template(self._model, None) and lc.llama_model_chat_template(self._model, None).decode(),
+            lc.llama_model_chat_template(self._model, None)
+            and lc.llama_model_chat_template(self._model, None).decode(),
             self._token_text(lc.llama_vocab_bos(self._vocab)),
             self._token_text(lc.llama_vocab_eos(self._vocab)),
         )
         self.info = self._model_info(path)
-        self._fingerprint = "fp_" + hashlib.sha256(f"{self.info.id}/{lc.__version__}".encode()).hexdigest()[:10]
+        self._fingerprint = (
+            "fp_" + hashlib.sha256(f"{self.info.id}/{lc.__version__}".encode()).hexdigest()[:10]
+        )
 
         self._cond = threading.Condition()
+        self._prepare_lock = threading.Lock()
         self._queue: list[Task] = []
         self._seq = itertools.count()
         self._jobs: dict[Future[dict[str, Any]], Job] = {}
@@ -292,15 +304,20 @@ class LlamaEngine:
         if endpoint not in ENDPOINTS:
             raise ValueError(f"unknown endpoint {endpoint!r}")
         job = Job(endpoint, body, Priority(priority), on_chunk)
-        try:
-            tasks = self._prepare(job)
-        except EngineError as exc:
-            job.future.set_exception(exc)
-            self._count("failed")
-            return job.future
+        # Preparing reads the vocabulary, so it must not overlap close() freeing the model.
+        with self._prepare_lock:
+            if self._closing:
+                job.future.set_exception(_closed())
+                return job.future
+            try:
+                tasks = self._prepare(job)
+            except EngineError as exc:
+                job.future.set_exception(exc)
+                self._count("failed")
+                return job.future
         with self._cond:
             if self._closing:
-                job.future.set_exception(EngineError("The engine is shut down.", status_code=503, code="engine_closed", type="server_error"))
+                job.future.set_exception(_closed())
                 return job.future
             self._jobs[job.future] = job
             for task in tasks:
@@ -342,6 +359,10 @@ class LlamaEngine:
             self._closing = True
             self._cond.notify()
         self._thread.join()
+        with self._prepare_lock:
+            self._free()
+
+    def _free(self) -> None:
         lc.llama_batch_free(self._batch)
         if self._embed_ctx:
             lc.llama_free(self._embed_ctx)
@@ -358,7 +379,9 @@ class LlamaEngine:
         if n < 0:
             size = -n
             buf = (lc.llama_token * size)()
-            n = lc.llama_tokenize(self._vocab, data, len(data), buf, size, add_special, parse_special)
+            n = lc.llama_tokenize(
+                self._vocab, data, len(data), buf, size, add_special, parse_special
+            )
         return list(buf[:n])
 
     def _piece(self, token: int, special: bool = False) -> bytes:
@@ -383,7 +406,9 @@ class LlamaEngine:
         chat = job.kind == "chat"
         job.params = parse_sampling(body, chat=chat, n_vocab=self.n_vocab)
         stream_options = body.get("stream_options")
-        job.include_usage = bool(isinstance(stream_options, dict) and stream_options.get("include_usage"))
+        job.include_usage = bool(
+            isinstance(stream_options, dict) and stream_options.get("include_usage")
+        )
         if chat:
             text = self.chat_template.render(body.get("messages"))
             job.prompt_texts = [text]
@@ -392,10 +417,14 @@ class LlamaEngine:
             param = "messages"
         else:
             if body.get("suffix"):
-                raise invalid("suffix", "'suffix' (fill-in-the-middle) is not supported by this server.")
+                raise invalid(
+                    "suffix", "'suffix' (fill-in-the-middle) is not supported by this server."
+                )
             job.echo = bool(body.get("echo"))
             if job.echo and job.params.logprobs:
-                raise invalid("echo", "'echo' together with 'logprobs' is not supported (no prompt logprobs).")
+                raise invalid(
+                    "echo", "'echo' together with 'logprobs' is not supported (no prompt logprobs)."
+                )
             job.prompt_texts, job.prompts = self._completion_prompts(body.get("prompt"))
             job.stop_strings = job.params.stop
             param = "prompt"
@@ -421,16 +450,28 @@ class LlamaEngine:
 
     def _completion_prompts(self, prompt: Any) -> tuple[list[str], list[list[int]]]:
         def is_tokens(x: Any) -> bool:
-            return isinstance(x, list) and bool(x) and all(isinstance(t, int) and not isinstance(t, bool) for t in x)
+            return (
+                isinstance(x, list)
+                and bool(x)
+                and all(isinstance(t, int) and not isinstance(t, bool) for t in x)
+            )
 
         if isinstance(prompt, str):
             items: list[Any] = [prompt]
         elif is_tokens(prompt):
             items = [prompt]
-        elif isinstance(prompt, list) and prompt and all(isinstance(p, str) or is_tokens(p) for p in prompt):
+        elif (
+            isinstance(prompt, list)
+            and prompt
+            and all(isinstance(p, str) or is_tokens(p) for p in prompt)
+        ):
             items = prompt
         else:
-            raise invalid("prompt", "'prompt' must be a string, a list of strings, or token arrays.", "invalid_type")
+            raise invalid(
+                "prompt",
+                "'prompt' must be a string, a list of strings, or token arrays.",
+                "invalid_type",
+            )
         texts, prompts = [], []
         for item in items:
             if isinstance(item, str):
@@ -450,7 +491,9 @@ class LlamaEngine:
     def _check_token_ids(self, tokens: list[int], param: str) -> None:
         bad = [t for t in tokens if not 0 <= t < self.n_vocab]
         if bad:
-            raise invalid(param, f"Token id {bad[0]} is outside the vocabulary (0..{self.n_vocab - 1}).")
+            raise invalid(
+                param, f"Token id {bad[0]} is outside the vocabulary (0..{self.n_vocab - 1})."
+            )
 
     def _embedding_inputs(self, body: dict[str, Any]) -> list[list[int]]:
         fmt = body.get("encoding_format") or "float"
@@ -466,14 +509,22 @@ class LlamaEngine:
         raw = body.get("input")
 
         def is_tokens(x: Any) -> bool:
-            return isinstance(x, list) and bool(x) and all(isinstance(t, int) and not isinstance(t, bool) for t in x)
+            return (
+                isinstance(x, list)
+                and bool(x)
+                and all(isinstance(t, int) and not isinstance(t, bool) for t in x)
+            )
 
         if isinstance(raw, str) or is_tokens(raw):
             items: list[Any] = [raw]
         elif isinstance(raw, list) and raw and all(isinstance(x, str) or is_tokens(x) for x in raw):
             items = raw
         else:
-            raise invalid("input", "'input' must be a non-empty string, list of strings, or token arrays.", "invalid_type")
+            raise invalid(
+                "input",
+                "'input' must be a non-empty string, list of strings, or token arrays.",
+                "invalid_type",
+            )
         inputs = []
         for i, item in enumerate(items):
             if isinstance(item, str):
@@ -498,7 +549,11 @@ class LlamaEngine:
         try:
             while True:
                 with self._cond:
-                    while not self._closing and not self._queue and not any(s.busy for s in self._slots):
+                    while (
+                        not self._closing
+                        and not self._queue
+                        and not any(s.busy for s in self._slots)
+                    ):
                         self._cond.wait()
                     if self._closing:
                         break
@@ -511,7 +566,7 @@ class LlamaEngine:
         except Exception:  # a broken context is not a request error: fail everything, loudly
             log.exception("engine thread crashed")
         finally:
-            self._fail_all(EngineError("The engine is shut down.", status_code=503, code="engine_closed", type="server_error"))
+            self._fail_all(_closed())
 
     def _drop_cancelled(self) -> None:
         before = len(self._queue)
@@ -550,13 +605,17 @@ class LlamaEngine:
         job = task.job
         prompt = job.prompts[task.prompt_index]
         leader = group[0]
-        for slot, index in zip(group, task.choice_indices):
+        for slot, index in zip(group, task.choice_indices, strict=True):
             slot.clear()
             slot.job = job
             slot.choice = job.choices[index]
             slot.prompt_len = len(prompt)
             slot.sampler = build_sampler(
-                job.params, self._vocab, self.n_vocab, job.params.choice_seed(index), self.ctx_per_slot
+                job.params,
+                self._vocab,
+                self.n_vocab,
+                job.params.choice_seed(index),
+                self.ctx_per_slot,
             )
             slot.stops = StopMatcher(job.stop_strings)
             room = self.ctx_per_slot - len(prompt)
@@ -602,7 +661,15 @@ class LlamaEngine:
             log.error("llama_decode returned %d; failing the sequences of this step", rc)
             for slot in self._slots:
                 if slot.busy and (slot.i_batch >= 0 or slot.generating):
-                    self._fail_job(slot.job, EngineError(f"llama_decode failed ({rc}).", status_code=500, code="decode_failed", type="server_error"))
+                    self._fail_job(
+                        slot.job,
+                        EngineError(
+                            f"llama_decode failed ({rc}).",
+                            status_code=500,
+                            code="decode_failed",
+                            type="server_error",
+                        ),
+                    )
             return
         sampled = 0
         for slot in self._slots:
@@ -662,7 +729,9 @@ class LlamaEngine:
     def _record_logprob(self, slot: Slot, token: int, piece: bytes) -> None:
         job, choice = slot.job, slot.choice
         assert job is not None and choice is not None
-        logp, top = top_logprobs_of(lc.llama_get_logits_ith(self._ctx, slot.i_batch), self.n_vocab, job.params.top_logprobs)
+        logp, top = top_logprobs_of(
+            lc.llama_get_logits_ith(self._ctx, slot.i_batch), self.n_vocab, job.params.top_logprobs
+        )
         entry = {
             "token": piece.decode("utf-8", "replace"),
             "logprob": float(logp[token]),
@@ -671,7 +740,9 @@ class LlamaEngine:
         }
         for t in top:
             p = self._piece(t)
-            entry["top_logprobs"].append({"token": p.decode("utf-8", "replace"), "logprob": float(logp[t]), "bytes": list(p)})
+            entry["top_logprobs"].append(
+                {"token": p.decode("utf-8", "replace"), "logprob": float(logp[t]), "bytes": list(p)}
+            )
         choice.logprobs.append(entry)
 
     def _finish(self, slot: Slot, reason: str) -> None:
@@ -701,22 +772,36 @@ class LlamaEngine:
     def _usage(self, job: Job) -> dict[str, int]:
         prompt = sum(len(p) for p in job.prompts)
         completion = sum(c.completion_tokens for c in job.choices)
-        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+        return {
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+        }
 
     def _complete(self, job: Job) -> None:
         if job.on_chunk and job.include_usage:
-            self._call_chunk(job, {**self._chunk_head(job), "choices": [], "usage": self._usage(job)})
+            self._call_chunk(
+                job, {**self._chunk_head(job), "choices": [], "usage": self._usage(job)}
+            )
         if job.kind == "chat":
             choices = [
                 {
                     "index": c.index,
                     "message": {"role": "assistant", "content": c.text, "refusal": None},
-                    "logprobs": {"content": c.logprobs, "refusal": None} if job.params.logprobs else None,
+                    "logprobs": {"content": c.logprobs, "refusal": None}
+                    if job.params.logprobs
+                    else None,
                     "finish_reason": c.finish_reason,
                 }
                 for c in job.choices
             ]
-            body = {"id": job.id, "object": "chat.completion", "created": job.created, "model": self.info.id, "choices": choices}
+            body = {
+                "id": job.id,
+                "object": "chat.completion",
+                "created": job.created,
+                "model": self.info.id,
+                "choices": choices,
+            }
         else:
             n = job.params.n
             choices = [
@@ -728,7 +813,13 @@ class LlamaEngine:
                 }
                 for c in job.choices
             ]
-            body = {"id": job.id, "object": "text_completion", "created": job.created, "model": self.info.id, "choices": choices}
+            body = {
+                "id": job.id,
+                "object": "text_completion",
+                "created": job.created,
+                "model": self.info.id,
+                "choices": choices,
+            }
         body["usage"] = self._usage(job)
         body["system_fingerprint"] = self._fingerprint
         if self._settle(job, result=body):
@@ -743,13 +834,21 @@ class LlamaEngine:
         return {
             "tokens": [e["token"] for e in choice.logprobs],
             "token_logprobs": [e["logprob"] for e in choice.logprobs],
-            "top_logprobs": [{t["token"]: t["logprob"] for t in e["top_logprobs"]} for e in choice.logprobs],
+            "top_logprobs": [
+                {t["token"]: t["logprob"] for t in e["top_logprobs"]} for e in choice.logprobs
+            ],
             "text_offset": offsets,
         }
 
     def _chunk_head(self, job: Job) -> dict[str, Any]:
         kind = "chat.completion.chunk" if job.kind == "chat" else "text_completion"
-        return {"id": job.id, "object": kind, "created": job.created, "model": self.info.id, "system_fingerprint": self._fingerprint}
+        return {
+            "id": job.id,
+            "object": kind,
+            "created": job.created,
+            "model": self.info.id,
+            "system_fingerprint": self._fingerprint,
+        }
 
     def _emit(self, job: Job, choice: Choice, text: str | None) -> None:
         """Stream one delta (text) or the closing chunk (None) of a choice."""
@@ -759,11 +858,50 @@ class LlamaEngine:
         if job.kind == "chat":
             if not choice.started:
                 choice.started = True
-                self._call_chunk(job, {**head, "choices": [{"index": choice.index, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}]})
+                self._call_chunk(
+                    job,
+                    {
+                        **head,
+                        "choices": [
+                            {
+                                "index": choice.index,
+                                "delta": {"role": "assistant", "content": ""},
+                                "logprobs": None,
+                                "finish_reason": None,
+                            }
+                        ],
+                    },
+                )
             delta = {"content": text} if text is not None else {}
-            self._call_chunk(job, {**head, "choices": [{"index": choice.index, "delta": delta, "logprobs": None, "finish_reason": None if text is not None else choice.finish_reason}]})
+            self._call_chunk(
+                job,
+                {
+                    **head,
+                    "choices": [
+                        {
+                            "index": choice.index,
+                            "delta": delta,
+                            "logprobs": None,
+                            "finish_reason": None if text is not None else choice.finish_reason,
+                        }
+                    ],
+                },
+            )
         else:
-            self._call_chunk(job, {**head, "choices": [{"index": choice.index, "text": text or "", "logprobs": None, "finish_reason": None if text is not None else choice.finish_reason}]})
+            self._call_chunk(
+                job,
+                {
+                    **head,
+                    "choices": [
+                        {
+                            "index": choice.index,
+                            "text": text or "",
+                            "logprobs": None,
+                            "finish_reason": None if text is not None else choice.finish_reason,
+                        }
+                    ],
+                },
+            )
 
     def _call_chunk(self, job: Job, chunk: dict[str, Any]) -> None:
         assert job.on_chunk is not None
@@ -782,20 +920,32 @@ class LlamaEngine:
             params.embeddings = True
             params.pooling_type = pooling
             params.n_ctx = self.ctx_per_slot
-            params.n_batch = params.n_ubatch = self.ctx_per_slot  # a pooled input must fit one ubatch
+            params.n_batch = params.n_ubatch = (
+                self.ctx_per_slot
+            )  # a pooled input must fit one ubatch
             params.n_seq_max = EMBED_SEQS
             params.kv_unified = True  # inputs share one buffer; each decode starts empty
             params.n_threads = params.n_threads_batch = self.threads
             params.no_perf = True
             ctx = lc.llama_init_from_model(self._model, params)
             if not ctx:
-                raise EngineError("Could not create the embeddings context.", status_code=500, code="embeddings_unavailable", type="server_error")
+                raise EngineError(
+                    "Could not create the embeddings context.",
+                    status_code=500,
+                    code="embeddings_unavailable",
+                    type="server_error",
+                )
             if lc.llama_pooling_type(ctx) != lc.LLAMA_POOLING_TYPE_NONE:
                 self._embed_ctx = ctx
                 return ctx
             # The model defines no pooling (a generative model): mean-pool like OpenAI-style servers.
             lc.llama_free(ctx)
-        raise EngineError("This model cannot produce pooled embeddings.", status_code=500, code="embeddings_unavailable", type="server_error")
+        raise EngineError(
+            "This model cannot produce pooled embeddings.",
+            status_code=500,
+            code="embeddings_unavailable",
+            type="server_error",
+        )
 
     def _embed(self, job: Job) -> None:
         if job.cancelled or job.future.done():
@@ -809,7 +959,11 @@ class LlamaEngine:
                 pending = list(job.prompts)
                 while pending:
                     group, used = [], 0
-                    while pending and len(group) < EMBED_SEQS and used + len(pending[0]) <= self.ctx_per_slot:
+                    while (
+                        pending
+                        and len(group) < EMBED_SEQS
+                        and used + len(pending[0]) <= self.ctx_per_slot
+                    ):
                         used += len(pending[0])
                         group.append(pending.pop(0))
                     n = 0
@@ -819,10 +973,17 @@ class LlamaEngine:
                     batch.n_tokens = n
                     lc.llama_memory_clear(mem, True)
                     if lc.llama_decode(ctx, batch) != 0:
-                        raise EngineError("llama_decode failed on the embeddings context.", status_code=500, code="decode_failed", type="server_error")
+                        raise EngineError(
+                            "llama_decode failed on the embeddings context.",
+                            status_code=500,
+                            code="decode_failed",
+                            type="server_error",
+                        )
                     dim = self.info.embedding_dim
                     for seq in range(len(group)):
-                        vec = np.ctypeslib.as_array(lc.llama_get_embeddings_seq(ctx, seq), shape=(dim,)).astype(np.float32)
+                        vec = np.ctypeslib.as_array(
+                            lc.llama_get_embeddings_seq(ctx, seq), shape=(dim,)
+                        ).astype(np.float32)
                         norm = float(np.linalg.norm(vec))
                         vectors.append(vec / norm if norm > 0 else vec)
             finally:
@@ -836,20 +997,29 @@ class LlamaEngine:
             {
                 "object": "embedding",
                 "index": i,
-                "embedding": base64.b64encode(v.astype("<f4").tobytes()).decode() if base64_out else [float(x) for x in v],
+                "embedding": base64.b64encode(v.astype("<f4").tobytes()).decode()
+                if base64_out
+                else [float(x) for x in v],
             }
             for i, v in enumerate(vectors)
         ]
         tokens = sum(len(p) for p in job.prompts)
         with self._stats_lock:
             self._stats.prompt_tokens_total += tokens
-        body = {"object": "list", "data": data, "model": self.info.id, "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+        body = {
+            "object": "list",
+            "data": data,
+            "model": self.info.id,
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+        }
         if self._settle(job, result=body):
             self._count("succeeded")
 
     # ----------------------------------------------------------------------- bookkeeping
 
-    def _settle(self, job: Job, *, result: dict[str, Any] | None = None, error: BaseException | None = None) -> bool:
+    def _settle(
+        self, job: Job, *, result: dict[str, Any] | None = None, error: BaseException | None = None
+    ) -> bool:
         """Resolve a job's future once; whoever comes second (cancel vs finish) loses quietly."""
         with self._cond:
             self._jobs.pop(job.future, None)

@@ -83,7 +83,9 @@ def _number(body: dict[str, Any], name: str, default: float, lo: float, hi: floa
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise invalid(name, f"'{name}' must be a number between {lo:g} and {hi:g}.", "invalid_type")
     if not lo <= value <= hi:
-        raise invalid(name, f"{value!r} is out of range for '{name}': it must be between {lo:g} and {hi:g}.")
+        raise invalid(
+            name, f"{value!r} is out of range for '{name}': it must be between {lo:g} and {hi:g}."
+        )
     return float(value)
 
 
@@ -108,7 +110,9 @@ def _stop(body: dict[str, Any]) -> list[str]:
     if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
         raise invalid("stop", "'stop' must be a string or a list of strings.", "invalid_type")
     if len(stop) > MAX_STOP_SEQUENCES:
-        raise invalid("stop", f"'stop' takes at most {MAX_STOP_SEQUENCES} sequences, got {len(stop)}.")
+        raise invalid(
+            "stop", f"'stop' takes at most {MAX_STOP_SEQUENCES} sequences, got {len(stop)}."
+        )
     return [s for s in stop if s]
 
 
@@ -117,7 +121,9 @@ def _logit_bias(body: dict[str, Any], n_vocab: int) -> dict[int, float]:
     if raw is None:
         return {}
     if not isinstance(raw, dict):
-        raise invalid("logit_bias", "'logit_bias' must be an object of token id -> bias.", "invalid_type")
+        raise invalid(
+            "logit_bias", "'logit_bias' must be an object of token id -> bias.", "invalid_type"
+        )
     bias: dict[int, float] = {}
     for key, value in raw.items():
         try:
@@ -125,9 +131,18 @@ def _logit_bias(body: dict[str, Any], n_vocab: int) -> dict[int, float]:
         except (TypeError, ValueError):
             raise invalid("logit_bias", f"logit_bias key {key!r} is not a token id.") from None
         if not 0 <= token < n_vocab:
-            raise invalid("logit_bias", f"logit_bias token id {token} is outside the vocabulary (0..{n_vocab - 1}).")
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not -100 <= value <= 100:
-            raise invalid("logit_bias", f"logit_bias value for token {token} must be between -100 and 100.")
+            raise invalid(
+                "logit_bias",
+                f"logit_bias token id {token} is outside the vocabulary (0..{n_vocab - 1}).",
+            )
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or not -100 <= value <= 100
+        ):
+            raise invalid(
+                "logit_bias", f"logit_bias value for token {token} must be between -100 and 100."
+            )
         bias[token] = float(value)
     return bias
 
@@ -137,7 +152,9 @@ def _response_format(body: dict[str, Any]) -> str | None:
     if fmt is None:
         return None
     if not isinstance(fmt, dict) or "type" not in fmt:
-        raise invalid("response_format", "'response_format' must be an object with a 'type'.", "invalid_type")
+        raise invalid(
+            "response_format", "'response_format' must be an object with a 'type'.", "invalid_type"
+        )
     kind = fmt["type"]
     if kind == "text":
         return None
@@ -156,8 +173,13 @@ def _response_format(body: dict[str, Any]) -> str | None:
         try:
             return json_schema_to_gbnf(json.dumps(schema))
         except Exception as exc:  # the converter raises plain errors on schemas it cannot express
-            raise invalid("response_format", f"The JSON schema cannot be turned into a grammar: {exc}") from None
-    raise invalid("response_format", f"response_format type {kind!r} is not supported; use text, json_object or json_schema.")
+            raise invalid(
+                "response_format", f"The JSON schema cannot be turned into a grammar: {exc}"
+            ) from None
+    raise invalid(
+        "response_format",
+        f"response_format type {kind!r} is not supported; use text, json_object or json_schema.",
+    )
 
 
 def parse_sampling(body: dict[str, Any], *, chat: bool, n_vocab: int) -> SamplingParams:
@@ -177,7 +199,11 @@ def parse_sampling(body: dict[str, Any], *, chat: bool, n_vocab: int) -> Samplin
             raise invalid("seed", "'seed' must be an integer.", "invalid_type")
         params.seed = seed
     # max_completion_tokens is the chat name that replaced max_tokens; it wins when both are set.
-    name = "max_completion_tokens" if chat and body.get("max_completion_tokens") is not None else "max_tokens"
+    name = (
+        "max_completion_tokens"
+        if chat and body.get("max_completion_tokens") is not None
+        else "max_tokens"
+    )
     params.max_tokens = _integer(body, name, 1)
     params.n = _integer(body, "n", 1, MAX_N) or 1
     if chat:
@@ -197,7 +223,9 @@ def parse_sampling(body: dict[str, Any], *, chat: bool, n_vocab: int) -> Samplin
     return params
 
 
-def build_sampler(params: SamplingParams, vocab: Any, n_vocab: int, seed: int, penalty_window: int) -> Any:
+def build_sampler(
+    params: SamplingParams, vocab: Any, n_vocab: int, seed: int, penalty_window: int
+) -> Any:
     """A sampler chain for one sequence: bias, penalties, grammar, then greedy or temp/top_p/dist."""
     import llama_cpp as lc
 
@@ -208,7 +236,9 @@ def build_sampler(params: SamplingParams, vocab: Any, n_vocab: int, seed: int, p
             items[i].token = token
             # OpenAI's +-100 means "always" / "never"; a large finite bias does that reliably.
             items[i].bias = bias
-        lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_logit_bias(n_vocab, len(params.logit_bias), items))
+        lc.llama_sampler_chain_add(
+            chain, lc.llama_sampler_init_logit_bias(n_vocab, len(params.logit_bias), items)
+        )
     if params.presence_penalty or params.frequency_penalty:
         lc.llama_sampler_chain_add(
             chain,
@@ -220,7 +250,9 @@ def build_sampler(params: SamplingParams, vocab: Any, n_vocab: int, seed: int, p
         grammar = lc.llama_sampler_init_grammar(vocab, params.grammar.encode(), b"root")
         if not grammar:
             lc.llama_sampler_free(chain)
-            raise invalid("response_format", "llama.cpp could not parse the grammar for response_format.")
+            raise invalid(
+                "response_format", "llama.cpp could not parse the grammar for response_format."
+            )
         lc.llama_sampler_chain_add(chain, grammar)
     if params.temperature == 0.0:
         lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_greedy())
