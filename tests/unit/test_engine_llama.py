@@ -1,0 +1,397 @@
+"""The real LlamaEngine on the real default model: batching, sampling, limits, shapes."""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+import struct
+import threading
+import time
+from concurrent.futures import Future
+from typing import Any
+
+import pytest
+
+from app.config import Settings
+from app.engine.base import CHAT, COMPLETIONS, EMBEDDINGS, EngineError, Priority, RequestCancelled
+from app.engine.llama import LlamaEngine, load_engine
+
+SLOTS = 8
+CTX = 512
+# SmolLM2's end-of-generation tokens (<|endoftext|>, <|im_end|>): banning them makes a
+# request run exactly max_tokens, which the ordering tests need.
+NO_EOG = {"0": -100, "2": -100}
+
+
+@pytest.fixture(scope="module")
+def engine() -> Any:
+    eng = load_engine(Settings(parallel=SLOTS, ctx_size=CTX))
+    yield eng
+    eng.close()
+
+
+def chat(question: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "model": "anything",
+        "messages": [{"role": "user", "content": question}],
+        "temperature": 0,
+        "max_tokens": 16,
+        **extra,
+    }
+
+
+def content(body: dict[str, Any], i: int = 0) -> str:
+    return body["choices"][i]["message"]["content"]
+
+
+def test_info_and_startup_figures(engine: LlamaEngine) -> None:
+    info = engine.info
+    assert info.id == "SmolLM2-135M-Instruct.Q4_1"
+    assert info.quantization == "Q4_1"
+    assert info.backend == "CPU"
+    assert (info.n_slots, info.ctx_per_slot) == (SLOTS, CTX)
+    assert info.embedding_dim == 576 and info.n_ctx_train == 8192 and info.has_chat_template
+
+
+def test_chat_body_has_openai_shape_and_exact_usage(engine: LlamaEngine) -> None:
+    openai_types = pytest.importorskip("openai.types.chat")
+    body = engine.submit(CHAT, chat("What is the capital of France?", logprobs=True)).result(
+        timeout=60
+    )
+    openai_types.ChatCompletion.model_validate(body)
+    assert body["object"] == "chat.completion" and body["id"].startswith("chatcmpl-")
+    assert body["model"] == engine.info.id  # never the name the request used
+    choice = body["choices"][0]
+    assert choice["message"]["role"] == "assistant" and choice["message"]["refusal"] is None
+    assert choice["finish_reason"] in ("stop", "length")
+    prompt = engine.chat_template.render(
+        [{"role": "user", "content": "What is the capital of France?"}]
+    )
+    usage = body["usage"]
+    assert usage["prompt_tokens"] == len(engine.tokenize(prompt, add_special=False))
+    # One logprob entry per generated token: the completion count is exact.
+    assert usage["completion_tokens"] == len(choice["logprobs"]["content"])
+    assert "".join(e["token"] for e in choice["logprobs"]["content"]).startswith(
+        choice["message"]["content"]
+    )
+    assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+    if choice["finish_reason"] == "length":
+        assert usage["completion_tokens"] == 16
+
+
+def test_greedy_answer_alone_equals_answer_beside_seven_others(engine: LlamaEngine) -> None:
+    question = "Name three fruits that are red."
+    alone = content(engine.submit(CHAT, chat(question, max_tokens=24)).result(timeout=60))
+    others = [f"Tell me one fact about the number {i}." for i in range(7)]
+    futures = [engine.submit(CHAT, chat(q, max_tokens=24)) for q in others[:3]]
+    futures.append(engine.submit(CHAT, chat(question, max_tokens=24)))
+    futures += [engine.submit(CHAT, chat(q, max_tokens=24)) for q in others[3:]]
+    together = [f.result(timeout=120) for f in futures]
+    # llama.cpp's CPU kernels compute each sequence's rows independently (one KV stream per
+    # sequence), so batching does not change greedy output here; no tie-break allowance needed.
+    assert content(together[3]) == alone
+    assert len({content(b) for b in together}) > 1  # the neighbours really were other work
+
+
+def test_stop_string_across_token_boundary_is_cut_and_excluded(engine: LlamaEngine) -> None:
+    body = engine.submit(
+        CHAT, chat("Write a sentence about dogs.", max_tokens=24, logprobs=True)
+    ).result(timeout=60)
+    tokens = [e["token"] for e in body["choices"][0]["logprobs"]["content"]]
+    text = "".join(tokens)
+    # A stop made of the end of one token and the start of the next.
+    k = next(i for i in range(2, len(tokens)) if len(tokens[i - 1]) >= 2 and len(tokens[i]) >= 2)
+    boundary = len("".join(tokens[:k]))
+    stop = text[boundary - 2 : boundary + 2]
+    cut = text.index(stop)
+    stopped = engine.submit(
+        CHAT, chat("Write a sentence about dogs.", max_tokens=24, stop=[stop, "\x00never"])
+    ).result(timeout=60)
+    assert content(stopped) == text[:cut]
+    assert stop not in content(stopped)
+    assert stopped["choices"][0]["finish_reason"] == "stop"
+
+
+def test_n_three_gives_three_choices_prompt_counted_once(engine: LlamaEngine) -> None:
+    one = engine.submit(CHAT, chat("Say something.", temperature=1.0, seed=3, max_tokens=8)).result(
+        timeout=60
+    )
+    three = engine.submit(
+        CHAT, chat("Say something.", temperature=1.0, seed=3, max_tokens=8, n=3)
+    ).result(timeout=60)
+    assert [c["index"] for c in three["choices"]] == [0, 1, 2]
+    assert all(isinstance(content(three, i), str) for i in range(3))
+    assert three["usage"]["prompt_tokens"] == one["usage"]["prompt_tokens"]
+    # Choice 0 uses the same seed as the single request; it reads the same copied prompt KV.
+    assert content(three, 0) == content(one)
+    assert len({content(three, i) for i in range(3)}) > 1
+
+
+def test_same_seed_same_answer_different_seed_differs(engine: LlamaEngine) -> None:
+    def sample(seed: int) -> str:
+        body = chat("Invent a name for a cat.", temperature=1.5, seed=seed, max_tokens=12)
+        return content(engine.submit(CHAT, body).result(timeout=60))
+
+    first = sample(1234)
+    assert sample(1234) == first
+    assert any(sample(s) != first for s in (1, 2, 3))
+
+
+def test_json_schema_answer_parses_and_validates(engine: LlamaEngine) -> None:
+    jsonschema = pytest.importorskip("jsonschema")
+    schema = {
+        "type": "object",
+        "properties": {"name": {"type": "string", "maxLength": 12}, "age": {"type": "integer"}},
+        "required": ["name", "age"],
+        "additionalProperties": False,
+    }
+    body = chat(
+        "Give a person's name and age as JSON.",
+        max_tokens=48,
+        response_format={
+            "type": "json_schema",
+            "json_schema": {"name": "person", "schema": schema},
+        },
+    )
+    result = engine.submit(CHAT, body).result(timeout=60)
+    assert result["choices"][0]["finish_reason"] == "stop"
+    value = json.loads(content(result))
+    jsonschema.validate(value, schema)
+
+
+def test_json_object_mode_gives_an_object(engine: LlamaEngine) -> None:
+    body = chat("Describe a car as JSON.", max_tokens=48, response_format={"type": "json_object"})
+    result = engine.submit(CHAT, body).result(timeout=60)
+    if result["choices"][0]["finish_reason"] == "stop":
+        assert isinstance(json.loads(content(result)), dict)
+    else:  # cut by max_tokens: still a valid JSON object prefix
+        assert content(result).lstrip().startswith("{")
+
+
+def test_too_long_prompt_fails_alone(engine: LlamaEngine) -> None:
+    ok1 = engine.submit(CHAT, chat("Hi!", max_tokens=4))
+    too_long = engine.submit(CHAT, chat("word " * 2000, max_tokens=4))
+    ok2 = engine.submit(COMPLETIONS, {"prompt": "The sky is", "max_tokens": 4, "temperature": 0})
+    with pytest.raises(EngineError) as caught:
+        too_long.result(timeout=60)
+    assert caught.value.status_code == 400
+    assert caught.value.code == "context_length_exceeded"
+    assert caught.value.param == "messages"
+    assert ok1.result(timeout=60)["usage"]["completion_tokens"] >= 1
+    assert ok2.result(timeout=60)["object"] == "text_completion"
+    with pytest.raises(EngineError) as caught:
+        engine.submit(COMPLETIONS, {"prompt": "word " * 2000, "max_tokens": 4}).result(timeout=60)
+    assert caught.value.param == "prompt" and caught.value.code == "context_length_exceeded"
+
+
+def test_max_tokens_gives_length_and_logit_bias_applies(engine: LlamaEngine) -> None:
+    body = engine.submit(CHAT, chat("Hello", max_tokens=5, logit_bias=NO_EOG)).result(timeout=60)
+    assert body["choices"][0]["finish_reason"] == "length"
+    assert body["usage"]["completion_tokens"] == 5
+
+
+def test_online_overtakes_queued_batch_lines(engine: LlamaEngine) -> None:
+    done: list[str] = []
+    lock = threading.Lock()
+
+    def track(fut: Future[Any], name: str) -> Future[Any]:
+        fut.add_done_callback(lambda _f: (lock.acquire(), done.append(name), lock.release()))
+        return fut
+
+    running = [
+        track(
+            engine.submit(
+                CHAT,
+                chat(f"Count to {i}.", max_tokens=24, logit_bias=NO_EOG),
+                priority=Priority.BATCH,
+            ),
+            f"run{i}",
+        )
+        for i in range(SLOTS)
+    ]
+    queued = [
+        track(
+            engine.submit(
+                CHAT,
+                chat(f"Name a color {i}.", max_tokens=8, logit_bias=NO_EOG),
+                priority=Priority.BATCH,
+            ),
+            f"batch{i}",
+        )
+        for i in range(SLOTS * 2)
+    ]
+    online = track(
+        engine.submit(
+            CHAT, chat("Quick question?", max_tokens=4, logit_bias=NO_EOG), priority=Priority.ONLINE
+        ),
+        "online",
+    )
+    for f in running + queued + [online]:
+        f.result(timeout=120)
+    # First in, first out would admit all 16 batch lines before it; priority admits it first.
+    assert done.index("online") < min(done.index(f"batch{i}") for i in range(SLOTS * 2))
+
+
+def test_cancel_queued_and_running_requests(engine: LlamaEngine) -> None:
+    long = chat("Tell a long story.", max_tokens=300, logit_bias=NO_EOG)
+    running = [engine.submit(CHAT, long, priority=Priority.BATCH) for _ in range(SLOTS)]
+    queued = engine.submit(CHAT, long, priority=Priority.BATCH)
+    deadline = time.monotonic() + 30
+    while engine.stats().active_slots < SLOTS and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert engine.stats().queue_depth >= 1
+    engine.cancel(queued)
+    with pytest.raises(RequestCancelled):
+        queued.result(timeout=5)
+    engine.cancel(running[0])
+    with pytest.raises(RequestCancelled) as caught:
+        running[0].result(timeout=5)
+    assert caught.value.status_code == 499 and caught.value.code == "request_cancelled"
+    for f in running[1:]:
+        engine.cancel(f)
+    for f in running[1:]:
+        with pytest.raises(RequestCancelled):
+            f.result(timeout=10)
+    deadline = time.monotonic() + 10
+    while engine.stats().active_slots and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert engine.stats().active_slots == 0
+    # The freed slots take new work.
+    assert (
+        engine.submit(CHAT, chat("Hi", max_tokens=2)).result(timeout=30)["usage"][
+            "completion_tokens"
+        ]
+        >= 1
+    )
+    assert engine.stats().requests_total.get("cancelled", 0) >= SLOTS + 1
+
+
+def test_streamed_chunks_reassemble_into_the_final_content(engine: LlamaEngine) -> None:
+    openai_types = pytest.importorskip("openai.types.chat")
+    chunks: list[dict[str, Any]] = []
+    body = chat("Why is the sea salty?", max_tokens=20, stream_options={"include_usage": True})
+    final = engine.submit(CHAT, body, on_chunk=chunks.append).result(timeout=60)
+    for c in chunks:
+        openai_types.ChatCompletionChunk.model_validate(c)
+    assert {c["id"] for c in chunks} == {final["id"]}
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    deltas = [c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"]]
+    assert "".join(deltas) == content(final)
+    closing = [c for c in chunks if c["choices"] and c["choices"][0]["finish_reason"]]
+    assert (
+        len(closing) == 1
+        and closing[0]["choices"][0]["finish_reason"] == final["choices"][0]["finish_reason"]
+    )
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"] == final["usage"]
+
+
+def test_completions_prompt_list_streaming_and_shape(engine: LlamaEngine) -> None:
+    openai_types = pytest.importorskip("openai.types")
+    chunks: list[dict[str, Any]] = []
+    body = {
+        "prompt": ["Once upon a time", "The best way to cook rice is"],
+        "max_tokens": 8,
+        "temperature": 0,
+        "logprobs": 2,
+    }
+    final = engine.submit(COMPLETIONS, body, on_chunk=chunks.append).result(timeout=60)
+    openai_types.Completion.model_validate(final)
+    assert final["object"] == "text_completion" and [c["index"] for c in final["choices"]] == [0, 1]
+    for i in range(2):
+        text = "".join(c["choices"][0]["text"] for c in chunks if c["choices"][0]["index"] == i)
+        assert text == final["choices"][i]["text"]
+        lp = final["choices"][i]["logprobs"]
+        assert len(lp["tokens"]) == len(lp["token_logprobs"]) == len(lp["top_logprobs"])
+        assert all(len(alts) <= 2 for alts in lp["top_logprobs"])
+    assert final["usage"]["completion_tokens"] == sum(
+        len(c["logprobs"]["tokens"]) for c in final["choices"]
+    )
+    echoed = engine.submit(
+        COMPLETIONS, {"prompt": "Hello there", "max_tokens": 3, "temperature": 0, "echo": True}
+    ).result(timeout=60)
+    assert echoed["choices"][0]["text"].startswith("Hello there")
+    with pytest.raises(EngineError) as caught:
+        engine.submit(COMPLETIONS, {"prompt": "a", "suffix": "b"}).result(timeout=5)
+    assert caught.value.param == "suffix"
+
+
+def test_embeddings_shape_normalisation_and_batch(engine: LlamaEngine) -> None:
+    openai_types = pytest.importorskip("openai.types")
+    inputs = ["The cat sat on the mat.", "A dog ran in the park.", "The cat sat on the mat."]
+    body = engine.submit(EMBEDDINGS, {"model": "x", "input": inputs}).result(timeout=60)
+    openai_types.CreateEmbeddingResponse.model_validate(body)
+    assert body["object"] == "list" and body["model"] == engine.info.id
+    assert [d["index"] for d in body["data"]] == [0, 1, 2]
+    vectors = [d["embedding"] for d in body["data"]]
+    assert all(len(v) == 576 for v in vectors)
+    assert all(abs(math.sqrt(sum(x * x for x in v)) - 1.0) < 1e-4 for v in vectors)
+    assert vectors[0] == pytest.approx(vectors[2], abs=1e-5)  # same text in one decode, same vector
+    assert vectors[0] != pytest.approx(vectors[1], abs=1e-3)
+    assert body["usage"]["prompt_tokens"] == body["usage"]["total_tokens"] > 0
+    single = engine.submit(EMBEDDINGS, {"input": inputs[1], "encoding_format": "base64"}).result(
+        timeout=60
+    )
+    raw = base64.b64decode(single["data"][0]["embedding"])
+    decoded = struct.unpack(f"<{len(raw) // 4}f", raw)
+    assert list(decoded) == pytest.approx(vectors[1], abs=1e-4)  # batching does not change a vector
+    tokens = engine.submit(EMBEDDINGS, {"input": [[1, 2, 3, 4]]}).result(timeout=60)
+    assert tokens["usage"]["prompt_tokens"] == 4
+
+
+def test_embeddings_refuse_other_dimensions(engine: LlamaEngine) -> None:
+    with pytest.raises(EngineError) as caught:
+        engine.submit(EMBEDDINGS, {"input": "x", "dimensions": 64}).result(timeout=5)
+    assert caught.value.param == "dimensions" and caught.value.status_code == 400
+    assert "576" in caught.value.message
+    assert engine.submit(EMBEDDINGS, {"input": "x", "dimensions": 576}).result(timeout=30)["data"]
+
+
+def test_parameter_errors_fail_the_future_with_the_param(engine: LlamaEngine) -> None:
+    cases = [
+        (CHAT, chat("x", temperature=5), "temperature"),
+        (CHAT, chat("x", n=500), "n"),
+        (CHAT, {"messages": []}, "messages"),
+        (CHAT, {"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role"),
+        (
+            CHAT,
+            {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
+            "messages[0].content",
+        ),
+        (COMPLETIONS, {"prompt": 5}, "prompt"),
+        (EMBEDDINGS, {"input": ""}, "input"),
+    ]
+    for endpoint, body, param in cases:
+        with pytest.raises(EngineError) as caught:
+            engine.submit(endpoint, body).result(timeout=5)
+        assert (caught.value.param, caught.value.status_code) == (param, 400), body
+
+
+def test_text_parts_content_and_stats(engine: LlamaEngine) -> None:
+    parts = {
+        "messages": [
+            {"role": "system", "content": [{"type": "text", "text": "Be brief."}]},
+            {"role": "user", "content": "Hi"},
+        ],
+        "max_tokens": 3,
+        "temperature": 0,
+    }
+    assert engine.submit(CHAT, parts).result(timeout=30)["usage"]["completion_tokens"] >= 1
+    stats = engine.stats()
+    assert stats.completion_tokens_total > 0 and stats.prompt_tokens_total > 0
+    assert (
+        stats.requests_total.get("succeeded", 0) > 0 and stats.requests_total.get("failed", 0) > 0
+    )
+
+
+def test_close_fails_pending_futures() -> None:
+    eng = LlamaEngine(Settings(parallel=1, ctx_size=256))
+    futures = [
+        eng.submit(CHAT, chat("Tell a story.", max_tokens=200, logit_bias=NO_EOG)) for _ in range(3)
+    ]
+    eng.close()
+    for f in futures:
+        with pytest.raises(EngineError) as caught:
+            f.result(timeout=10)
+        assert caught.value.code == "engine_closed"
+    assert eng.submit(CHAT, chat("x")).exception(timeout=1).code == "engine_closed"
