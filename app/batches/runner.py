@@ -39,6 +39,8 @@ log = logging.getLogger("batchyard.runner")
 #: A line whose claim ran out this many times (the server died while running it) fails
 #: instead of taking the server down again.
 MAX_ATTEMPTS = 3
+#: Request rows inserted per statement while validating (SQLite's variable limit).
+INSERT_CHUNK = 5000
 EXPIRED_ERROR = {
     "code": "batch_expired",
     "message": "This request could not be executed before the completion window expired.",
@@ -68,6 +70,8 @@ class Runner:
         self._thread: threading.Thread | None = None
         self._last_renew = 0.0
         self._last_sweep = 0.0
+        #: Seconds between sweeps of expired files; tests shorten it.
+        self.sweep_interval = 60.0
         #: Bumped after every write the dashboard may want to show; see wait_for_change().
         self.revision = 0
         self._changed = threading.Condition()
@@ -121,7 +125,7 @@ class Runner:
         self._expire_due()
         self._claim_and_submit()
         self._finalize_done()
-        if time.monotonic() - self._last_sweep > 60:
+        if time.monotonic() - self._last_sweep > self.sweep_interval:
             self._last_sweep = time.monotonic()
             self.files.sweep_expired()
 
@@ -213,8 +217,8 @@ class Runner:
             # A crash mid-validation leaves nothing behind (this is one transaction),
             # but clear any rows anyway so validation can always start over.
             s.exec(Request.__table__.delete().where(Request.__table__.c.batch_id == b.id))  # type: ignore[attr-defined]
-            for start in range(0, len(rows), 5000):
-                s.exec(insert(Request), params=rows[start : start + 5000])
+            for start in range(0, len(rows), INSERT_CHUNK):
+                s.exec(insert(Request), params=rows[start : start + INSERT_CHUNK])
             fresh.status = BatchStatus.IN_PROGRESS
             fresh.in_progress_at = now()
             fresh.total = len(rows)
@@ -517,7 +521,9 @@ class Runner:
         if b is None:
             return
         written = write_results(self.db, self.storage, b)
-        expires_at = b.created_at + b.output_expires_after if b.output_expires_after else None
+        stamp = now()
+        # OpenAI anchors output_expires_after on the output file's creation, not the batch's.
+        expires_at = stamp + b.output_expires_after if b.output_expires_after else None
         with self.db.write() as s:
             fresh = s.get(Batch, batch_id)
             if fresh is None or fresh.status in BatchStatus.FINISHED:
@@ -533,14 +539,13 @@ class Runner:
                         purpose="batch_output",
                         bytes=w.size,
                         sha256=w.sha256,
-                        created_at=now(),
+                        created_at=stamp,
                         expires_at=expires_at,
                     )
                 )
             fresh.output_file_id = written["output"].file_id if "output" in written else None
             fresh.error_file_id = written["error"].file_id if "error" in written else None
             fresh.status = final_status
-            stamp = now()
             if final_status == BatchStatus.COMPLETED:
                 fresh.completed_at = stamp
             elif final_status == BatchStatus.CANCELLED:
