@@ -72,6 +72,11 @@ class Runner:
         self._last_sweep = 0.0
         #: Seconds between sweeps of expired files; tests shorten it.
         self.sweep_interval = 60.0
+        #: Waits before each retry of an output file that could not be written (a full
+        #: disk may be freed); when they are used up the batch fails, naming the error.
+        self.finalize_retry_delays: tuple[float, ...] = (1.0, 5.0, 30.0)
+        # batch id -> (failed attempts, monotonic time of the next try)
+        self._finalize_failures: dict[str, tuple[int, float]] = {}
         #: Bumped after every write the dashboard may want to show; see wait_for_change().
         self.revision = 0
         self._changed = threading.Condition()
@@ -519,11 +524,20 @@ class Runner:
         crash in between leaves the batch finalizing (or cancelling) and this runs again;
         the bytes of the lost attempt are swept as orphans.
         """
+        failures, next_try = self._finalize_failures.get(batch_id, (0, 0.0))
+        if time.monotonic() < next_try:
+            return
         with self.db.read() as s:
             b = s.get(Batch, batch_id)
         if b is None:
             return
-        written = write_results(self.db, self.storage, b)
+        try:
+            written = write_results(self.db, self.storage, b)
+        except OSError as exc:
+            # write_results discarded its partial files: nothing half-written is left.
+            self._output_write_failed(b, exc, failures + 1)
+            return
+        self._finalize_failures.pop(batch_id, None)
         stamp = now()
         # OpenAI anchors output_expires_after on the output file's creation, not the batch's.
         expires_at = stamp + b.output_expires_after if b.output_expires_after else None
@@ -559,6 +573,40 @@ class Runner:
         log.info(
             "batch %s %s: %d completed, %d failed", batch_id, final_status, b.completed, b.failed
         )
+        self._bump()
+
+    def _output_write_failed(self, b: Batch, exc: OSError, failures: int) -> None:
+        reason = f"{exc.strerror or exc}" + (f" ({exc.filename})" if exc.filename else "")
+        if failures <= len(self.finalize_retry_delays):
+            delay = self.finalize_retry_delays[failures - 1]
+            log.error(
+                "batch %s: its output could not be written (%s); retrying in %.0f s",
+                b.id,
+                reason,
+                delay,
+            )
+            self._finalize_failures[b.id] = (failures, time.monotonic() + delay)
+            return
+        self._finalize_failures.pop(b.id, None)
+        log.error("batch %s failed: its output could not be written (%s)", b.id, reason)
+        with self.db.write() as s:
+            fresh = s.get(Batch, b.id)
+            if fresh is None or fresh.status in BatchStatus.FINISHED:
+                return
+            fresh.status = BatchStatus.FAILED
+            fresh.failed_at = now()
+            fresh.errors_json = json.dumps(
+                [
+                    {
+                        "code": "output_write_failed",
+                        "message": f"The output and error files could not be written to the "
+                        f"server's data dir: {reason}. Tried {failures} times.",
+                        "param": None,
+                        "line": None,
+                    }
+                ]
+            )
+            s.add(fresh)
         self._bump()
 
 
