@@ -269,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--duration",
         type=float,
-        default=20.0,
+        default=30.0,
         help=f"seconds of the quiet and the load phase each (max {MAX_DURATION:g})",
     )
     p.add_argument("--idle-requests", type=int, default=200, help="requests in the idle phase")
