@@ -8,7 +8,6 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from litestar import Litestar
-from litestar.openapi import OpenAPIConfig
 from litestar.plugins.jinja import JinjaTemplateEngine
 from litestar.static_files import create_static_files_router
 from litestar.template.config import TemplateConfig
@@ -29,6 +28,7 @@ from app.files import FileService
 from app.resources import static_dir, templates_dir
 from app.storage import Storage
 from app.web.auth import AUTH_ROUTES
+from app.web.openapi import openapi_config
 from app.web.routes import web_route_handlers
 
 log = logging.getLogger("batchyard")
@@ -112,7 +112,7 @@ def create_app(settings: Settings, *, engine: Engine | None = None) -> Litestar:
         middleware=[auth],
         exception_handlers=EXCEPTION_HANDLERS,
         template_config=TemplateConfig(directory=templates_dir(), engine=JinjaTemplateEngine),
-        openapi_config=OpenAPIConfig(title="batchyard", version=__version__),
+        openapi_config=openapi_config("batchyard", __version__),
         state=None,
         debug=False,
     )

@@ -1,0 +1,242 @@
+"""What the dashboard shows, worked out in Python so the templates only lay it out.
+
+Times become {iso, exact, relative}, byte counts become "1.2 MB", a batch row becomes
+its progress percentages, tokens/s and ETA. No database and no engine here: callers hand
+in the rows and figures they already have.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+from app.models import Batch, BatchStatus, File
+
+STATUS_TONE = {
+    BatchStatus.VALIDATING: "info",
+    BatchStatus.IN_PROGRESS: "info",
+    BatchStatus.FINALIZING: "info",
+    BatchStatus.CANCELLING: "warn",
+    BatchStatus.COMPLETED: "ok",
+    BatchStatus.FAILED: "bad",
+    BatchStatus.EXPIRED: "bad",
+    BatchStatus.CANCELLED: "muted",
+}
+
+
+def when(ts: int | float | None, now: float | None = None) -> dict[str, str] | None:
+    """A unix time as the machine-readable, exact and relative texts of a <time> tag."""
+    if ts is None:
+        return None
+    now = time.time() if now is None else now
+    dt = datetime.fromtimestamp(ts, tz=timezone.utc)
+    return {
+        "iso": dt.isoformat(),
+        "exact": dt.strftime("%Y-%m-%d %H:%M:%S UTC"),
+        "relative": relative(ts - now),
+    }
+
+
+def relative(delta: float) -> str:
+    """-90 -> '2 min ago', 3600 -> 'in 1 h'."""
+    future = delta > 0
+    s = abs(delta)
+    if s < 45:
+        text = "just now" if not future else "in a few seconds"
+        return text
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if s >= size * 0.75 or unit == "min":
+            n = max(1, round(s / size))
+            return f"in {n} {unit}" if future else f"{n} {unit} ago"
+    return ""  # pragma: no cover - the loop always returns
+
+
+def size(n: int | None) -> str:
+    if n is None:
+        return "—"
+    value = float(n)
+    for unit in ("B", "KB", "MB", "GB"):
+        if value < 1024 or unit == "GB":
+            return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{n} B"  # pragma: no cover
+
+
+def duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "—"
+    s = int(round(seconds))
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min {s % 60:02d} s"
+    return f"{s // 3600} h {(s % 3600) // 60:02d} min"
+
+
+@dataclass
+class Sample:
+    t: float
+    output_tokens: int
+    done: int
+
+
+@dataclass
+class Throughput:
+    """Recent tokens/s and lines/s of one batch, from the samples one live stream saw.
+
+    A batch's counters move when a line finishes, so a short window over a batch of long
+    lines often sees nothing; then the average since the batch started running is shown.
+    `engine` keeps the engine's own generated tokens/s, sampled each tick, for the bars.
+    """
+
+    window: float = 30.0
+    samples: deque[Sample] = field(default_factory=lambda: deque(maxlen=240))
+    engine: deque[float] = field(default_factory=lambda: deque(maxlen=40))
+
+    def add(self, batch: Batch, t: float | None = None, engine_tps: float | None = None) -> None:
+        t = time.time() if t is None else t
+        self.samples.append(Sample(t, batch.output_tokens, batch.completed + batch.failed))
+        while len(self.samples) > 2 and t - self.samples[0].t > self.window:
+            self.samples.popleft()
+        if engine_tps is not None:
+            self.engine.append(engine_tps)
+
+    def rates(self, batch: Batch, t: float | None = None) -> tuple[float | None, float | None]:
+        """(tokens/s, lines/s), or None where nothing has run yet."""
+        t = time.time() if t is None else t
+        if len(self.samples) >= 2:
+            a, b = self.samples[0], self.samples[-1]
+            span = b.t - a.t
+            if span >= 5.0 and b.done > a.done:
+                return (b.output_tokens - a.output_tokens) / span, (b.done - a.done) / span
+        return average_rates(batch, t)
+
+
+def average_rates(batch: Batch, t: float | None = None) -> tuple[float | None, float | None]:
+    if not batch.in_progress_at:
+        return None, None
+    t = time.time() if t is None else t
+    end = batch.finalizing_at or batch.completed_at or batch.cancelled_at or batch.failed_at
+    span = (end or t) - batch.in_progress_at
+    if span <= 0:
+        return None, None
+    return batch.output_tokens / span, (batch.completed + batch.failed) / span
+
+
+def batch_row(
+    batch: Batch, tracker: Throughput | None = None, now: float | None = None
+) -> dict[str, Any]:
+    """One batch as the list row and the batch page's summary show it."""
+    now = time.time() if now is None else now
+    total = batch.total
+    done = batch.completed + batch.failed
+    running = batch.status in BatchStatus.ACTIVE
+    tok_s, lines_s = tracker.rates(batch, now) if tracker else average_rates(batch, now)
+    eta = None
+    if running and batch.status == BatchStatus.IN_PROGRESS and total and lines_s and lines_s > 0:
+        eta = max(0.0, (total - done) / lines_s)
+    return {
+        "id": batch.id,
+        "created": when(batch.created_at, now),
+        "endpoint": batch.endpoint,
+        "model": batch.model or "—",
+        "status": batch.status,
+        "status_text": batch.status.replace("_", " "),
+        "tone": STATUS_TONE.get(batch.status, "muted"),
+        "running": running,
+        "total": total,
+        "completed": batch.completed,
+        "failed": batch.failed,
+        "done": done,
+        "pct_completed": 100.0 * batch.completed / total if total else 0.0,
+        "pct_failed": 100.0 * batch.failed / total if total else 0.0,
+        # Counters move as lines finish: before the first one a rate would read as a false 0.
+        "tokens_per_s": f"{tok_s:.1f}" if tok_s is not None and running and done else None,
+        "eta": duration(eta) if eta is not None else None,
+        "input_tokens": batch.input_tokens,
+        "output_tokens": batch.output_tokens,
+        "engine_history": list(tracker.engine) if tracker else [],
+        "engine_tps": f"{tracker.engine[-1]:.1f}" if tracker and tracker.engine else None,
+    }
+
+
+TIMELINE = (
+    ("created_at", "Created"),
+    ("in_progress_at", "Started"),
+    ("finalizing_at", "Finalizing"),
+    ("completed_at", "Completed"),
+    ("failed_at", "Failed"),
+    ("cancelling_at", "Cancelling"),
+    ("cancelled_at", "Cancelled"),
+    ("expired_at", "Expired"),
+    ("expires_at", "Expires"),
+)
+
+
+def timeline(openai_batch: dict[str, Any], now: float | None = None) -> list[dict[str, Any]]:
+    """Each timestamp the batch has, in order of time (the expiry shown last while it runs)."""
+    steps = []
+    running = openai_batch.get("status") in BatchStatus.ACTIVE
+    for key, label in TIMELINE:
+        ts = openai_batch.get(key)
+        if key == "expires_at" and not running:
+            continue  # the window only matters while the batch can still run out of it
+        if ts:
+            steps.append(
+                {"label": label, "time": when(ts, now), "ts": ts, "future": key == "expires_at"}
+            )
+    return sorted(steps, key=lambda s: (s["future"], s["ts"]))
+
+
+def file_row(f: File, now: float | None = None) -> dict[str, Any]:
+    return {
+        "id": f.id,
+        "filename": f.filename,
+        "purpose": f.purpose,
+        "size": size(f.bytes),
+        "bytes": f.bytes,
+        "created": when(f.created_at, now),
+        "expires": when(f.expires_at, now),
+    }
+
+
+def result_row(line: dict[str, Any]) -> dict[str, Any]:
+    """A result line as the results table shows it: the start of the answer or the error."""
+    body = line.get("body") or {}
+    error = line.get("error")
+    preview = ""
+    if error:
+        preview = (error.get("message") if isinstance(error, dict) else str(error)) or ""
+    elif isinstance(body, dict):
+        if isinstance(body.get("error"), dict):
+            preview = body["error"].get("message") or ""
+        else:
+            preview = answer_text(body)
+    whole = json.dumps(line, indent=2, ensure_ascii=False)
+    return {
+        "custom_id": line.get("custom_id", ""),
+        "status": line.get("status", ""),
+        "status_code": line.get("status_code"),
+        "ok": not error
+        and line.get("status") in ("succeeded", "completed", None)
+        and not body.get("error"),
+        "preview": preview[:160] + ("…" if len(preview) > 160 else ""),
+        "whole": whole,
+    }
+
+
+def answer_text(body: dict[str, Any]) -> str:
+    choices = body.get("choices") or []
+    if choices:
+        first = choices[0]
+        message = first.get("message") or {}
+        return message.get("content") or first.get("text") or ""
+    data = body.get("data")
+    if isinstance(data, list) and data:
+        emb = data[0].get("embedding") or []
+        return f"embedding, {len(emb)} dimensions"
+    return ""
