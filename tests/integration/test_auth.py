@@ -303,3 +303,13 @@ def test_startup_notes(tmp_path: Path) -> None:
     missing = Settings(data_dir=str(tmp_path), api_keys_file=str(tmp_path / "nope.txt"))
     with pytest.raises(ValueError, match="nope.txt"):
         create_app(missing)
+
+
+def test_dashboard_shows_only_the_logged_in_owners_files(client: TestClient) -> None:
+    upload(client, ALICE, jsonl("a"), name="alice-secret.jsonl")
+    upload(client, BOB, jsonl("b"), name="bob-private.jsonl")
+    r = client.post("/login", data={"api_key": BOB, "next": "/files"}, follow_redirects=False)
+    assert r.status_code == 303
+    page = client.get("/files")
+    assert page.status_code == 200
+    assert "bob-private.jsonl" in page.text and "alice-secret.jsonl" not in page.text
