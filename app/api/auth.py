@@ -124,6 +124,15 @@ class Keys:
         return owner in self.by_owner
 
 
+def keys_problem(settings: Settings) -> str | None:
+    """Why the configured keys cannot be read, or None (checked before the server starts)."""
+    try:
+        Keys(settings)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
 def security_notes(settings: Settings, keys: Keys) -> list[tuple[int, str]]:
     """What to say at startup about who can reach the server: (log level, message)."""
     if keys.enabled:

@@ -47,19 +47,10 @@ def test_upload_hitting_another_disk_error_is_500(
     assert client.get("/v1/files").json()["data"] == []
 
 
-def serve(data_dir: Path) -> subprocess.CompletedProcess[str]:
+def serve(data_dir: Path, *extra: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "app.cli",
-            "serve",
-            "--no-browser",
-            "--port",
-            "0",
-            "--data-dir",
-            str(data_dir),
-        ],
+        [sys.executable, "-m", "app.cli", "serve", "--no-browser", "--port", "0"]
+        + ["--data-dir", str(data_dir), *extra],
         cwd=ROOT,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
         capture_output=True,
@@ -76,3 +67,11 @@ def test_serve_on_an_unusable_data_dir_exits_with_a_message(tmp_path: Path) -> N
         assert done.returncode == 1, done
         assert f"batchyard: The data dir {bad} is not usable" in done.stderr
         assert "Traceback" not in done.stderr
+
+
+def test_serve_with_an_unreadable_keys_file_exits_with_a_message(tmp_path: Path) -> None:
+    missing = tmp_path / "no-such-keys.txt"
+    done = serve(tmp_path / "data", "--api-keys-file", str(missing))
+    assert done.returncode == 1, done
+    assert f"Cannot read the API keys file {missing}" in done.stderr
+    assert "Traceback" not in done.stderr
