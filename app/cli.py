@@ -93,6 +93,12 @@ def _settings(args: argparse.Namespace) -> Settings:
 
 
 def serve(settings: Settings) -> int:
+    from app.api.auth import keys_problem
+    from app.storage import data_dir_problem
+
+    if problem := data_dir_problem(settings.data_path) or keys_problem(settings):
+        print(f"batchyard: {problem}", file=sys.stderr)
+        return 1
     import uvicorn
 
     from app.server import create_app

@@ -139,9 +139,10 @@ class FileService:
             s.delete(row)
         self.storage.delete(file_id)
 
-    def sweep_expired(self) -> int:
-        """Delete files whose expires_at has passed (inputs of active batches wait)."""
-        t = now()
+    def sweep_expired(self, t: int | None = None) -> int:
+        """Delete files whose expires_at has passed by `t` (default: now); inputs of active
+        batches wait until their batch ends."""
+        t = now() if t is None else t
         with self.db.read() as s:
             due = s.exec(
                 select(File.id, File.owner).where(

@@ -16,6 +16,7 @@ from app import __version__
 from app.api import batches as batches_api
 from app.api import files as files_api
 from app.api import inference as inference_api
+from app.api.auth import auth_middleware, security_notes
 from app.api.common import Services
 from app.api.errors import EXCEPTION_HANDLERS
 from app.batches.runner import Runner
@@ -26,6 +27,7 @@ from app.engine.base import Engine
 from app.files import FileService
 from app.resources import static_dir, templates_dir
 from app.storage import Storage
+from app.web.auth import AUTH_ROUTES
 from app.web.openapi import openapi_config
 from app.web.routes import web_route_handlers
 
@@ -74,8 +76,12 @@ def create_app(settings: Settings, *, engine: Engine | None = None) -> Litestar:
         attach(svc, eng)
         log.info("ready: %s on %s, %d slots", eng.info.id, eng.info.backend, eng.info.n_slots)
 
+    auth = auth_middleware(settings)
+
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
+        for level, note in security_notes(settings, auth.keys):  # type: ignore[attr-defined]
+            log.log(level, note)
         svc = build_services(settings, None)
         app.state.services = svc
         app.state.engine_failure = None
@@ -99,9 +105,11 @@ def create_app(settings: Settings, *, engine: Engine | None = None) -> Litestar:
             *batches_api.ROUTES,
             *inference_api.ROUTES,
             *web_route_handlers(),
+            *AUTH_ROUTES,
             create_static_files_router(path="/static", directories=[static_dir()]),
         ],
         lifespan=[lifespan],
+        middleware=[auth],
         exception_handlers=EXCEPTION_HANDLERS,
         template_config=TemplateConfig(directory=templates_dir(), engine=JinjaTemplateEngine),
         openapi_config=openapi_config("batchyard", __version__),

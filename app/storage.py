@@ -15,6 +15,28 @@ from pathlib import Path
 from typing import BinaryIO
 
 
+def data_dir_problem(root: Path) -> str | None:
+    """Why the data dir cannot hold batchyard's state, or None when it can.
+
+    Checked before the server starts, so a bad --data-dir is one clear line, not a
+    traceback from deep inside startup: it must exist (or be creatable) and take a write.
+    """
+    probe = root / f".write-test-{secrets.token_hex(4)}"
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        with open(probe, "wb") as fh:
+            fh.write(b"ok")
+            fh.flush()
+            os.fsync(fh.fileno())
+        probe.unlink()
+    except OSError as exc:
+        return (
+            f"The data dir {root} is not usable: {exc.strerror or exc}. Choose a writable "
+            "directory with --data-dir or BATCHYARD_DATA_DIR."
+        )
+    return None
+
+
 class TooLarge(Exception):
     def __init__(self, limit: int) -> None:
         super().__init__(f"File is larger than the limit of {limit} bytes")

@@ -7,6 +7,7 @@ write it through storage's size-capped writer.
 
 from __future__ import annotations
 
+import errno
 from dataclasses import dataclass, field
 
 import anyio.to_thread
@@ -144,6 +145,10 @@ async def receive_upload(request: Request, files: FileService, owner: str) -> Fi
         if col.partial is not None:
             col.partial.discard()
         raise
+    except OSError as exc:  # the disk, not the client: say so, and keep nothing
+        if col.partial is not None:
+            col.partial.discard()
+        raise storage_failed(exc) from None
     except Exception as exc:
         if col.partial is not None:
             col.partial.discard()
@@ -175,7 +180,22 @@ async def receive_upload(request: Request, files: FileService, owner: str) -> Fi
                 expires_after=expires_after,
             )
         )
+    except OSError as exc:
+        if col.partial is not None:
+            col.partial.discard()
+        raise storage_failed(exc) from None
     except BaseException:
         if col.partial is not None:
             col.partial.discard()
         raise
+
+
+def storage_failed(exc: OSError) -> APIError:
+    """507 for a full disk (the client may retry later), 500 for any other disk error."""
+    full = exc.errno in (errno.ENOSPC, errno.EDQUOT)
+    return APIError(
+        507 if full else 500,
+        f"The server could not store the file: {exc.strerror or exc}.",
+        code="storage_full" if full else "storage_error",
+        type="server_error",
+    )

@@ -39,6 +39,8 @@ log = logging.getLogger("batchyard.runner")
 #: A line whose claim ran out this many times (the server died while running it) fails
 #: instead of taking the server down again.
 MAX_ATTEMPTS = 3
+#: Request rows inserted per statement while validating (SQLite's variable limit).
+INSERT_CHUNK = 5000
 EXPIRED_ERROR = {
     "code": "batch_expired",
     "message": "This request could not be executed before the completion window expired.",
@@ -68,6 +70,13 @@ class Runner:
         self._thread: threading.Thread | None = None
         self._last_renew = 0.0
         self._last_sweep = 0.0
+        #: Seconds between sweeps of expired files; tests shorten it.
+        self.sweep_interval = 60.0
+        #: Waits before each retry of an output file that could not be written (a full
+        #: disk may be freed); when they are used up the batch fails, naming the error.
+        self.finalize_retry_delays: tuple[float, ...] = (1.0, 5.0, 30.0)
+        # batch id -> (failed attempts, monotonic time of the next try)
+        self._finalize_failures: dict[str, tuple[int, float]] = {}
         #: Bumped after every write the dashboard may want to show; see wait_for_change().
         self.revision = 0
         self._changed = threading.Condition()
@@ -121,7 +130,7 @@ class Runner:
         self._expire_due()
         self._claim_and_submit()
         self._finalize_done()
-        if time.monotonic() - self._last_sweep > 60:
+        if time.monotonic() - self._last_sweep > self.sweep_interval:
             self._last_sweep = time.monotonic()
             self.files.sweep_expired()
 
@@ -213,8 +222,8 @@ class Runner:
             # A crash mid-validation leaves nothing behind (this is one transaction),
             # but clear any rows anyway so validation can always start over.
             s.exec(Request.__table__.delete().where(Request.__table__.c.batch_id == b.id))  # type: ignore[attr-defined]
-            for start in range(0, len(rows), 5000):
-                s.exec(insert(Request), params=rows[start : start + 5000])
+            for start in range(0, len(rows), INSERT_CHUNK):
+                s.exec(insert(Request), params=rows[start : start + INSERT_CHUNK])
             fresh.status = BatchStatus.IN_PROGRESS
             fresh.in_progress_at = now()
             fresh.total = len(rows)
@@ -515,12 +524,23 @@ class Runner:
         crash in between leaves the batch finalizing (or cancelling) and this runs again;
         the bytes of the lost attempt are swept as orphans.
         """
+        failures, next_try = self._finalize_failures.get(batch_id, (0, 0.0))
+        if time.monotonic() < next_try:
+            return
         with self.db.read() as s:
             b = s.get(Batch, batch_id)
         if b is None:
             return
-        written = write_results(self.db, self.storage, b)
-        expires_at = b.created_at + b.output_expires_after if b.output_expires_after else None
+        try:
+            written = write_results(self.db, self.storage, b)
+        except OSError as exc:
+            # write_results discarded its partial files: nothing half-written is left.
+            self._output_write_failed(b, exc, failures + 1)
+            return
+        self._finalize_failures.pop(batch_id, None)
+        stamp = now()
+        # OpenAI anchors output_expires_after on the output file's creation, not the batch's.
+        expires_at = stamp + b.output_expires_after if b.output_expires_after else None
         with self.db.write() as s:
             fresh = s.get(Batch, batch_id)
             if fresh is None or fresh.status in BatchStatus.FINISHED:
@@ -536,14 +556,13 @@ class Runner:
                         purpose="batch_output",
                         bytes=w.size,
                         sha256=w.sha256,
-                        created_at=now(),
+                        created_at=stamp,
                         expires_at=expires_at,
                     )
                 )
             fresh.output_file_id = written["output"].file_id if "output" in written else None
             fresh.error_file_id = written["error"].file_id if "error" in written else None
             fresh.status = final_status
-            stamp = now()
             if final_status == BatchStatus.COMPLETED:
                 fresh.completed_at = stamp
             elif final_status == BatchStatus.CANCELLED:
@@ -554,6 +573,40 @@ class Runner:
         log.info(
             "batch %s %s: %d completed, %d failed", batch_id, final_status, b.completed, b.failed
         )
+        self._bump()
+
+    def _output_write_failed(self, b: Batch, exc: OSError, failures: int) -> None:
+        reason = f"{exc.strerror or exc}" + (f" ({exc.filename})" if exc.filename else "")
+        if failures <= len(self.finalize_retry_delays):
+            delay = self.finalize_retry_delays[failures - 1]
+            log.error(
+                "batch %s: its output could not be written (%s); retrying in %.0f s",
+                b.id,
+                reason,
+                delay,
+            )
+            self._finalize_failures[b.id] = (failures, time.monotonic() + delay)
+            return
+        self._finalize_failures.pop(b.id, None)
+        log.error("batch %s failed: its output could not be written (%s)", b.id, reason)
+        with self.db.write() as s:
+            fresh = s.get(Batch, b.id)
+            if fresh is None or fresh.status in BatchStatus.FINISHED:
+                return
+            fresh.status = BatchStatus.FAILED
+            fresh.failed_at = now()
+            fresh.errors_json = json.dumps(
+                [
+                    {
+                        "code": "output_write_failed",
+                        "message": f"The output and error files could not be written to the "
+                        f"server's data dir: {reason}. Tried {failures} times.",
+                        "param": None,
+                        "line": None,
+                    }
+                ]
+            )
+            s.add(fresh)
         self._bump()
 
 

@@ -76,6 +76,9 @@ def raw_lines(stream: BinaryIO, chunk_size: int = 1 << 20) -> Iterator[tuple[int
             if dropping:
                 yield drop_start, b"", True
                 dropping = False
+            elif nl - pos > MAX_LINE_BYTES:
+                # Over the cap but ended inside the chunk that crossed it.
+                yield buf_start + pos, b"", True
             else:
                 yield buf_start + pos, buf[pos:nl], False
             pos = nl + 1
@@ -89,7 +92,7 @@ def raw_lines(stream: BinaryIO, chunk_size: int = 1 << 20) -> Iterator[tuple[int
     if dropping:
         yield drop_start, b"", True
     elif buf:
-        yield buf_start, buf, False
+        yield buf_start, buf, len(buf) > MAX_LINE_BYTES
 
 
 def validate_jsonl(stream: BinaryIO, endpoint: str, *, max_requests: int = 50_000) -> Validation:

@@ -1,0 +1,306 @@
+"""API keys and owners: who is calling, and whose files and batches they may see.
+
+An ASGI middleware in front of every route. With no keys configured everyone is the one
+local owner ("") and the server listens on 127.0.0.1 unless told otherwise. With keys,
+`/v1` needs `Authorization: Bearer <key>`, and each key is its own owner: a stable id
+derived from the key is put in `scope["batchyard_owner"]`, which the services filter by.
+The dashboard gets the same owner from a signed session cookie set by `/login`.
+
+Unsafe methods coming from another site (a foreign Origin or Referer) are refused on
+every route: a page on the internet must not be able to post to a server on localhost.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import logging
+import os
+import secrets
+import time
+from collections.abc import Awaitable, Callable, MutableMapping
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote, urlsplit
+
+from app.config import Settings
+
+log = logging.getLogger("batchyard.auth")
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+SESSION_COOKIE = "batchyard_session"
+SESSION_SECONDS = 7 * 24 * 3600
+SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
+#: Paths the dashboard serves without a session: the login page itself, assets, health.
+PUBLIC_PREFIXES = ("/login", "/logout", "/static/", "/health", "/favicon.ico")
+LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
+
+
+def owner_id(key: str) -> str:
+    """The owner a key stands for: stable across restarts, and not the key itself."""
+    return hashlib.sha256(key.encode("utf-8")).hexdigest()[:16]
+
+
+def mask(key: str) -> str:
+    """A key as OpenAI shows it in errors: enough to recognise, never the whole."""
+    return key[:3] + "*" * 3 + key[-4:] if len(key) > 8 else "*" * len(key)
+
+
+class Sessions:
+    """Signed session cookies: `<owner>.<issued>.<hmac>`, keyed by a per-data-dir secret."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.path = data_dir / "session.key"
+        self._secret: bytes | None = None
+
+    def secret(self) -> bytes:
+        if self._secret is None:
+            try:
+                self._secret = self.path.read_bytes()
+            except FileNotFoundError:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                fresh = secrets.token_bytes(32)
+                # O_EXCL: when two processes race, one secret wins and both use it.
+                try:
+                    fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                except FileExistsError:
+                    self._secret = self.path.read_bytes()
+                else:
+                    with os.fdopen(fd, "wb") as fh:
+                        fh.write(fresh)
+                    self._secret = fresh
+        return self._secret
+
+    def _mac(self, payload: str) -> str:
+        return hmac.new(self.secret(), payload.encode(), hashlib.sha256).hexdigest()
+
+    def issue(self, owner: str, t: float | None = None) -> str:
+        payload = f"{owner}.{int(time.time() if t is None else t)}"
+        return f"{payload}.{self._mac(payload)}"
+
+    def owner_of(self, value: str | None, t: float | None = None) -> str | None:
+        """The owner a cookie value was issued to, or None if it is forged or stale."""
+        if not value or value.count(".") != 2:
+            return None
+        owner, issued, mac = value.split(".")
+        if not hmac.compare_digest(mac, self._mac(f"{owner}.{issued}")):
+            return None
+        if (
+            not issued.isdigit()
+            or (time.time() if t is None else t) - int(issued) > SESSION_SECONDS
+        ):
+            return None
+        return owner
+
+
+class Keys:
+    """The configured keys, by owner id; empty means the server is open (local use)."""
+
+    def __init__(self, settings: Settings) -> None:
+        try:
+            keys = settings.all_api_keys()
+        except OSError as exc:
+            raise ValueError(
+                f"Cannot read the API keys file {settings.api_keys_file}: {exc.strerror}."
+            ) from None
+        self.by_owner = {owner_id(k): k for k in keys}
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.by_owner)
+
+    def owner_for(self, key: str) -> str | None:
+        owner = owner_id(key)
+        known = self.by_owner.get(owner)
+        return owner if known is not None and hmac.compare_digest(known, key) else None
+
+    def knows(self, owner: str) -> bool:
+        return owner in self.by_owner
+
+
+def keys_problem(settings: Settings) -> str | None:
+    """Why the configured keys cannot be read, or None (checked before the server starts)."""
+    try:
+        Keys(settings)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+def security_notes(settings: Settings, keys: Keys) -> list[tuple[int, str]]:
+    """What to say at startup about who can reach the server: (log level, message)."""
+    if keys.enabled:
+        return [(logging.INFO, f"API keys are on: {len(keys.by_owner)} key(s), one owner each.")]
+    if settings.host in LOCAL_HOSTS:
+        return [
+            (
+                logging.INFO,
+                f"No API keys are set: the server listens on {settings.host} only, for this "
+                "machine. Set --api-key or --api-keys-file before binding to another address.",
+            )
+        ]
+    return [
+        (
+            logging.WARNING,
+            f"No API keys are set and the server listens on {settings.host}: anyone who can "
+            "reach this address can read, run and delete every file and batch, and use the "
+            "model. Set --api-key or --api-keys-file, or bind to 127.0.0.1.",
+        )
+    ]
+
+
+def _headers(scope: Scope) -> dict[str, str]:
+    return {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+
+
+def _cookie(headers: dict[str, str], name: str) -> str | None:
+    for part in headers.get("cookie", "").split(";"):
+        k, _, v = part.strip().partition("=")
+        if k == name:
+            return v
+    return None
+
+
+def same_site(headers: dict[str, str]) -> bool:
+    """False when the browser says the request comes from another origin."""
+    host = headers.get("host", "")
+    origin = headers.get("origin")
+    if origin is not None:
+        return origin != "null" and urlsplit(origin).netloc == host
+    referer = headers.get("referer")
+    if referer:
+        return urlsplit(referer).netloc == host
+    return True  # not a browser (the SDK, curl): nothing to forge
+
+
+def is_public(path: str) -> bool:
+    return any(path == p.rstrip("/") or path.startswith(p) for p in PUBLIC_PREFIXES)
+
+
+def is_api(path: str) -> bool:
+    return path == "/v1" or path.startswith("/v1/")
+
+
+class AuthMiddleware:
+    def __init__(self, app: ASGIApp, keys: Keys, sessions: Sessions) -> None:
+        self.app = app
+        self.keys = keys
+        self.sessions = sessions
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = _headers(scope)
+        path: str = scope.get("path", "")
+        method: str = scope.get("method", "GET")
+        if method not in SAFE_METHODS and not same_site(headers):
+            await _json(
+                send,
+                403,
+                "Cross-site request refused: this server accepts changes only from its own "
+                "pages and from API clients.",
+                "cross_site_request",
+            )
+            return
+        scope["batchyard_owner"] = ""
+        if not self.keys.enabled:
+            await self.app(scope, receive, send)
+            return
+        if is_api(path):
+            auth = headers.get("authorization", "")
+            scheme, _, key = auth.partition(" ")
+            key = key.strip()
+            if scheme.lower() != "bearer" or not key:
+                await _json(
+                    send,
+                    401,
+                    "You didn't provide an API key. You need to provide your API key in an "
+                    "Authorization header using Bearer auth (i.e. Authorization: Bearer YOUR_KEY).",
+                    "invalid_api_key",
+                )
+                return
+            owner = self.keys.owner_for(key)
+            if owner is None:
+                await _json(
+                    send,
+                    401,
+                    f"Incorrect API key provided: {mask(key)}. Ask the administrator of this "
+                    "batchyard server for a valid key.",
+                    "invalid_api_key",
+                )
+                return
+            scope["batchyard_owner"] = owner
+            await self.app(scope, receive, send)
+            return
+        owner = self.sessions.owner_of(_cookie(headers, SESSION_COOKIE))
+        # A session of a key that was since removed from the key list ends with it.
+        if owner is not None and self.keys.knows(owner):
+            scope["batchyard_owner"] = owner
+            await self.app(scope, receive, send)
+            return
+        if is_public(path):
+            await self.app(scope, receive, send)
+            return
+        await _login_required(scope, headers, send)
+
+
+async def _json(send: Send, status: int, message: str, code: str) -> None:
+    body = json.dumps(
+        {
+            "error": {
+                "message": message,
+                "type": "invalid_request_error",
+                "param": None,
+                "code": code,
+            }
+        }
+    ).encode()
+    extra = [(b"www-authenticate", b"Bearer")] if status == 401 else []
+    await _send(send, status, body, [(b"content-type", b"application/json"), *extra])
+
+
+async def _login_required(scope: Scope, headers: dict[str, str], send: Send) -> None:
+    path = scope.get("path", "/")
+    query = scope.get("query_string", b"").decode("latin-1")
+    target = "/login?next=" + quote(path + ("?" + query if query else ""), safe="")
+    if scope.get("method") in SAFE_METHODS and "hx-request" not in headers:
+        await _send(send, 303, b"", [(b"location", target.encode())])
+        return
+    # htmx follows HX-Redirect; anything else gets a plain 401 it can show.
+    await _send(
+        send,
+        401,
+        b"Log in first: " + target.encode(),
+        [(b"content-type", b"text/plain; charset=utf-8"), (b"hx-redirect", target.encode())],
+    )
+
+
+async def _send(send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]]) -> None:
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [*headers, (b"content-length", str(len(body)).encode())],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+def auth_middleware(settings: Settings) -> Callable[[ASGIApp], ASGIApp]:
+    """The middleware factory `create_app` installs; keys are read once, here."""
+    keys = Keys(settings)
+    sessions = Sessions(settings.data_path)
+
+    def wrap(app: ASGIApp) -> ASGIApp:
+        return AuthMiddleware(app, keys, sessions)
+
+    wrap.keys = keys  # type: ignore[attr-defined]
+    wrap.sessions = sessions  # type: ignore[attr-defined]
+    return wrap

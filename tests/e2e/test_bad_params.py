@@ -1,0 +1,82 @@
+"""Out-of-range numbers in a batch line fail that line alone, with a 400 in the error file.
+
+Against the live server on the real model: the engine's own parameter checks, end to end.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+from typing import Any
+
+from openai import OpenAI
+
+from tests.conftest import LiveServer
+
+
+def line(cid: str, **params: Any) -> dict[str, Any]:
+    return {
+        "custom_id": cid,
+        "method": "POST",
+        "url": "/v1/chat/completions",
+        "body": {
+            "model": "m",
+            "messages": [{"role": "user", "content": "Say yes."}],
+            "max_tokens": 4,
+            "temperature": 0,
+            **params,
+        },
+    }
+
+
+BAD = {
+    "neg-max-tokens": ({"max_tokens": -1}, "max_tokens"),
+    "zero-max-tokens": ({"max_tokens": 0}, "max_tokens"),
+    "text-max-tokens": ({"max_tokens": "ten"}, "max_tokens"),
+    "hot": ({"temperature": 5}, "temperature"),
+    "many": ({"n": 1000}, "n"),
+    "top-p": ({"top_p": 2}, "top_p"),
+    "huge-bias": ({"logit_bias": {"1": 500}}, "logit_bias"),
+    "stop-list": ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
+}
+
+
+def test_out_of_range_numbers_fail_their_line_alone(live_server: LiveServer) -> None:
+    client = OpenAI(api_key="unused", base_url=live_server.api, max_retries=0)
+    lines = [line("fine")] + [line(cid, **params) for cid, (params, _) in BAD.items()]
+    buf = io.BytesIO("".join(json.dumps(x) + "\n" for x in lines).encode())
+    buf.name = "bad-params.jsonl"
+    f = client.files.create(file=buf, purpose="batch")
+    b = client.batches.create(
+        input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
+    deadline = time.time() + 180
+    while (
+        b.status not in ("completed", "failed", "expired", "cancelled") and time.time() < deadline
+    ):
+        time.sleep(0.25)
+        b = client.batches.retrieve(b.id)
+    assert b.status == "completed", b
+    assert b.request_counts is not None
+    assert (b.request_counts.total, b.request_counts.completed, b.request_counts.failed) == (
+        len(lines),
+        1,
+        len(BAD),
+    )
+    out = [json.loads(x) for x in client.files.content(b.output_file_id).text.splitlines()]
+    assert [o["custom_id"] for o in out] == ["fine"]
+    assert out[0]["response"]["body"]["choices"][0]["message"]["content"]
+    errors = {
+        e["custom_id"]: e
+        for e in map(json.loads, client.files.content(b.error_file_id).text.splitlines())
+    }
+    assert set(errors) == set(BAD)
+    for cid, (_, param) in BAD.items():
+        resp = errors[cid]["response"]
+        assert resp["status_code"] == 400, (cid, resp)
+        err = resp["body"]["error"]
+        assert err["type"] == "invalid_request_error" and err["param"] == param, (cid, err)
+        assert err["code"] in ("invalid_value", "invalid_type") and err["message"], (cid, err)
+    # The server is fine afterwards.
+    assert client.models.list().data

@@ -1,0 +1,181 @@
+"""Crash and resume: `kill -9` a live server mid-batch, start it again, lose no line.
+
+A real `batchyard serve` on the real default model, killed with SIGKILL while the batch is
+in progress, then started again on the same data dir. The SQLite file is read directly
+before and after to prove what the user cannot see from the API alone: lines finished
+before the kill were not run again (attempts stay 1, same request id).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sqlite3
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.conftest import OUTPUT, LiveServer, start_server, stop_server
+
+pytestmark = pytest.mark.slow
+
+LINES = 24
+MAX_TOKENS = 16
+ENV = {"BATCHYARD_LEASE_SECONDS": "3"}
+
+
+def chat_line(cid: str, content: str, max_tokens: int = MAX_TOKENS) -> dict[str, Any]:
+    return {
+        "custom_id": cid,
+        "method": "POST",
+        "url": "/v1/chat/completions",
+        "body": {
+            "model": "gpt-4o-mini",
+            "messages": [{"role": "user", "content": content}],
+            "max_tokens": max_tokens,
+            "temperature": 0,
+        },
+    }
+
+
+def upload_and_create(server: LiveServer, lines: list[dict[str, Any]]) -> str:
+    data = "".join(json.dumps(x) + "\n" for x in lines).encode()
+    f = httpx.post(
+        server.api + "/files",
+        files={"file": ("crash.jsonl", data, "application/jsonl")},
+        data={"purpose": "batch"},
+        timeout=30,
+    )
+    assert f.status_code == 200, f.text
+    b = httpx.post(
+        server.api + "/batches",
+        json={
+            "input_file_id": f.json()["id"],
+            "endpoint": "/v1/chat/completions",
+            "completion_window": "24h",
+        },
+        timeout=30,
+    )
+    assert b.status_code == 200, b.text
+    return str(b.json()["id"])
+
+
+def get_batch(server: LiveServer, batch_id: str) -> dict[str, Any]:
+    r = httpx.get(f"{server.api}/batches/{batch_id}", timeout=10)
+    assert r.status_code == 200, r.text
+    return dict(r.json())
+
+
+def wait_until(server: LiveServer, batch_id: str, ok: Any, timeout: float) -> dict[str, Any]:
+    deadline = time.time() + timeout
+    b = get_batch(server, batch_id)
+    while time.time() < deadline:
+        b = get_batch(server, batch_id)
+        if ok(b):
+            return b
+        time.sleep(0.05)
+    raise AssertionError(f"batch {batch_id} never reached the state wanted: {b}")
+
+
+def rows(data_dir: Path, batch_id: str) -> dict[str, dict[str, Any]]:
+    """The batch's Request rows by custom_id, read straight from the SQLite file."""
+    con = sqlite3.connect(data_dir / "batchyard.db")
+    con.row_factory = sqlite3.Row
+    try:
+        found = con.execute(
+            "SELECT custom_id, status, attempts, request_id, body FROM request WHERE batch_id = ?",
+            (batch_id,),
+        ).fetchall()
+    finally:
+        con.close()
+    return {r["custom_id"]: dict(r) for r in found}
+
+
+def kill9(server: LiveServer) -> None:
+    server.process.send_signal(signal.SIGKILL)
+    server.process.wait(10)
+
+
+def file_lines(server: LiveServer, file_id: str | None) -> list[dict[str, Any]]:
+    if file_id is None:
+        return []
+    r = httpx.get(f"{server.api}/files/{file_id}/content", timeout=30)
+    assert r.status_code == 200, r.text
+    return [json.loads(x) for x in r.text.splitlines() if x.strip()]
+
+
+def test_kill_during_in_progress_resumes_without_running_lines_twice(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    log = OUTPUT / "crash-in-progress.log"
+    server = start_server(data, log, env=ENV)
+    try:
+        lines = [chat_line(f"line-{i:02d}", f"Count from {i} to {i + 9}.") for i in range(LINES)]
+        batch_id = upload_and_create(server, lines)
+        # Kill once some lines are done but most are not.
+        before = wait_until(
+            server,
+            batch_id,
+            lambda b: b["status"] == "in_progress" and b["request_counts"]["completed"] >= 4,
+            timeout=240,
+        )
+        kill9(server)
+    finally:
+        stop_server(server)
+
+    at_kill = rows(data, batch_id)
+    done_at_kill = {c: r for c, r in at_kill.items() if r["status"] in ("succeeded", "failed")}
+    running_at_kill = {c for c, r in at_kill.items() if r["status"] == "running"}
+    assert len(at_kill) == LINES
+    assert len(done_at_kill) >= before["request_counts"]["completed"] >= 4
+    assert len(done_at_kill) < LINES, "the batch finished before the kill; nothing was tested"
+    assert all(r["attempts"] == 1 for r in done_at_kill.values())
+
+    server = start_server(data, log, env=ENV)
+    try:
+        final = wait_until(
+            server,
+            batch_id,
+            lambda b: b["status"] in ("completed", "failed", "expired", "cancelled"),
+            timeout=300,
+        )
+        output = file_lines(server, final["output_file_id"])
+        errors = file_lines(server, final["error_file_id"])
+    finally:
+        stop_server(server)
+
+    after = rows(data, batch_id)
+    seen = [o["custom_id"] for o in output + errors]
+    duplicates = len(seen) - len(set(seen))
+    rerun = [c for c in done_at_kill if after[c]["attempts"] != 1]
+    print(
+        f"crash counts: {LINES} lines; {len(done_at_kill)} done before the kill "
+        f"({len(running_at_kill)} running); {LINES - len(done_at_kill)} run after restart; "
+        f"duplicates {duplicates}; finished lines re-run {len(rerun)}"
+    )
+    assert final["status"] == "completed", final
+    assert duplicates == 0
+    assert sorted(seen) == sorted(x["custom_id"] for x in lines)
+    counts = final["request_counts"]
+    assert counts == {"total": LINES, "completed": len(output), "failed": len(errors)}
+    assert all(o["response"]["status_code"] == 200 for o in output)
+    # Lines finished before the kill were not run again: same attempt, same result.
+    assert rerun == []
+    for cid, r in done_at_kill.items():
+        assert after[cid]["request_id"] == r["request_id"]
+        assert after[cid]["body"] == r["body"]
+    by_id = {o["custom_id"]: o for o in output}
+    for cid, r in done_at_kill.items():
+        if r["status"] == "succeeded":
+            assert by_id[cid]["response"]["request_id"] == r["request_id"]
+    # Lines cut off by the kill ran again on the claim that took over their lease.
+    for cid in running_at_kill:
+        assert after[cid]["attempts"] == 2, (cid, after[cid])
+    # The engine ran each unfinished line once more and no finished one.
+    assert sum(r["attempts"] for r in after.values()) == LINES + len(running_at_kill)
+    usage = final["usage"]
+    assert usage["output_tokens"] == sum(
+        o["response"]["body"]["usage"]["completion_tokens"] for o in output
+    )

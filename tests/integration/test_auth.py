@@ -1,0 +1,315 @@
+"""Owners: API keys on every /v1 route, each key its own files and batches, the dashboard login."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote
+
+import pytest
+from litestar.testing import TestClient
+
+from app.api.auth import SESSION_COOKIE, Keys, Sessions, owner_id, security_notes
+from app.config import Settings
+from app.server import create_app
+from tests.fakes import FakeEngine
+from tests.integration.conftest import wait_for_status
+
+ALICE, BOB = "sk-alice-0123456789", "sk-bob-9876543210"
+
+
+def bearer(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+@pytest.fixture
+def settings(tmp_path: Path) -> Settings:
+    keys = tmp_path / "keys.txt"
+    keys.write_text(f"# one key per line\n{BOB}\n\n")
+    return Settings(data_dir=str(tmp_path / "data"), api_keys=[ALICE], api_keys_file=str(keys))
+
+
+@pytest.fixture
+def client(settings: Settings) -> Iterator[TestClient]:
+    with TestClient(create_app(settings, engine=FakeEngine())) as c:
+        yield c
+
+
+def jsonl(*cids: str) -> bytes:
+    return "".join(
+        json.dumps(
+            {
+                "custom_id": c,
+                "method": "POST",
+                "url": "/v1/chat/completions",
+                "body": {"model": "m", "messages": [{"role": "user", "content": c}]},
+            }
+        )
+        + "\n"
+        for c in cids
+    ).encode()
+
+
+def upload(client: TestClient, key: str, data: bytes, name: str = "in.jsonl") -> dict[str, Any]:
+    r = client.post(
+        "/v1/files", files={"file": (name, data)}, data={"purpose": "batch"}, headers=bearer(key)
+    )
+    assert r.status_code == 200, r.text
+    return dict(r.json())
+
+
+def create_batch(client: TestClient, key: str, file_id: str) -> Any:
+    return client.post(
+        "/v1/batches",
+        json={
+            "input_file_id": file_id,
+            "endpoint": "/v1/chat/completions",
+            "completion_window": "24h",
+        },
+        headers=bearer(key),
+    )
+
+
+V1_ROUTES = [
+    ("GET", "/v1/files"),
+    ("POST", "/v1/files"),
+    ("GET", "/v1/files/file-x"),
+    ("DELETE", "/v1/files/file-x"),
+    ("GET", "/v1/files/file-x/content"),
+    ("GET", "/v1/batches"),
+    ("POST", "/v1/batches"),
+    ("GET", "/v1/batches/batch_x"),
+    ("POST", "/v1/batches/batch_x/cancel"),
+    ("POST", "/v1/chat/completions"),
+    ("POST", "/v1/completions"),
+    ("POST", "/v1/embeddings"),
+    ("GET", "/v1/models"),
+    ("GET", "/v1/models/some-model"),
+]
+
+
+@pytest.mark.parametrize(("method", "path"), V1_ROUTES)
+def test_every_v1_route_needs_a_valid_key(client: TestClient, method: str, path: str) -> None:
+    for headers in (
+        {},
+        bearer("sk-wrong-key-000000"),
+        {"Authorization": ALICE},
+        {"Authorization": "Bearer "},
+    ):
+        r = client.request(method, path, headers=headers)
+        assert r.status_code == 401, (headers, r.text)
+        assert r.headers["www-authenticate"] == "Bearer"
+        err = r.json()["error"]
+        assert err["type"] == "invalid_request_error" and err["param"] is None
+        assert err["code"] == "invalid_api_key"
+    wrong = client.request(method, path, headers=bearer("sk-wrong-key-000000")).json()["error"]
+    assert wrong["message"].startswith("Incorrect API key provided: sk-***0000")
+    assert "sk-wrong-key-000000" not in wrong["message"]
+
+
+def test_health_stays_open(client: TestClient) -> None:
+    assert client.get("/health").status_code == 200
+
+
+def test_each_key_sees_only_its_own(client: TestClient, settings: Settings) -> None:
+    f = upload(client, ALICE, jsonl("a1", "a2"))
+    b = create_batch(client, ALICE, f["id"]).json()
+    done = wait_for_status(client_with(client, ALICE), b["id"], ("completed",))
+    bob_file = upload(client, BOB, jsonl("b1"))
+
+    for path in (
+        f"/v1/files/{f['id']}",
+        f"/v1/files/{f['id']}/content",
+        f"/v1/files/{done['output_file_id']}/content",
+        f"/v1/batches/{b['id']}",
+    ):
+        r = client.get(path, headers=bearer(BOB))
+        assert r.status_code == 404, path
+        assert r.json()["error"]["type"] == "invalid_request_error"
+    assert client.delete(f"/v1/files/{f['id']}", headers=bearer(BOB)).status_code == 404
+    assert client.post(f"/v1/batches/{b['id']}/cancel", headers=bearer(BOB)).status_code == 404
+    r = create_batch(client, BOB, f["id"])
+    assert r.status_code == 400 and r.json()["error"]["code"] == "file_not_found"
+    assert client.get(f"/v1/files?after={f['id']}", headers=bearer(BOB)).status_code == 404
+
+    bob_files = client.get("/v1/files", headers=bearer(BOB)).json()["data"]
+    assert [x["id"] for x in bob_files] == [bob_file["id"]]
+    assert client.get("/v1/batches", headers=bearer(BOB)).json()["data"] == []
+    alice_files = {x["id"] for x in client.get("/v1/files", headers=bearer(ALICE)).json()["data"]}
+    assert alice_files == {f["id"], done["output_file_id"]}
+    alice_batches = client.get("/v1/batches", headers=bearer(ALICE)).json()["data"]
+    assert [x["id"] for x in alice_batches] == [b["id"]]
+    # The alice file is still there after bob's attempts, and the owners are stable ids.
+    assert client.get(f"/v1/files/{f['id']}", headers=bearer(ALICE)).status_code == 200
+    con = sqlite3.connect(settings.data_path / "batchyard.db")
+    owners = dict(con.execute("SELECT id, owner FROM file").fetchall())
+    con.close()
+    assert owners[f["id"]] == owners[done["output_file_id"]] == owner_id(ALICE)
+    assert owners[bob_file["id"]] == owner_id(BOB)
+    assert owner_id(ALICE) == owner_id(ALICE) and len(owner_id(ALICE)) == 16
+    assert ALICE not in owners.values()
+
+
+class client_with:  # noqa: N801 - reads as a function at the call site
+    """A view of the test client that sends one key on every request (for wait_for_status)."""
+
+    def __init__(self, client: TestClient, key: str) -> None:
+        self.client, self.key = client, key
+
+    def get(self, path: str) -> Any:
+        return self.client.get(path, headers=bearer(self.key))
+
+
+def test_dashboard_login_and_session(client: TestClient, settings: Settings) -> None:
+    r = client.get("/", follow_redirects=False)
+    assert r.status_code == 303 and r.headers["location"] == "/login?next=%2F"
+    r = client.get("/?x=1", follow_redirects=False, headers={"HX-Request": "true"})
+    assert r.status_code == 401 and r.headers["hx-redirect"].startswith("/login?next=")
+    page = client.get("/login")
+    assert page.status_code == 200 and 'name="api_key"' in page.text
+
+    r = client.post("/login", data={"api_key": "sk-nope", "next": "/"}, follow_redirects=False)
+    assert r.status_code == 401 and "not valid" in r.text
+    assert SESSION_COOKIE not in client.cookies
+
+    r = client.post("/login", data={"api_key": ALICE, "next": "/?page=2"}, follow_redirects=False)
+    assert r.status_code == 303 and r.headers["location"] == "/?page=2"
+    set_cookie = r.headers["set-cookie"]
+    assert set_cookie.startswith(f"{SESSION_COOKIE}=")
+    lowered = set_cookie.lower()
+    assert "httponly" in lowered and "samesite=strict" in lowered and "path=/" in lowered
+    value = client.cookies[SESSION_COOKIE]
+    assert ALICE not in value and value.startswith(owner_id(ALICE) + ".")
+    assert client.get("/", follow_redirects=False).status_code == 200
+    # The session is the dashboard's, not an API key.
+    assert client.get("/v1/files").status_code == 401
+
+    # A forged cookie (another owner, same signature) is no session.
+    forged = owner_id(BOB) + value[len(owner_id(ALICE)) :]
+    client.cookies.clear()
+    for bad in (forged, value + "0", value.rsplit(".", 1)[0], "", "a.b.c"):
+        r = client.get("/", headers={"cookie": f"{SESSION_COOKIE}={bad}"}, follow_redirects=False)
+        assert r.status_code == 303, bad
+    r = client.get("/", headers={"cookie": f"{SESSION_COOKIE}={value}"}, follow_redirects=False)
+    assert r.status_code == 200
+    r = client.post("/logout", follow_redirects=False)
+    assert r.status_code == 303 and "max-age=0" in r.headers["set-cookie"].lower()
+
+
+def test_login_never_redirects_off_site(client: TestClient) -> None:
+    for target in ("//evil.example/x", "https://evil.example/", "\\\\evil", "javascript:alert(1)"):
+        r = client.post("/login", data={"api_key": ALICE, "next": target}, follow_redirects=False)
+        assert r.status_code == 303 and r.headers["location"] == "/", target
+
+
+def test_session_of_a_removed_key_ends(settings: Settings, tmp_path: Path) -> None:
+    sessions = Sessions(settings.data_path)
+    cookie = sessions.issue(owner_id(BOB))
+    assert sessions.owner_of(cookie) == owner_id(BOB)
+    assert sessions.owner_of(cookie, t=10**12) is None  # stale
+    Path(settings.api_keys_file).write_text("")  # bob's key is gone
+    with TestClient(create_app(settings, engine=FakeEngine())) as c:
+        r = c.get("/", headers={"cookie": f"{SESSION_COOKIE}={cookie}"}, follow_redirects=False)
+        assert r.status_code == 303
+    # A second process on the same data dir signs with the same secret.
+    assert Sessions(settings.data_path).owner_of(cookie) == owner_id(BOB)
+    assert (settings.data_path / "session.key").stat().st_mode & 0o077 == 0
+
+
+def test_cross_site_posts_are_refused(client: TestClient) -> None:
+    evil = {"Origin": "http://evil.example"}
+    r = client.post("/login", data={"api_key": ALICE}, headers=evil, follow_redirects=False)
+    assert r.status_code == 403 and r.json()["error"]["code"] == "cross_site_request"
+    r = client.post(
+        "/login", data={"api_key": ALICE}, headers={"Origin": "null"}, follow_redirects=False
+    )
+    assert r.status_code == 403
+    r = client.post(
+        "/login",
+        data={"api_key": ALICE},
+        headers={"Referer": "http://evil.example/page"},
+        follow_redirects=False,
+    )
+    assert r.status_code == 403
+    r = client.post(
+        "/login",
+        data={"api_key": ALICE},
+        headers={"Origin": "http://testserver.local"},
+        follow_redirects=False,
+    )
+    assert r.status_code == 303
+
+
+def test_without_keys_cross_site_posts_to_the_api_are_refused(tmp_path: Path) -> None:
+    settings = Settings(data_dir=str(tmp_path / "data"))
+    with TestClient(create_app(settings, engine=FakeEngine())) as c:
+        r = c.post(
+            "/v1/files",
+            files={"file": ("a", jsonl("a"))},
+            data={"purpose": "batch"},
+            headers={"Origin": "http://evil.example"},
+        )
+        assert r.status_code == 403
+        assert c.get("/v1/files").json()["data"] == []
+        r = c.post("/v1/files", files={"file": ("a", jsonl("a"))}, data={"purpose": "batch"})
+        assert r.status_code == 200
+        assert c.get("/login", follow_redirects=False).status_code == 303
+
+
+def test_download_names_are_safe(client: TestClient) -> None:
+    evil_name = 'we"ird\r\nX-Injected: 1; ü名前.jsonl'
+    f = upload(client, ALICE, jsonl("a"), name=evil_name)
+    r = client.get(f"/v1/files/{f['id']}/content", headers=bearer(ALICE))
+    assert r.status_code == 200
+    assert "x-injected" not in {k.lower() for k in r.headers}
+    cd = r.headers["content-disposition"]
+    assert "\r" not in cd and "\n" not in cd
+    assert cd.startswith("attachment; ")
+    _, _, encoded = cd.partition("filename*=utf-8''")
+    shown = unquote(encoded) if encoded else cd.split('filename="', 1)[1].rstrip('"')
+    assert '"' not in shown and "\r" not in shown and "\n" not in shown
+    assert shown == f["filename"] and "ü名前.jsonl" in shown
+    # The bytes on disk are named by id, never by the uploaded name.
+    assert r.content == jsonl("a")
+
+
+def test_startup_notes(tmp_path: Path) -> None:
+    local = Settings(data_dir=str(tmp_path))
+    ((level, note),) = security_notes(local, Keys(local))
+    assert level == logging.INFO and "127.0.0.1 only" in note
+    exposed = Settings(data_dir=str(tmp_path), host="0.0.0.0")
+    ((level, note),) = security_notes(exposed, Keys(exposed))
+    assert level == logging.WARNING and "0.0.0.0" in note and "anyone" in note
+    keyed = Settings(data_dir=str(tmp_path), host="0.0.0.0", api_keys=["k1", "k2"])
+    ((level, note),) = security_notes(keyed, Keys(keyed))
+    assert level == logging.INFO and "2 key(s)" in note
+    # Litestar reconfigures the root logger at startup, so listen on batchyard's own.
+    seen: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = seen.append  # type: ignore[method-assign]
+    logging.getLogger("batchyard").addHandler(handler)
+    try:
+        with TestClient(create_app(exposed, engine=FakeEngine())):
+            pass
+    finally:
+        logging.getLogger("batchyard").removeHandler(handler)
+    assert any(
+        r.levelno == logging.WARNING and "anyone who can reach" in r.getMessage() for r in seen
+    )
+    missing = Settings(data_dir=str(tmp_path), api_keys_file=str(tmp_path / "nope.txt"))
+    with pytest.raises(ValueError, match="nope.txt"):
+        create_app(missing)
+
+
+def test_dashboard_shows_only_the_logged_in_owners_files(client: TestClient) -> None:
+    upload(client, ALICE, jsonl("a"), name="alice-secret.jsonl")
+    upload(client, BOB, jsonl("b"), name="bob-private.jsonl")
+    r = client.post("/login", data={"api_key": BOB, "next": "/files"}, follow_redirects=False)
+    assert r.status_code == 303
+    page = client.get("/files")
+    assert page.status_code == 200
+    assert "bob-private.jsonl" in page.text and "alice-secret.jsonl" not in page.text

@@ -1,0 +1,111 @@
+"""Runner-level test helpers: services on a real SQLite file, a batch made the way the API makes it."""
+
+from __future__ import annotations
+
+import json
+import time
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+from app.api.common import Services
+from app.config import Settings
+from app.engine.base import CHAT, Priority, RequestCancelled
+from app.models import Batch, BatchStatus, File, Request
+from app.server import build_services
+from tests.fakes import FakeEngine
+
+
+class HangingEngine(FakeEngine):
+    """The fake engine, except that a prompt containing HANG never finishes until cancelled."""
+
+    def __init__(self, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.hanging: list[Future[dict[str, Any]]] = []
+
+    def submit(
+        self,
+        endpoint: str,
+        body: dict[str, Any],
+        *,
+        priority: Priority = Priority.ONLINE,
+        on_chunk: Any = None,
+    ) -> Future[dict[str, Any]]:
+        text = body["messages"][-1]["content"] if endpoint == CHAT else str(body.get("prompt"))
+        if "HANG" in text:
+            fut: Future[dict[str, Any]] = Future()
+            with self._lock:
+                self.submitted.append((endpoint, body, priority))
+                self.hanging.append(fut)
+            return fut
+        return super().submit(endpoint, body, priority=priority, on_chunk=on_chunk)
+
+    def cancel(self, future: Future[dict[str, Any]]) -> None:
+        if not future.done():
+            self.cancelled += 1
+            future.set_exception(RequestCancelled())
+
+
+def services(data_dir: Path, engine: Any, **settings: Any) -> Services:
+    svc = build_services(Settings(data_dir=str(data_dir), **settings), engine)
+    svc.runner.engine = engine
+    return svc
+
+
+def chat(cid: str, content: str) -> dict[str, Any]:
+    return {
+        "custom_id": cid,
+        "method": "POST",
+        "url": CHAT,
+        "body": {"model": "m", "messages": [{"role": "user", "content": content}]},
+    }
+
+
+def make_batch(svc: Services, lines: list[dict[str, Any]] | bytes, owner: str = "") -> str:
+    data = (
+        lines if isinstance(lines, bytes) else "".join(json.dumps(x) + "\n" for x in lines).encode()
+    )
+    partial = svc.storage.begin_write(len(data) + 1)
+    partial.write(data)
+    f = svc.files.create(partial=partial, filename="in.jsonl", purpose="batch", owner=owner)
+    return svc.batches.create(owner, f.id, CHAT).id
+
+
+def batch(svc: Services, batch_id: str) -> Batch:
+    with svc.db.read() as s:
+        b = s.get(Batch, batch_id)
+        assert b is not None
+        return b
+
+
+def drive(svc: Services, batch_id: str, timeout: float = 20) -> Batch:
+    """Step the runner until the batch ends."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        svc.runner.step()
+        b = batch(svc, batch_id)
+        if b.status in BatchStatus.FINISHED:
+            return b
+        time.sleep(0.01)
+    raise AssertionError(f"batch {batch_id} stayed {batch(svc, batch_id).status}")
+
+
+def file_lines(svc: Services, file_id: str | None) -> list[dict[str, Any]]:
+    if file_id is None:
+        return []
+    text = svc.storage.path(file_id).read_text(encoding="utf-8")
+    return [json.loads(x) for x in text.splitlines()]
+
+
+def request_rows(svc: Services, batch_id: str) -> list[Request]:
+    from sqlmodel import select
+
+    with svc.db.read() as s:
+        return list(s.exec(select(Request).where(Request.batch_id == batch_id)).all())
+
+
+def file_rows(svc: Services) -> list[File]:
+    from sqlmodel import select
+
+    with svc.db.read() as s:
+        return list(s.exec(select(File)).all())

@@ -1,0 +1,126 @@
+"""The completion window and file expiry: what runs out, when, and what the files then hold."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from app.engine.base import CHAT
+from app.models import BatchStatus, File, RequestStatus, now
+from tests.unit.helpers import (
+    HangingEngine,
+    batch,
+    chat,
+    drive,
+    file_lines,
+    file_rows,
+    make_batch,
+    request_rows,
+    services,
+)
+
+
+def test_window_running_out_expires_the_batch(tmp_path: Path) -> None:
+    # One slot: two hanging lines fill the engine's queue, so the last two never start.
+    engine = HangingEngine(n_slots=1)
+    svc = services(tmp_path, engine, batch_window_seconds=2)
+    lines = [
+        chat("q0", "hi"),
+        chat("h1", "HANG"),
+        chat("q2", "yo"),
+        chat("h3", "HANG"),
+        chat("q4", "late"),
+        chat("q5", "later"),
+    ]
+    batch_id = make_batch(svc, lines)
+    b = drive(svc, batch_id, timeout=15)
+    assert b.status == BatchStatus.EXPIRED
+    assert b.expires_at == b.created_at + 2
+    assert b.expired_at is not None and b.expired_at >= b.expires_at
+    assert b.completed_at is None and b.finalizing_at is not None
+    out, err = file_lines(svc, b.output_file_id), file_lines(svc, b.error_file_id)
+    assert [o["custom_id"] for o in out] == ["q0", "q2"]
+    assert all(o["response"]["status_code"] == 200 and o["error"] is None for o in out)
+    assert [e["custom_id"] for e in err] == ["h1", "h3", "q4", "q5"]
+    for e in err:
+        assert e["response"] is None
+        assert e["error"]["code"] == "batch_expired" and e["error"]["message"]
+    assert (b.total, b.completed, b.failed) == (6, len(out), len(err))
+    # The two lines in the engine were withdrawn, the two pending ones never submitted.
+    assert engine.cancelled == 2
+    submitted = [body["messages"][-1]["content"] for _, body, _ in engine.submitted]
+    assert "late" not in submitted and "later" not in submitted
+    statuses = {r.custom_id: r.status for r in request_rows(svc, batch_id)}
+    assert statuses == {
+        "q0": RequestStatus.SUCCEEDED,
+        "q2": RequestStatus.SUCCEEDED,
+        "h1": RequestStatus.EXPIRED,
+        "h3": RequestStatus.EXPIRED,
+        "q4": RequestStatus.EXPIRED,
+        "q5": RequestStatus.EXPIRED,
+    }
+    # A late answer from the engine changes nothing.
+    for fut in engine.hanging:
+        assert fut.done()
+    svc.runner.step()
+    assert (batch(svc, batch_id).completed, batch(svc, batch_id).failed) == (2, 4)
+
+
+def test_batch_inside_its_window_completes(tmp_path: Path) -> None:
+    svc = services(tmp_path, HangingEngine(), batch_window_seconds=3600)
+    b = drive(svc, make_batch(svc, [chat("a", "hi")]))
+    assert b.status == BatchStatus.COMPLETED and b.expired_at is None
+    assert b.expires_at == b.created_at + 3600
+
+
+def test_output_expires_after_is_anchored_on_the_output_file(tmp_path: Path) -> None:
+    svc = services(tmp_path, HangingEngine())
+    inp = make_batch(svc, [chat("a", "hi")])
+    input_file = batch(svc, inp).input_file_id
+    b = svc.batches.create(
+        "",
+        input_file,
+        CHAT,
+        output_expires_after={"anchor": "created_at", "seconds": 3600},
+    )
+    b = drive(svc, b.id)
+    assert b.status == BatchStatus.COMPLETED
+    out = next(f for f in file_rows(svc) if f.id == b.output_file_id)
+    assert out.expires_at == out.created_at + 3600 and out.created_at >= b.created_at
+    # Swept when due, not before; the input (30 days) stays.
+    assert svc.files.sweep_expired(out.created_at + 3599) == 0
+    assert svc.storage.exists(out.id)
+    assert svc.files.sweep_expired(out.created_at + 3600) == 1
+    assert not svc.storage.exists(out.id)
+    left = {f.id for f in file_rows(svc)}
+    assert out.id not in left and input_file in left
+    assert svc.storage.exists(input_file)
+
+
+def test_expired_input_of_a_running_batch_waits_for_the_batch(tmp_path: Path) -> None:
+    svc = services(tmp_path, HangingEngine())
+    batch_id = make_batch(svc, [chat("h", "HANG")])
+    svc.runner.step()
+    input_file = batch(svc, batch_id).input_file_id
+    later = now() + 31 * 24 * 3600
+    assert svc.files.sweep_expired(later) == 0
+    assert svc.storage.exists(input_file)
+    svc.batches.cancel(batch_id, "")
+    assert drive(svc, batch_id).status == BatchStatus.CANCELLED
+    assert svc.files.sweep_expired(later) == 1
+    assert not svc.storage.exists(input_file)
+
+
+def test_runner_sweeps_on_its_interval(tmp_path: Path) -> None:
+    svc = services(tmp_path, HangingEngine())
+    b = drive(svc, make_batch(svc, [chat("a", "hi")]))
+    with svc.db.write() as s:
+        row = s.get(File, b.output_file_id)
+        assert row is not None
+        row.expires_at = now() - 1
+        s.add(row)
+    svc.runner.step()  # the interval has not passed since the last sweep
+    assert svc.storage.exists(b.output_file_id)
+    svc.runner.sweep_interval = 0.0
+    svc.runner.step()
+    assert not svc.storage.exists(b.output_file_id)
+    assert b.output_file_id not in {f.id for f in file_rows(svc)}
