@@ -13,6 +13,7 @@ from typing import Any
 
 from app import __version__
 from app.config import Settings
+from app.logs import LOG_FORMAT
 
 #: serve's flags: (flag, Settings field, type, help).
 SERVE_FLAGS: list[tuple[str, str, Any, str]] = [
@@ -73,14 +74,14 @@ def build_parser() -> argparse.ArgumentParser:
         dest="api_keys",
         action="append",
         default=None,
-        help=f"an API key clients must send (repeatable) [env {Settings.env_name('api_keys')}, comma-separated]",
+        help=f"an API key clients must send (repeatable) [env {Settings.env_name('api_keys')}, comma-separated; default: none, no key needed]",
     )
     serve.add_argument(
         "--no-browser",
         dest="no_browser",
         action="store_true",
         default=None,
-        help=f"do not open the browser [env {Settings.env_name('no_browser')}]",
+        help=f"do not open the browser [env {Settings.env_name('no_browser')}=1; default: open it]",
     )
 
     run = sub.add_parser(
@@ -137,9 +138,7 @@ def serve(settings: Settings) -> int:
 
     from app.server import create_app
 
-    logging.basicConfig(
-        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    logging.basicConfig(level=settings.log_level.upper(), format=LOG_FORMAT)
     app = create_app(settings)
     url = f"http://{'127.0.0.1' if settings.host in ('0.0.0.0', '::') else settings.host}:{settings.port}/"
     print(

@@ -25,6 +25,7 @@ from typing import Any, TextIO
 
 from app.config import Settings
 from app.errors import APIError
+from app.logs import LOG_FORMAT
 from app.models import Batch, BatchStatus
 
 log = logging.getLogger("batchyard.offline")
@@ -277,9 +278,7 @@ def run_batch(
         print(f"batchyard run: {exc}", file=err)
         return EXIT_USAGE
     settings = offline_settings(overrides, opts.state)
-    logging.basicConfig(
-        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
-    )
+    logging.basicConfig(level=settings.log_level.upper(), format=LOG_FORMAT)
 
     from app.server import build_services
 

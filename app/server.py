@@ -17,6 +17,7 @@ from app import __version__
 from app.api import batches as batches_api
 from app.api import files as files_api
 from app.api import inference as inference_api
+from app.api import metrics as metrics_api
 from app.api.common import Services
 from app.api.errors import EXCEPTION_HANDLERS
 from app.batches.runner import Runner
@@ -25,6 +26,7 @@ from app.config import Settings
 from app.db import Database
 from app.engine.base import Engine
 from app.files import FileService
+from app.logs import logging_config
 from app.resources import static_dir, templates_dir
 from app.storage import Storage
 from app.web.routes import web_route_handlers
@@ -98,10 +100,14 @@ def create_app(settings: Settings, *, engine: Engine | None = None) -> Litestar:
             *files_api.ROUTES,
             *batches_api.ROUTES,
             *inference_api.ROUTES,
+            *metrics_api.ROUTES,
             *web_route_handlers(),
             create_static_files_router(path="/static", directories=[static_dir()]),
         ],
         lifespan=[lifespan],
+        middleware=metrics_api.MIDDLEWARE,
+        before_send=metrics_api.BEFORE_SEND,
+        logging_config=logging_config(settings),
         exception_handlers=EXCEPTION_HANDLERS,
         template_config=TemplateConfig(directory=templates_dir(), engine=JinjaTemplateEngine),
         openapi_config=OpenAPIConfig(title="batchyard", version=__version__),
