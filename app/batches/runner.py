@@ -269,6 +269,9 @@ class Runner:
                 )
                 .order_by(col(Batch.created_ns), col(Request.line))
                 .limit(room + len(self._inflight))
+                # Several runners on one PostgreSQL queue never claim the same line
+                # (SQLite has one writer at a time and leaves this out).
+                .with_for_update(skip_locked=True)
             ).all()
             for req, endpoint in candidates:
                 if req.id in self._inflight:

@@ -270,7 +270,7 @@ def test_files_and_batches_pagination(client: OpenAI) -> None:
     ]
     page = client.files.list(limit=2, purpose="batch")
     assert [f.id for f in page.data] == ids[::-1][:2] and page.has_more
-    everything = [f.id for f in client.files.list(purpose="batch", limit=2).auto_paging_iter()]
+    everything = [f.id for f in client.files.list(purpose="batch", limit=2)]
     assert everything[:3] == ids[::-1]
     batches = [
         client.batches.create(
@@ -278,7 +278,7 @@ def test_files_and_batches_pagination(client: OpenAI) -> None:
         ).id
         for i in ids
     ]
-    listed = [b.id for b in client.batches.list(limit=2).auto_paging_iter()]
+    listed = [b.id for b in client.batches.list(limit=2)]
     assert listed[:3] == batches[::-1]
     for bid in batches:
         wait(client, bid)

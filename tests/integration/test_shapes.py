@@ -1,0 +1,50 @@
+"""Every field the openai SDK models is present, with a type its models accept."""
+
+from __future__ import annotations
+
+import json
+
+from litestar.testing import TestClient
+from openai.pagination import SyncCursorPage
+from openai.types import Batch, FileDeleted, FileObject
+
+from tests.integration.conftest import wait_for_status
+
+
+def test_wire_shapes_match_the_sdk_types(client: TestClient) -> None:
+    line = {
+        "custom_id": "a",
+        "method": "POST",
+        "url": "/v1/chat/completions",
+        "body": {"model": "m", "messages": [{"role": "user", "content": "hi"}]},
+    }
+    r = client.post(
+        "/v1/files",
+        files={"file": ("in.jsonl", json.dumps(line).encode(), "application/jsonl")},
+        data={"purpose": "batch"},
+    )
+    f = r.json()
+    assert set(FileObject.model_fields) <= set(f)
+    FileObject.model_validate(f, strict=False)
+    b = client.post(
+        "/v1/batches",
+        json={
+            "input_file_id": f["id"],
+            "endpoint": "/v1/chat/completions",
+            "completion_window": "24h",
+        },
+    ).json()
+    b = wait_for_status(client, b["id"], ("completed",))
+    assert set(Batch.model_fields) <= set(b)
+    parsed = Batch.model_validate(b)
+    assert parsed.request_counts is not None and parsed.request_counts.total == 1
+    assert (
+        parsed.usage is not None
+        and parsed.usage.total_tokens == parsed.usage.input_tokens + parsed.usage.output_tokens
+    )
+    listing = client.get("/v1/batches").json()
+    assert {"object", "data", "first_id", "last_id", "has_more"} <= set(listing)
+    SyncCursorPage[Batch].model_validate(listing)
+    d = client.delete(f"/v1/files/{b['output_file_id']}").json()
+    FileDeleted.model_validate(d)
+    assert d["deleted"] is True

@@ -1,0 +1,86 @@
+"""The JSONL validator: offsets, blank lines, CRLF, limits, and OpenAI's error codes."""
+
+from __future__ import annotations
+
+import io
+import json
+
+from app.batches import validate as v
+
+CHAT = "/v1/chat/completions"
+
+
+def line(cid: str, model: str = "m", url: str = CHAT) -> bytes:
+    return json.dumps(
+        {"custom_id": cid, "method": "POST", "url": url, "body": {"model": model, "messages": []}}
+    ).encode()
+
+
+def run(data: bytes, **kw: int) -> v.Validation:
+    return v.validate_jsonl(io.BytesIO(data), CHAT, **kw)
+
+
+def test_offsets_point_at_each_line_crlf_and_blank_lines() -> None:
+    data = line("a") + b"\r\n\r\n   \n" + line("b") + b"\r\n" + line("c")
+    r = run(data)
+    assert r.ok and r.model == "m"
+    assert [(x.number, x.custom_id) for x in r.lines] == [(1, "a"), (4, "b"), (5, "c")]
+    for x in r.lines:
+        obj = json.loads(data[x.offset : x.offset + x.length])
+        assert obj["custom_id"] == x.custom_id
+
+
+def test_bom_is_skipped() -> None:
+    data = b"\xef\xbb\xbf" + line("a") + b"\n"
+    r = run(data)
+    assert (
+        r.ok
+        and json.loads(data[r.lines[0].offset : r.lines[0].offset + r.lines[0].length])["custom_id"]
+        == "a"
+    )
+
+
+def test_empty_file_and_only_blank_lines() -> None:
+    for data in (b"", b"\n\n  \r\n"):
+        r = run(data)
+        assert not r.ok and [e.code for e in r.errors] == ["empty_file"]
+
+
+def test_too_many_requests_names_the_limit() -> None:
+    r = run(b"\n".join(line(str(i)) for i in range(4)), max_requests=3)
+    assert not r.ok
+    assert (
+        r.errors[-1].code == "too_many_requests"
+        and r.errors[-1].line == 4
+        and "at most 3" in r.errors[-1].message
+    )
+
+
+def test_invalid_utf8_and_deep_nesting_are_line_errors() -> None:
+    data = (
+        line("a") + b"\n" + b'{"custom_id": "\xff\xfe"}\n' + b"[" * 100_000 + b"]" * 100_000 + b"\n"
+    )
+    r = run(data)
+    assert [(e.line, e.code) for e in r.errors] == [
+        (2, "invalid_encoding"),
+        (3, "invalid_json_line"),
+    ]
+
+
+def test_a_line_past_the_limit_is_reported_without_being_kept(monkeypatch) -> None:
+    monkeypatch.setattr(v, "MAX_LINE_BYTES", 1000)
+    data = line("a") + b"\n" + b'{"x": "' + b"y" * 5000 + b'"}\n' + line("b") + b"\n"
+    chunks = list(v.raw_lines(io.BytesIO(data), chunk_size=256))
+    assert [c[2] for c in chunks] == [False, True, False]
+    r = v.validate_lines(iter(chunks), CHAT)
+    assert [(e.line, e.code) for e in r.errors] == [(2, "line_too_long")]
+    assert [x.custom_id for x in r.lines] == ["a", "b"]
+    third = r.lines[1]
+    assert json.loads(data[third.offset : third.offset + third.length])["custom_id"] == "b"
+
+
+def test_errors_are_capped_with_a_summary() -> None:
+    r = run(b"\n".join(b"nope" for _ in range(v.MAX_REPORTED_ERRORS + 5)))
+    shown = r.reported_errors()
+    assert len(shown) == v.MAX_REPORTED_ERRORS + 1
+    assert shown[-1]["code"] == "too_many_errors" and "5 more" in shown[-1]["message"]
