@@ -31,6 +31,17 @@ def clean_copy(dest: Path) -> Path:
     return dest
 
 
+def files_under(root: Path) -> set[str]:
+    return {p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()}
+
+
+def static_files(source: Path) -> list[str]:
+    """The checkout's static files, real ones first (not .keep placeholders)."""
+    found = sorted(files_under(source / "static"), key=lambda s: (s.endswith(".keep"), s))
+    assert found, "static/ is empty"
+    return found
+
+
 def outside_env(**extra: str) -> dict[str, str]:
     """The environment of a user's shell: nothing that points Python at the checkout."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}

@@ -12,14 +12,18 @@ from pathlib import Path
 
 import pytest
 
-from tests.packaging.helpers import check_dashboard, clean_copy, outside_env, start
+from tests.packaging.helpers import check_dashboard, clean_copy, outside_env, start, static_files
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def binary(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    source = clean_copy(tmp_path_factory.mktemp("clone"))
+def source(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return clean_copy(tmp_path_factory.mktemp("clone"))
+
+
+@pytest.fixture(scope="module")
+def binary(source: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     dist = tmp_path_factory.mktemp("dist")
     build = tmp_path_factory.mktemp("build")
     t0 = time.monotonic()
@@ -83,10 +87,10 @@ def test_binary_runs_a_batch_file_on_the_bundled_model(binary: Path, tmp_path: P
     assert "_MEI" in models.stdout and "Q4_1" in models.stdout
 
 
-def test_binary_serves_the_dashboard(binary: Path, tmp_path: Path) -> None:
+def test_binary_serves_the_dashboard(binary: Path, source: Path, tmp_path: Path) -> None:
     server = start([str(binary)], tmp_path, tmp_path / "serve.log")
     try:
         print(f"\nsingle binary ready on /health in {server.seconds_to_ready:.1f}s")
-        check_dashboard(server.url, ["app.css"])
+        check_dashboard(server.url, static_files(source))
     finally:
         server.stop()

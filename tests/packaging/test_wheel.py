@@ -10,7 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.packaging.helpers import check_dashboard, clean_copy, outside_env, start
+from tests.packaging.helpers import (
+    check_dashboard,
+    clean_copy,
+    files_under,
+    outside_env,
+    start,
+    static_files,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -33,10 +40,6 @@ def wheel(source: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return found
 
 
-def files_under(root: Path) -> set[str]:
-    return {p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()}
-
-
 def test_wheel_contains_templates_static_files_and_vendored_js(wheel: Path, source: Path) -> None:
     names = set(zipfile.ZipFile(wheel).namelist())
     templates = files_under(source / "templates")
@@ -55,10 +58,6 @@ def test_wheel_contains_templates_static_files_and_vendored_js(wheel: Path, sour
     assert not any(n.startswith(("tests/", "app/tests/")) for n in names)
 
 
-def _static_files(source: Path) -> list[str]:
-    return sorted(s for s in files_under(source / "static") if not s.endswith(".keep")) or [".keep"]
-
-
 def test_pip_install_into_a_fresh_venv_serves_the_dashboard(
     wheel: Path, source: Path, tmp_path: Path
 ) -> None:
@@ -75,7 +74,7 @@ def test_pip_install_into_a_fresh_venv_serves_the_dashboard(
     away.mkdir()
     server = start([str(venv / "bin/batchyard")], away, tmp_path / "serve.log")
     try:
-        check_dashboard(server.url, _static_files(source))
+        check_dashboard(server.url, static_files(source))
     finally:
         server.stop()
     # It ran the installed package, not the checkout.
@@ -113,6 +112,6 @@ def test_pipx_install_of_the_checkout_serves_the_dashboard(source: Path, tmp_pat
     away.mkdir()
     server = start([str(exe)], away, tmp_path / "serve.log")
     try:
-        check_dashboard(server.url, _static_files(source))
+        check_dashboard(server.url, static_files(source))
     finally:
         server.stop()
