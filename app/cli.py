@@ -8,10 +8,12 @@ import sys
 import threading
 import webbrowser
 from dataclasses import fields
+from pathlib import Path
 from typing import Any
 
 from app import __version__
 from app.config import Settings
+from app.logs import LOG_FORMAT
 
 #: serve's flags: (flag, Settings field, type, help).
 SERVE_FLAGS: list[tuple[str, str, Any, str]] = [
@@ -72,17 +74,56 @@ def build_parser() -> argparse.ArgumentParser:
         dest="api_keys",
         action="append",
         default=None,
-        help=f"an API key clients must send (repeatable) [env {Settings.env_name('api_keys')}, comma-separated]",
+        help=f"an API key clients must send (repeatable) [env {Settings.env_name('api_keys')}, comma-separated; default: none, no key needed]",
     )
     serve.add_argument(
         "--no-browser",
         dest="no_browser",
         action="store_true",
         default=None,
-        help=f"do not open the browser [env {Settings.env_name('no_browser')}]",
+        help=f"do not open the browser [env {Settings.env_name('no_browser')}=1; default: open it]",
     )
 
-    sub.add_parser("models", help="list the models this install can serve")
+    run = sub.add_parser(
+        "run",
+        help="run one batch input file to an output file, with no server",
+        description="Run every line of a batch input JSONL file through the model and write "
+        "the output JSONL (OpenAI's batch output format), with no server. "
+        "Exit codes: 0 all lines succeeded; 1 the input failed validation; 2 usage error; "
+        "3 done, but some lines failed (see the errors file); 130 interrupted (--resume).",
+    )
+    run.add_argument("input", type=Path, help="the batch input file (.jsonl)")
+    run.add_argument(
+        "-o", "--output", type=Path, required=True, help="where to write the output .jsonl"
+    )
+    run.add_argument(
+        "--errors",
+        type=Path,
+        default=None,
+        help="where to write the failed lines (default: OUTPUT.errors.jsonl, when any fail)",
+    )
+    run.add_argument(
+        "--endpoint",
+        default=None,
+        help="the batch's endpoint (default: the `url` of the input's lines)",
+    )
+    run.add_argument(
+        "--state-dir",
+        type=Path,
+        default=None,
+        help="where the run keeps its database and files (default: OUTPUT.batchyard-state/)",
+    )
+    run.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue an interrupted run from its state dir; finished lines are not redone",
+    )
+    _add_engine_flags(
+        run, ("model", "n_gpu_layers", "parallel", "ctx_size", "threads", "log_level")
+    )
+
+    listing = sub.add_parser("models", help="list the models this install can serve")
+    _add_engine_flags(listing, ("model", "data_dir"))
     sub.add_parser("version", help="print the version")
     return parser
 
@@ -103,9 +144,7 @@ def serve(settings: Settings) -> int:
 
     from app.server import create_app
 
-    logging.basicConfig(
-        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    logging.basicConfig(level=settings.log_level.upper(), format=LOG_FORMAT)
     app = create_app(settings)
     url = f"http://{'127.0.0.1' if settings.host in ('0.0.0.0', '::') else settings.host}:{settings.port}/"
     print(
@@ -124,10 +163,30 @@ def serve(settings: Settings) -> int:
     return 0
 
 
+def run(args: argparse.Namespace, argv: list[str] | None) -> int:
+    from app.offline import RunOptions, run_batch
+
+    names = {f.name for f in fields(Settings)}
+    opts = RunOptions(
+        input=args.input,
+        output=args.output,
+        errors=args.errors,
+        state_dir=args.state_dir,
+        endpoint=args.endpoint,
+        resume=args.resume,
+    )
+    words = ["batchyard", *(sys.argv[1:] if argv is None else argv)]
+    return run_batch(opts, {k: v for k, v in vars(args).items() if k in names}, argv=words)
+
+
 def models(settings: Settings) -> int:
-    path = settings.model_path
-    size = path.stat().st_size if path.exists() else 0
-    print(f"{path.stem}\t{size / 1e6:.1f} MB\t{path}")
+    from app.model_files import available_models
+
+    found = available_models(settings)
+    print(f"{'NAME':<40} {'QUANT':<8} {'SIZE':>9}  {'SOURCE':<8} PATH")
+    for m in found:
+        size = f"{m.size_bytes / 1e6:.1f} MB" if m.size_bytes else "missing"
+        print(f"{m.name:<40} {m.quantization:<8} {size:>9}  {m.source:<8} {m.path}")
     return 0
 
 
@@ -136,6 +195,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "serve":
         return serve(_settings(args))
+    if args.command == "run":
+        return run(args, argv)
     if args.command == "models":
         return models(_settings(args))
     if args.command == "version":

@@ -16,6 +16,7 @@ from app import __version__
 from app.api import batches as batches_api
 from app.api import files as files_api
 from app.api import inference as inference_api
+from app.api import metrics as metrics_api
 from app.api.auth import auth_middleware, security_notes
 from app.api.common import Services
 from app.api.errors import EXCEPTION_HANDLERS
@@ -25,6 +26,7 @@ from app.config import Settings
 from app.db import Database
 from app.engine.base import Engine
 from app.files import FileService
+from app.logs import logging_config
 from app.resources import static_dir, templates_dir
 from app.storage import Storage
 from app.web.auth import AUTH_ROUTES
@@ -104,12 +106,16 @@ def create_app(settings: Settings, *, engine: Engine | None = None) -> Litestar:
             *files_api.ROUTES,
             *batches_api.ROUTES,
             *inference_api.ROUTES,
+            *metrics_api.ROUTES,
             *web_route_handlers(),
             *AUTH_ROUTES,
             create_static_files_router(path="/static", directories=[static_dir()]),
         ],
         lifespan=[lifespan],
-        middleware=[auth],
+        # Metrics outermost, so refused (401) requests are timed and counted too.
+        middleware=[*metrics_api.MIDDLEWARE, auth],
+        before_send=metrics_api.BEFORE_SEND,
+        logging_config=logging_config(settings),
         exception_handlers=EXCEPTION_HANDLERS,
         template_config=TemplateConfig(directory=templates_dir(), engine=JinjaTemplateEngine),
         openapi_config=openapi_config("batchyard", __version__),

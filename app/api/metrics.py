@@ -1,0 +1,102 @@
+"""GET /metrics (Prometheus text format), and the timing and log line of every HTTP request.
+
+`create_app` adds `ROUTES` to its route handlers, `MIDDLEWARE` to its middleware and
+`BEFORE_SEND` to its before_send hooks. The middleware times each request that matched a
+route, labelled by the route's template so ids never explode the label set; the
+before_send hook counts and logs the requests that matched none (404, 405).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+from litestar import Litestar, Request, get
+from litestar.enums import ScopeType
+from litestar.middleware import ASGIMiddleware
+from litestar.response import Response
+from litestar.types import ASGIApp, Message, Receive, Scope, Send
+
+from app.api.common import services
+from app.telemetry import RequestMetrics, render
+
+log = logging.getLogger("batchyard.http")
+
+#: Paths polled by machines (probes, scrapers): their lines are logged at debug level.
+QUIET_PATHS = ("/health", "/metrics")
+UNMATCHED = "(unmatched)"
+_STATE_KEY = "request_metrics"
+_SCOPE_TIMED = "batchyard_timed"
+_lock = threading.Lock()
+
+
+def request_metrics(app: Litestar) -> RequestMetrics:
+    """The app's own request figures, made on first use."""
+    with _lock:
+        found = app.state.get(_STATE_KEY)
+        if found is None:
+            found = app.state[_STATE_KEY] = RequestMetrics()
+        return found  # type: ignore[no-any-return]
+
+
+def _log_request(method: str, path: str, status: int, seconds: float) -> None:
+    level = logging.DEBUG if path in QUIET_PATHS else logging.INFO
+    log.log(level, "method=%s path=%s status=%d ms=%.1f", method, path, status, seconds * 1000)
+
+
+class RequestTiming(ASGIMiddleware):
+    """Times a routed request from its start to the last byte of its response."""
+
+    scopes = (ScopeType.HTTP,)
+
+    async def handle(self, scope: Scope, receive: Receive, send: Send, next_app: ASGIApp) -> None:
+        started = time.perf_counter()
+        status = 500  # what the client sees if the app fails before it starts a response
+        scope[_SCOPE_TIMED] = True  # type: ignore[literal-required]
+
+        async def timed_send(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+            await send(message)
+
+        try:
+            await next_app(scope, receive, timed_send)
+        finally:
+            seconds = time.perf_counter() - started
+            route = str(scope.get("path_template") or scope.get("path", ""))
+            method = str(scope.get("method", ""))
+            request_metrics(scope["litestar_app"]).observe(method, route, status, seconds)  # type: ignore[typeddict-item]
+            _log_request(method, str(scope.get("path", "")), status, seconds)
+
+
+async def count_unmatched(message: Message, scope: Scope) -> None:
+    """A before_send hook: the requests no route matched never reach the middleware."""
+    if scope.get("type") != "http" or message["type"] != "http.response.start":
+        return
+    if scope.get(_SCOPE_TIMED):
+        return
+    method = str(scope.get("method", ""))
+    status = int(message["status"])
+    # No start time is known here; such answers are immediate, so they count as zero.
+    request_metrics(scope["litestar_app"]).observe(method, UNMATCHED, status, 0.0)  # type: ignore[typeddict-item]
+    _log_request(method, str(scope.get("path", "")), status, 0.0)
+
+
+@get("/metrics", include_in_schema=False, sync_to_thread=True)
+def metrics(request: Request[Any, Any, Any]) -> Response[str]:
+    svc = services(request)
+    body = render(
+        db=svc.db,
+        engine=svc.engine,
+        requests=request_metrics(request.app),
+        engine_failure=request.app.state.get("engine_failure"),
+    )
+    return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")
+
+
+ROUTES = [metrics]
+MIDDLEWARE = [RequestTiming()]
+BEFORE_SEND = [count_unmatched]

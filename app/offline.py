@@ -1,0 +1,378 @@
+"""`batchyard run`: one JSONL file in, its output (and error) JSONL out, with no HTTP server.
+
+It takes the API's own path: a state data dir holds the database and the files,
+`FileService` stores the input, `BatchService.create` makes the batch, the real `Runner`
+validates, claims and records every line on the real engine, and the batch's output and
+error files are copied to where the user asked. An interrupted run leaves its state dir
+behind; `--resume` starts the runner on it again, and lines already recorded stay done.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shlex
+import shutil
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import Any, TextIO
+
+from app.config import Settings
+from app.errors import APIError
+from app.logs import LOG_FORMAT
+from app.models import Batch, BatchStatus
+
+log = logging.getLogger("batchyard.offline")
+
+#: The owner of offline batches: the same one the API uses when no API keys are set.
+OWNER = ""
+#: A short lease, so that a resumed run takes back the lines of the interrupted one at once.
+OFFLINE_LEASE_SECONDS = 2
+#: An offline run has no completion window; lines never expire while it runs.
+OFFLINE_WINDOW_SECONDS = 10 * 365 * 24 * 3600
+#: What the state dir remembers about its run, to resume it.
+RUN_FILE = "run.json"
+#: Seconds between progress lines when stderr is not a terminal.
+PLAIN_PROGRESS_EVERY_S = 5.0
+BAR_WIDTH = 28
+
+#: Exit codes (also in `batchyard run --help`).
+EXIT_OK = 0
+EXIT_INVALID = 1  # the input failed validation, or the batch did not complete
+EXIT_USAGE = 2
+EXIT_SOME_FAILED = 3  # completed, but some lines failed (see the errors file)
+EXIT_INTERRUPTED = 130
+
+
+class RunError(Exception):
+    """A problem with the command line or the state dir, reported in one line."""
+
+
+@dataclass
+class RunOptions:
+    input: Path
+    output: Path
+    errors: Path | None = None
+    state_dir: Path | None = None
+    endpoint: str | None = None
+    resume: bool = False
+
+    @property
+    def state(self) -> Path:
+        return self.state_dir or self.output.with_name(self.output.name + ".batchyard-state")
+
+
+def sha256_of(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def endpoint_of(path: Path) -> str:
+    """The endpoint named by the first line's `url` (validation checks all the others)."""
+    with open(path, "rb") as fh:
+        for raw in fh:
+            if not raw.strip():
+                continue
+            try:
+                url = json.loads(raw.decode("utf-8-sig")).get("url")
+            except (ValueError, AttributeError):
+                break
+            if isinstance(url, str) and url:
+                return url
+            break
+    # The runner's validation then reports the real problem with the line's number.
+    return "/v1/chat/completions"
+
+
+def offline_settings(overrides: dict[str, Any], state: Path) -> Settings:
+    """The settings of an offline run: flags and env as for serve, over the state dir."""
+    values = {k: v for k, v in overrides.items() if v is not None}
+    values.setdefault("log_level", "warning")
+    values.update(
+        data_dir=str(state),
+        database_url="",  # always the state dir's own SQLite file
+        lease_seconds=OFFLINE_LEASE_SECONDS,
+        batch_window_seconds=OFFLINE_WINDOW_SECONDS,
+    )
+    return Settings.load(values)
+
+
+# -- progress ---------------------------------------------------------------------------
+
+
+class Progress:
+    """Lines done / total, tokens/s and ETA: a redrawn bar on a terminal, else plain lines."""
+
+    def __init__(self, stream: TextIO, done_before: int) -> None:
+        self.stream = stream
+        self.tty = stream.isatty()
+        self.started = time.monotonic()
+        self.done_before = done_before
+        self.last_plain = 0.0
+        self.drawn = False
+
+    def _line(self, done: int, total: int, tok_s: float) -> str:
+        elapsed = time.monotonic() - self.started
+        here = done - self.done_before
+        if here > 0 and total > done:
+            eta = _clock((total - done) * elapsed / here)
+        else:
+            eta = "0:00" if total and done >= total else "--:--"
+        pct = 100.0 * done / total if total else 0.0
+        text = f"{done}/{total} lines ({pct:.0f}%)  {tok_s:.1f} tok/s  ETA {eta}"
+        if self.tty:
+            filled = int(BAR_WIDTH * done / total) if total else 0
+            return f"[{'#' * filled}{'.' * (BAR_WIDTH - filled)}] {text}"
+        return f"progress: {text}  elapsed {_clock(elapsed)}"
+
+    def update(self, done: int, total: int, tok_s: float, *, final: bool = False) -> None:
+        if self.tty:
+            self.stream.write("\r\x1b[2K" + self._line(done, total, tok_s))
+            if final:
+                self.stream.write("\n")
+            self.drawn = not final
+            self.stream.flush()
+            return
+        t = time.monotonic()
+        if final or t - self.last_plain >= PLAIN_PROGRESS_EVERY_S:
+            self.last_plain = t
+            print(self._line(done, total, tok_s), file=self.stream, flush=True)
+
+    def end_line(self) -> None:
+        """Leave the bar's line before anything else is printed."""
+        if self.tty and self.drawn:
+            self.stream.write("\n")
+            self.stream.flush()
+            self.drawn = False
+
+
+def _clock(seconds: float) -> str:
+    s = int(seconds + 0.5)
+    h, rest = divmod(s, 3600)
+    m, s = divmod(rest, 60)
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
+
+
+# -- the run ----------------------------------------------------------------------------
+
+
+class _Interrupted(Exception):
+    pass
+
+
+def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
+    raise _Interrupted(signal.Signals(signum).name)
+
+
+def _copy_out(storage_path: Path | None, dest: Path) -> None:
+    """Copy a result file into place atomically (an empty file when there is none)."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_name(f".{dest.name}.partial")
+    if storage_path is None:
+        tmp.write_bytes(b"")
+    else:
+        shutil.copyfile(storage_path, tmp)
+    os.replace(tmp, dest)
+
+
+def _start_or_resume(opts: RunOptions, services: Any) -> Batch:
+    """Store the input and create its batch, or find the batch of the run to resume."""
+    run_file = opts.state / RUN_FILE
+    digest = sha256_of(opts.input)
+    if opts.resume:
+        record = json.loads(run_file.read_text(encoding="utf-8"))
+        if record.get("input_sha256") != digest:
+            raise RunError(
+                f"{opts.input} is not the file the interrupted run in {opts.state} started on "
+                "(its contents differ); run without --resume, or give that run's --state-dir."
+            )
+        return services.batches.get(record["batch_id"], OWNER)  # type: ignore[no-any-return]
+    partial = services.storage.begin_write(limit=services.files.limit_for("batch") + 1)
+    try:
+        with open(opts.input, "rb") as fh:
+            while chunk := fh.read(1 << 20):
+                partial.write(chunk)
+    except BaseException:
+        partial.discard()
+        raise
+    stored = services.files.create(
+        partial=partial, filename=opts.input.name, purpose="batch", owner=OWNER
+    )
+    batch = services.batches.create(
+        OWNER, stored.id, opts.endpoint or endpoint_of(opts.input), "24h"
+    )
+    run_file.write_text(
+        json.dumps(
+            {
+                "input": str(opts.input.resolve()),
+                "input_sha256": digest,
+                "file_id": stored.id,
+                "batch_id": batch.id,
+                "output": str(opts.output.resolve()),
+                "started_at": int(time.time()),
+            },
+            indent=2,
+        ),
+        encoding="utf-8",
+    )
+    return batch  # type: ignore[no-any-return]
+
+
+def _prepare_state(opts: RunOptions) -> None:
+    run_file = opts.state / RUN_FILE
+    if opts.resume:
+        if not run_file.is_file():
+            raise RunError(
+                f"there is no interrupted run to resume in {opts.state}; run without --resume."
+            )
+        return
+    if not opts.state.exists():
+        return
+    if not run_file.is_file():
+        raise RunError(
+            f"{opts.state} exists and is not a batchyard run's state dir; "
+            "give another --state-dir or remove it."
+        )
+    from app.db import Database
+
+    record = json.loads(run_file.read_text(encoding="utf-8"))
+    db = Database(f"sqlite:///{opts.state / 'batchyard.db'}")
+    try:
+        with db.read() as s:
+            b = s.get(Batch, record.get("batch_id", ""))
+            unfinished = b is not None and b.status in BatchStatus.ACTIVE
+    finally:
+        db.close()
+    if unfinished:
+        raise RunError(
+            f"{opts.state} holds an interrupted run; add --resume to continue it, "
+            "or remove that directory to start over."
+        )
+    shutil.rmtree(opts.state)  # a finished run's state: start afresh
+
+
+def run_batch(
+    opts: RunOptions,
+    overrides: dict[str, Any],
+    *,
+    err: TextIO | None = None,
+    argv: list[str] | None = None,
+) -> int:
+    """Run one input file to its output file; returns the exit code."""
+    err = err or sys.stderr
+    if not opts.input.is_file():
+        print(f"batchyard run: {opts.input}: no such file", file=err)
+        return EXIT_USAGE
+    try:
+        _prepare_state(opts)
+    except RunError as exc:
+        print(f"batchyard run: {exc}", file=err)
+        return EXIT_USAGE
+    settings = offline_settings(overrides, opts.state)
+    logging.basicConfig(level=settings.log_level.upper(), format=LOG_FORMAT)
+
+    from app.server import build_services
+
+    services = build_services(settings, None)
+    engine = None
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    for sig in previous:
+        signal.signal(sig, _raise_interrupt)
+    progress: Progress | None = None
+    batch: Batch | None = None
+    try:
+        try:
+            batch = _start_or_resume(opts, services)
+        except APIError as exc:
+            print(f"batchyard run: {exc.message}", file=err)
+            return EXIT_INVALID
+        except RunError as exc:
+            print(f"batchyard run: {exc}", file=err)
+            return EXIT_USAGE
+        from app.engine.llama import load_engine
+
+        engine = load_engine(settings)
+        services.engine = engine
+        services.runner.engine = engine
+        services.runner.start()
+        print(
+            f"batchyard run: {opts.input} -> {opts.output}  "
+            f"model {engine.info.id} on {engine.info.backend}, {engine.info.n_slots} slots  "
+            f"state {opts.state}",
+            file=err,
+            flush=True,
+        )
+        batch = services.batches.get(batch.id, OWNER)
+        progress = Progress(err, done_before=batch.completed + batch.failed)
+        while batch.status in BatchStatus.ACTIVE:
+            if batch.status != BatchStatus.VALIDATING:
+                progress.update(
+                    batch.completed + batch.failed, batch.total, engine.stats().tokens_per_second
+                )
+            time.sleep(0.25 if progress.tty else 0.5)
+            batch = services.batches.get(batch.id, OWNER)
+        if batch.status == BatchStatus.FAILED:
+            progress.end_line()
+            print(f"batchyard run: {opts.input} failed validation:", file=err)
+            for e in json.loads(batch.errors_json or "[]"):
+                where = f"line {e['line']}" if e.get("line") else "file"
+                print(f"  {where}: {e['message']} [{e['code']}]", file=err)
+            return EXIT_INVALID
+        progress.update(batch.completed + batch.failed, batch.total, 0.0, final=True)
+    except _Interrupted as exc:
+        done = (batch.completed + batch.failed) if batch is not None else 0
+        total = batch.total if batch is not None else 0
+        if progress is not None:
+            progress.end_line()
+        services.runner.stop()
+        if batch is not None:
+            batch = services.batches.get(batch.id, OWNER)
+            done, total = batch.completed + batch.failed, batch.total
+        words = list(argv or ["batchyard", "run", str(opts.input), "-o", str(opts.output)])
+        resume = shlex.join(words if "--resume" in words else [*words, "--resume"])
+        print(
+            f"batchyard run: stopped by {exc}; {done} of {total} lines are done and kept in "
+            f"{opts.state}.\nResume with: {resume}",
+            file=err,
+            flush=True,
+        )
+        return EXIT_INTERRUPTED
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        services.runner.stop()
+        if engine is not None:
+            engine.close()
+        services.db.close()
+
+    return _write_outputs(opts, services, batch, err)
+
+
+def _write_outputs(opts: RunOptions, services: Any, batch: Batch, err: TextIO) -> int:
+    storage = services.storage
+    out = storage.path(batch.output_file_id) if batch.output_file_id else None
+    _copy_out(out, opts.output)
+    errors_to = opts.errors
+    if errors_to is None and batch.error_file_id:
+        errors_to = opts.output.with_name(opts.output.stem + ".errors.jsonl")
+    if errors_to is not None:
+        _copy_out(storage.path(batch.error_file_id) if batch.error_file_id else None, errors_to)
+    if batch.status != BatchStatus.COMPLETED:
+        print(f"batchyard run: the batch ended {batch.status}.", file=err)
+        return EXIT_INVALID
+    usage = f"{batch.input_tokens} tokens in, {batch.output_tokens} out"
+    print(
+        f"batchyard run: {batch.completed} lines succeeded, {batch.failed} failed ({usage}); "
+        f"output {opts.output}" + (f", errors {errors_to}" if batch.failed else ""),
+        file=err,
+    )
+    return EXIT_SOME_FAILED if batch.failed else EXIT_OK

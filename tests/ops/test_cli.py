@@ -1,0 +1,134 @@
+"""The command line: serve's help names every flag's env variable and default, `models`,
+`--log-level`, and `--version`."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+from gguf import GGUFReader
+
+from app.cli import build_parser
+from app.config import Settings, default_model_path
+from app.model_files import FILE_TYPES, describe, read_gguf_metadata
+from tests.conftest import ROOT, free_port
+
+
+def batchyard(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "app.cli", *args],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "100", **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def serve_options() -> list[tuple[str, str]]:
+    """(flag, Settings field) of every option `serve` takes."""
+    parser = build_parser()
+    serve = parser._subparsers._group_actions[0].choices["serve"]  # type: ignore[union-attr]
+    return [(a.option_strings[-1], a.dest) for a in serve._actions if a.dest != "help"]
+
+
+def test_serve_help_lists_every_flag_with_its_env_variable_and_default() -> None:
+    r = batchyard("serve", "--help")
+    assert r.returncode == 0
+    text = " ".join(r.stdout.split())  # undo argparse's line wrapping
+    text = text[text.index("options:") :]  # past the usage summary
+    options = serve_options()
+    assert len(options) >= 13
+    settings_fields = set(Settings.__dataclass_fields__)
+    starts = sorted((text.index(f"{flag} "), flag, dest) for flag, dest in options)
+    for i, (start, flag, dest) in enumerate(starts):
+        end = starts[i + 1][0] if i + 1 < len(starts) else len(text)
+        entry = text[start:end]
+        assert dest in settings_fields, flag
+        assert f"env {Settings.env_name(dest)}" in entry, entry
+        assert "default:" in entry, entry
+    assert "default: 8000" in text and "default: '127.0.0.1'" in text
+
+
+def test_each_env_variable_in_the_help_sets_its_setting() -> None:
+    s = Settings.load(
+        environ={"BATCHYARD_PORT": "9123", "BATCHYARD_NO_BROWSER": "1", "BATCHYARD_API_KEYS": "a,b"}
+    )
+    assert (s.port, s.no_browser, s.api_keys) == (9123, True, ["a", "b"])
+    # A flag wins over its variable.
+    assert Settings.load({"port": 1}, environ={"BATCHYARD_PORT": "9123"}).port == 1
+
+
+def test_gguf_header_reader_agrees_with_the_gguf_package() -> None:
+    path = default_model_path()
+    ours = read_gguf_metadata(path)
+    theirs = GGUFReader(path)
+    ftype = theirs.fields["general.file_type"]
+    assert ours["general.file_type"] == int(ftype.parts[ftype.data[0]][0])
+    arch = theirs.fields["general.architecture"]
+    assert ours["general.architecture"] == bytes(arch.parts[arch.data[0]]).decode()
+    assert FILE_TYPES[ours["general.file_type"]] == "Q4_1"
+
+
+def test_models_lists_the_default_the_model_flag_and_the_data_dirs_models(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    (data / "models").mkdir(parents=True)
+    # A copy under another name: its quantisation must come from the header, not the name.
+    shutil.copyfile(default_model_path(), data / "models" / "tiny-chat.gguf")
+    other = tmp_path / "elsewhere-Q8_0.gguf"
+    other.write_bytes(b"not a gguf file at all")
+
+    r = batchyard("models", "--data-dir", str(data), "--model", str(other))
+
+    assert r.returncode == 0, r.stderr
+    rows = [line.split() for line in r.stdout.splitlines()[1:]]
+    by_name = {row[0]: row for row in rows}
+    assert set(by_name) == {"SmolLM2-135M-Instruct.Q4_1", "tiny-chat", "elsewhere-Q8_0"}
+    size_mb = f"{default_model_path().stat().st_size / 1e6:.1f}"
+    assert by_name["SmolLM2-135M-Instruct.Q4_1"][1:5] == ["Q4_1", size_mb, "MB", "default"]
+    assert by_name["tiny-chat"][1:5] == ["Q4_1", size_mb, "MB", "data-dir"]
+    # Not a GGUF: the name's quantisation, and its real size.
+    assert by_name["elsewhere-Q8_0"][1:5] == ["Q8_0", "0.0", "MB", "--model"]
+    assert describe(tmp_path / "gone.gguf", "--model").error == "missing"
+
+
+def test_version() -> None:
+    r = batchyard("--version")
+    assert r.returncode == 0 and re.fullmatch(r"batchyard \d+\.\d+\.\d+\S*\n", r.stdout)
+
+
+def test_log_level_warning_drops_the_request_lines(tmp_path: Path) -> None:
+    port = free_port()
+    log = tmp_path / "serve.log"
+    with open(log, "wb") as fh:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "app.cli", "serve", "--no-browser", "--port", str(port),
+             "--data-dir", str(tmp_path / "d"), "--parallel", "1", "--ctx-size", "256"],
+            cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT), "BATCHYARD_LOG_LEVEL": "warning"},
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    try:
+        deadline = time.time() + 60
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.time() < deadline and proc.poll() is None, log.read_text()
+            time.sleep(0.2)
+        assert httpx.get(f"http://127.0.0.1:{port}/v1/models").status_code == 200
+    finally:
+        proc.terminate()
+        proc.wait(20)
+    text = log.read_text()
+    assert "method=GET" not in text
+    assert " INFO " not in text

@@ -1,0 +1,205 @@
+"""GET /metrics, GET /health's starting / ready, and the per-request log lines."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from litestar.testing import TestClient
+
+import app.engine.llama as llama
+from app.config import Settings
+from app.server import create_app
+from tests.conftest import LiveServer
+
+SAMPLE = re.compile(r"^([a-z_]+)(\{(.*)\})? (\S+)$")
+
+
+def parse(text: str) -> tuple[dict[str, str], list[tuple[str, dict[str, str], float]]]:
+    """The exposition's TYPE lines and its samples (name, labels, value)."""
+    types: dict[str, str] = {}
+    samples = []
+    for line in text.splitlines():
+        if line.startswith("# TYPE "):
+            _, _, name, kind = line.split(" ")
+            types[name] = kind
+        elif line and not line.startswith("#"):
+            m = SAMPLE.match(line)
+            assert m, f"not a sample line: {line!r}"
+            labels = dict(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', m.group(3) or ""))
+            samples.append((m.group(1), labels, float(m.group(4))))
+    return types, samples
+
+
+def value(samples: list, name: str, **labels: str) -> float:
+    found = [
+        v for n, lab, v in samples if n == name and all(lab.get(k) == x for k, x in labels.items())
+    ]
+    assert len(found) == 1, f"{name}{labels}: {found}"
+    return found[0]
+
+
+def run_batch(server: LiveServer, n: int) -> dict:
+    lines = [
+        {
+            "custom_id": f"m-{i}",
+            "method": "POST",
+            "url": "/v1/chat/completions",
+            "body": {
+                "model": "x",
+                "messages": [{"role": "user", "content": "Hi"}],
+                "max_tokens": 4,
+            },
+        }
+        for i in range(n)
+    ]
+    data = "\n".join(json.dumps(x) for x in lines).encode()
+    f = httpx.post(
+        server.api + "/files",
+        files={"file": ("m.jsonl", io.BytesIO(data))},
+        data={"purpose": "batch"},
+    ).json()
+    b = httpx.post(
+        server.api + "/batches",
+        json={
+            "input_file_id": f["id"],
+            "endpoint": "/v1/chat/completions",
+            "completion_window": "24h",
+        },
+    ).json()
+    deadline = time.time() + 180
+    while b["status"] not in ("completed", "failed"):
+        assert time.time() < deadline
+        time.sleep(0.3)
+        b = httpx.get(f"{server.api}/batches/{b['id']}").json()
+    return b
+
+
+def test_metrics_report_lines_tokens_slots_batches_and_latency(live_server: LiveServer) -> None:
+    batch = run_batch(live_server, 2)
+    assert batch["status"] == "completed"
+    assert httpx.get(live_server.url + "/no/such/page").status_code == 404
+
+    r = httpx.get(live_server.url + "/metrics")
+    assert r.status_code == 200
+    assert r.headers["content-type"].startswith("text/plain; version=0.0.4")
+    types, samples = parse(r.text)
+    assert types["batchyard_http_request_duration_seconds"] == "histogram"
+    assert types["batchyard_tokens_total"] == "counter"
+    assert types["batchyard_queue_depth"] == "gauge"
+    names = {n for n, _, _ in samples}
+    for family in (
+        "batchyard_active_slots",
+        "batchyard_tokens_per_second",
+        "batchyard_queue_depth",
+    ):
+        assert family in names
+
+    assert value(samples, "batchyard_ready") == 1
+    assert value(samples, "batchyard_slots") == 4  # the live server runs --parallel 4
+    assert value(samples, "batchyard_batches", status="completed") >= 1
+    assert value(samples, "batchyard_batches", status="cancelled") >= 0
+    assert value(samples, "batchyard_batch_lines", status="succeeded") >= 2
+    assert (
+        value(samples, "batchyard_tokens_total", direction="in") >= batch["usage"]["input_tokens"]
+    )
+    assert (
+        value(samples, "batchyard_tokens_total", direction="out")
+        >= batch["usage"]["output_tokens"]
+        > 0
+    )
+    assert value(samples, "batchyard_engine_requests_total", outcome="succeeded") >= 2
+
+    # The batch polls went to one route template, whatever the batch id.
+    route = "/v1/batches/{batch_id}"
+    polls = [
+        (lab, v)
+        for n, lab, v in samples
+        if n == "batchyard_http_request_duration_seconds_bucket"
+        and lab["route"].startswith(route)
+        and lab["method"] == "GET"
+    ]
+    assert polls, [lab["route"] for n, lab, _ in samples if n.startswith("batchyard_http")]
+    counts = [v for _, v in polls]
+    assert counts == sorted(counts) and polls[-1][0]["le"] == "+Inf"
+    route_label = polls[0][0]["route"]
+    assert (
+        counts[-1]
+        == value(
+            samples,
+            "batchyard_http_request_duration_seconds_count",
+            method="GET",
+            route=route_label,
+        )
+        >= 1
+    )
+    assert (
+        value(
+            samples,
+            "batchyard_http_requests_total",
+            method="GET",
+            route="(unmatched)",
+            status="404",
+        )
+        >= 1
+    )
+
+    # One log line per request, and the batch's transitions.
+    log = live_server.log()
+    assert re.search(rf"method=GET path=/v1/batches/{batch['id']} status=200 ms=\d+\.\d", log)
+    assert "method=GET path=/no/such/page status=404" in log
+    assert f"batch {batch['id']} in_progress" in log
+    assert f"batch {batch['id']} completed" in log
+
+
+@pytest.fixture
+def slow_model_load(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
+    """The real model, but its load waits until the test lets it go on."""
+    go_on = threading.Event()
+    real = llama.load_engine
+
+    def load(settings: Settings) -> llama.LlamaEngine:
+        assert go_on.wait(60)
+        return real(settings)
+
+    monkeypatch.setattr(llama, "load_engine", load)
+    return go_on
+
+
+def test_health_says_starting_until_the_model_is_loaded(
+    tmp_path: Path, slow_model_load: threading.Event
+) -> None:
+    settings = Settings(data_dir=str(tmp_path / "data"), parallel=1, ctx_size=256)
+    with TestClient(create_app(settings)) as client:
+        r = client.get("/health")
+        assert r.status_code == 503
+        assert r.json()["status"] == "starting"
+        assert "batchyard_ready 0" in client.get("/metrics").text
+        slow_model_load.set()
+        deadline = time.time() + 60
+        while (r := client.get("/health")).status_code != 200:
+            assert r.json()["status"] == "starting"
+            assert time.time() < deadline
+            time.sleep(0.1)
+        body = r.json()
+        assert body["status"] == "ready"
+        assert body["model"] == "SmolLM2-135M-Instruct.Q4_1"
+        assert "batchyard_ready 1" in client.get("/metrics").text
+
+
+def test_health_says_failed_for_a_model_that_cannot_load(tmp_path: Path) -> None:
+    settings = Settings(data_dir=str(tmp_path / "data"), model=str(tmp_path / "missing.gguf"))
+    with TestClient(create_app(settings)) as client:
+        deadline = time.time() + 30
+        while (r := client.get("/health")).json()["status"] == "starting":
+            assert time.time() < deadline
+            time.sleep(0.05)
+        assert r.status_code == 503
+        assert r.json()["status"] == "failed"
+        assert "missing.gguf" in r.json()["error"]

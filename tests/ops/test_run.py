@@ -1,0 +1,211 @@
+"""`batchyard run`: file in, output file out, on the real engine and the real default model."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from app.offline import Progress
+from tests.conftest import ROOT
+
+CHAT = "/v1/chat/completions"
+
+
+def chat_line(custom_id: str, text: str, max_tokens: int = 8) -> str:
+    body = {
+        "model": "any",
+        "messages": [{"role": "user", "content": text}],
+        "max_tokens": max_tokens,
+    }
+    return json.dumps({"custom_id": custom_id, "method": "POST", "url": CHAT, "body": body})
+
+
+def batchyard(*args: str, **kw: object) -> subprocess.Popen[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen(
+        [sys.executable, "-m", "app.cli", *args],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **kw,  # type: ignore[call-overload]
+    )
+
+
+def run_to_end(*args: str, timeout: float = 300) -> tuple[int, str]:
+    proc = batchyard(*args)
+    out, err = proc.communicate(timeout=timeout)
+    return proc.returncode, out + err
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def test_run_writes_one_output_line_per_input_line(tmp_path: Path) -> None:
+    src = tmp_path / "in.jsonl"
+    lines = [
+        chat_line(f"req-{i}", text)
+        for i, text in enumerate(["Say hi", "Count to 3", "Name a colour"])
+    ]
+    # A prompt longer than the context fails on its own, as a line of the error file.
+    lines.append(chat_line("too-long", "word " * 400))
+    src.write_text("\n".join(lines) + "\n")
+    out, errors = tmp_path / "out.jsonl", tmp_path / "errors.jsonl"
+
+    rc, log = run_to_end(
+        "run",
+        str(src),
+        "-o",
+        str(out),
+        "--errors",
+        str(errors),
+        "--parallel",
+        "2",
+        "--ctx-size",
+        "256",
+    )
+
+    assert rc == 3, log  # done, but one line failed
+    results = read_jsonl(out)
+    assert [r["custom_id"] for r in results] == ["req-0", "req-1", "req-2"]
+    for r in results:
+        assert r["error"] is None
+        assert r["response"]["status_code"] == 200
+        body = r["response"]["body"]
+        assert body["object"] == "chat.completion"
+        assert body["choices"][0]["message"]["content"]
+        assert 0 < body["usage"]["completion_tokens"] <= 8
+    failed = read_jsonl(errors)
+    assert [r["custom_id"] for r in failed] == ["too-long"]
+    assert failed[0]["response"]["status_code"] == 400
+    assert failed[0]["response"]["body"]["error"]["code"]
+    # Not a terminal: plain progress lines, ending with all lines done.
+    assert "progress: 4/4 lines (100%)" in log
+    assert "3 lines succeeded, 1 failed" in log
+
+
+def test_run_reports_every_bad_line_and_exits_non_zero(tmp_path: Path) -> None:
+    src = tmp_path / "bad.jsonl"
+    src.write_text(
+        chat_line("ok-1", "hi")
+        + "\n{not json\n"
+        + json.dumps({"method": "POST", "url": CHAT, "body": {"messages": []}})
+        + "\n"
+        + chat_line("ok-1", "duplicate id")
+        + "\n"
+    )
+    out = tmp_path / "out.jsonl"
+
+    rc, log = run_to_end("run", str(src), "-o", str(out))
+
+    assert rc == 1, log
+    assert "failed validation" in log
+    for number in (2, 3, 4):
+        assert f"line {number}:" in log, log
+    assert "line 1:" not in log
+    assert not out.exists()
+
+
+def test_run_refuses_a_missing_input(tmp_path: Path) -> None:
+    rc, log = run_to_end("run", str(tmp_path / "nope.jsonl"), "-o", str(tmp_path / "o.jsonl"))
+    assert rc == 2
+    assert "no such file" in log
+
+
+def _succeeded(db: Path) -> dict[str, str]:
+    """custom_id -> request_id of every line recorded as succeeded so far."""
+    if not db.exists():
+        return {}
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10)
+    try:
+        rows = con.execute(
+            "SELECT custom_id, request_id FROM request WHERE status = 'succeeded'"
+        ).fetchall()
+    except sqlite3.OperationalError:  # the tables are not there yet
+        return {}
+    finally:
+        con.close()
+    return dict(rows)
+
+
+@pytest.mark.slow
+def test_interrupted_run_resumes_without_redoing_lines(tmp_path: Path) -> None:
+    src = tmp_path / "in.jsonl"
+    ids = [f"line-{i:02d}" for i in range(20)]
+    src.write_text(
+        "\n".join(chat_line(c, f"Write a word about the number {i}") for i, c in enumerate(ids))
+        + "\n"
+    )
+    out = tmp_path / "out.jsonl"
+    db = tmp_path / "out.jsonl.batchyard-state" / "batchyard.db"
+    args = ("run", str(src), "-o", str(out), "--parallel", "2", "--ctx-size", "256")
+
+    proc = batchyard(*args)
+    deadline = time.time() + 240
+    while len(_succeeded(db)) < 3:
+        assert proc.poll() is None, proc.communicate()
+        assert time.time() < deadline, "no lines finished in time"
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "--resume" in err
+    before = _succeeded(db)
+    assert 3 <= len(before) < 20, "the interrupt came too late to test resuming"
+    assert not out.exists()
+
+    # Without --resume the interrupted state is not thrown away.
+    rc, log = run_to_end(*args)
+    assert rc == 2 and "--resume" in log
+
+    rc, log = run_to_end(*args, "--resume")
+    assert rc == 0, log
+
+    results = read_jsonl(out)
+    assert sorted(r["custom_id"] for r in results) == ids  # every line exactly once
+    by_id = {r["custom_id"]: r for r in results}
+    # Lines finished before the interrupt keep the result recorded then: not run again.
+    for custom_id, request_id in before.items():
+        assert by_id[custom_id]["response"]["request_id"] == request_id
+    assert len(_succeeded(db)) == 20
+    # The resumed run reports its own progress from where the first one stopped.
+    assert f"{len(before)}/20 lines" in log or "20/20 lines" in log
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_draws_a_bar_on_a_terminal_and_lines_otherwise() -> None:
+    tty = _Terminal()
+    bar = Progress(tty, done_before=0)
+    bar.started -= 10  # ten seconds in
+    bar.update(5, 20, 12.5)
+    bar.update(20, 20, 0.0, final=True)
+    text = tty.getvalue()
+    assert text.startswith(
+        "\r\x1b[2K[#######.....................] 5/20 lines (25%)  12.5 tok/s  ETA 0:30"
+    )
+    assert text.endswith("20/20 lines (100%)  0.0 tok/s  ETA 0:00\n")
+
+    plain = io.StringIO()
+    lines = Progress(plain, done_before=0)
+    lines.update(1, 4, 3.0)
+    lines.update(2, 4, 3.0)  # within the interval: not printed
+    lines.update(4, 4, 3.0, final=True)
+    printed = plain.getvalue().splitlines()
+    assert len(printed) == 2 and "\r" not in plain.getvalue()
+    assert printed[0].startswith("progress: 1/4 lines (25%)  3.0 tok/s")
+    assert printed[1].startswith("progress: 4/4 lines (100%)")

@@ -1,0 +1,96 @@
+"""packaging/build.sh makes one executable with llama.cpp, the templates, the static files
+and the default model inside; it answers --version, runs a batch file and serves."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.packaging.helpers import check_dashboard, clean_copy, outside_env, start, static_files
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return clean_copy(tmp_path_factory.mktemp("clone"))
+
+
+@pytest.fixture(scope="module")
+def binary(source: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    dist = tmp_path_factory.mktemp("dist")
+    build = tmp_path_factory.mktemp("build")
+    t0 = time.monotonic()
+    r = subprocess.run(
+        ["bash", "packaging/build.sh", str(dist)],
+        cwd=source,
+        env=outside_env(
+            PYTHON=sys.executable,
+            BATCHYARD_BUILD_VENV=str(build / "venv"),
+            BATCHYARD_BUILD_WORK=str(build / "work"),
+        ),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-5000:]
+    exe = dist / "batchyard"
+    assert exe.is_file() and os.access(exe, os.X_OK)
+    assert sorted(p.name for p in dist.iterdir()) == ["batchyard"]  # one file, nothing beside it
+    print(f"\nbuilt {exe} in {time.monotonic() - t0:.0f}s: {exe.stat().st_size / 1e6:.1f} MB")
+    return exe
+
+
+def test_binary_prints_its_version(binary: Path, tmp_path: Path) -> None:
+    r = subprocess.run([str(binary), "--version"], cwd=tmp_path, env=outside_env(),
+                       capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("batchyard 0.")
+
+
+def test_binary_runs_a_batch_file_on_the_bundled_model(binary: Path, tmp_path: Path) -> None:
+    lines = [
+        {
+            "custom_id": f"bin-{i}",
+            "method": "POST",
+            "url": "/v1/chat/completions",
+            "body": {"model": "x", "messages": [{"role": "user", "content": q}], "max_tokens": 8},
+        }
+        for i, q in enumerate(["Say hello", "Name a fruit"])
+    ]
+    (tmp_path / "in.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    r = subprocess.run(
+        [str(binary), "run", "in.jsonl", "-o", "out.jsonl", "--parallel", "2", "--ctx-size", "256"],
+        cwd=tmp_path,
+        env=outside_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stderr
+    out = [json.loads(x) for x in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert [o["custom_id"] for o in out] == ["bin-0", "bin-1"]
+    for o in out:
+        body = o["response"]["body"]
+        assert o["response"]["status_code"] == 200
+        assert body["model"] == "SmolLM2-135M-Instruct.Q4_1"
+        assert body["choices"][0]["message"]["content"]
+    # The model it ran is the one inside the bundle.
+    models = subprocess.run([str(binary), "models"], cwd=tmp_path, env=outside_env(),
+                            capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert "_MEI" in models.stdout and "Q4_1" in models.stdout
+
+
+def test_binary_serves_the_dashboard(binary: Path, source: Path, tmp_path: Path) -> None:
+    server = start([str(binary)], tmp_path, tmp_path / "serve.log")
+    try:
+        print(f"\nsingle binary ready on /health in {server.seconds_to_ready:.1f}s")
+        check_dashboard(server.url, static_files(source))
+    finally:
+        server.stop()
