@@ -14,7 +14,7 @@ from typing import Annotated, Any
 from litestar import Request, delete, get, post
 from litestar.datastructures import State
 from litestar.enums import RequestEncodingType
-from litestar.params import Body
+from litestar.params import Body, FromPath, FromQuery
 from litestar.response import File as FileResponse
 from litestar.response import Response, ServerSentEvent, Template
 from litestar.response.sse import ServerSentEventMessage
@@ -121,12 +121,12 @@ def parse_metadata(text: str) -> dict[str, str] | None:
 
 
 @get("/", name="web:home", sync_to_thread=True, include_in_schema=False)
-def home(request: Request[Any, Any, Any], after: str | None = None) -> Template:
+def home(request: Request[Any, Any, Any], after: FromQuery[str | None] = None) -> Template:
     return Template(template_name="home.html", context=batch_list_context(request, after))
 
 
 @get("/batches/{batch_id:str}", name="web:batch", sync_to_thread=True, include_in_schema=False)
-def batch_page(request: Request[Any, Any, Any], batch_id: str) -> Template:
+def batch_page(request: Request[Any, Any, Any], batch_id: FromPath[str]) -> Template:
     try:
         context = batch_page_context(request, batch_id)
     except APIError as exc:
@@ -137,7 +137,7 @@ def batch_page(request: Request[Any, Any, Any], batch_id: str) -> Template:
 
 
 @get("/files", name="web:files", sync_to_thread=True, include_in_schema=False)
-def files_page(request: Request[Any, Any, Any], after: str | None = None) -> Template:
+def files_page(request: Request[Any, Any, Any], after: FromQuery[str | None] = None) -> Template:
     files, has_more = services(request.app.state).files.list(
         owner_of(request), limit=50, after=after
     )
@@ -174,7 +174,7 @@ async def models_page(request: Request[Any, Any, Any]) -> Template:
     sync_to_thread=True,
     include_in_schema=False,
 )
-def download(request: Request[Any, Any, Any], file_id: str) -> FileResponse:
+def download(request: Request[Any, Any, Any], file_id: FromPath[str]) -> FileResponse:
     row, path = services(request.app.state).files.content_path(file_id, owner_of(request))
     return FileResponse(
         path=path,
@@ -241,7 +241,7 @@ def create_batch(
 
 
 @get("/web/batch-list", name="web:batch_list", sync_to_thread=True, include_in_schema=False)
-def batch_list(request: Request[Any, Any, Any], after: str | None = None) -> Template:
+def batch_list(request: Request[Any, Any, Any], after: FromQuery[str | None] = None) -> Template:
     return Template(
         template_name="partials/batch_list.html", context=batch_list_context(request, after)
     )
@@ -253,7 +253,7 @@ def batch_list(request: Request[Any, Any, Any], after: str | None = None) -> Tem
     sync_to_thread=True,
     include_in_schema=False,
 )
-def cancel(request: Request[Any, Any, Any], batch_id: str) -> Template:
+def cancel(request: Request[Any, Any, Any], batch_id: FromPath[str]) -> Template:
     svc = services(request.app.state)
     error = None
     try:
@@ -273,7 +273,9 @@ def cancel(request: Request[Any, Any, Any], batch_id: str) -> Template:
     include_in_schema=False,
     status_code=200,
 )
-def delete_file(request: Request[Any, Any, Any], file_id: str) -> Response[str] | Template:
+def delete_file(
+    request: Request[Any, Any, Any], file_id: FromPath[str]
+) -> Response[str] | Template:
     svc = services(request.app.state)
     owner = owner_of(request)
     try:
@@ -294,7 +296,7 @@ def message(event: str, html: str) -> ServerSentEventMessage:
 
 
 @get("/web/events/batches", name="web:list_events", include_in_schema=False)
-async def list_events(request: Request[Any, Any, Any], ids: str = "") -> ServerSentEvent:
+async def list_events(request: Request[Any, Any, Any], ids: FromQuery[str] = "") -> ServerSentEvent:
     """Rows of the running batches in `ids`, sent when they change; ends when all finish."""
     wanted = [i for i in ids.split(",") if i][:PAGE_SIZE]
     svc = services(request.app.state)
@@ -331,7 +333,7 @@ async def list_events(request: Request[Any, Any, Any], ids: str = "") -> ServerS
 
 
 @get("/web/events/batch/{batch_id:str}", name="web:batch_events", include_in_schema=False)
-async def batch_events(request: Request[Any, Any, Any], batch_id: str) -> ServerSentEvent:
+async def batch_events(request: Request[Any, Any, Any], batch_id: FromPath[str]) -> ServerSentEvent:
     """The batch page's summary (and its results table when lines finish) until it is done."""
     svc = services(request.app.state)
     owner = owner_of(request)
