@@ -90,23 +90,23 @@ def lines(n: int, max_tokens: int) -> list[dict[str, Any]]:
 @contextlib.contextmanager
 def plain_cpu_buffers() -> Iterator[None]:
     """Load the baseline with the same CPU buffer types as the engine (see app/engine/llama.py)."""
-    import llama_cpp
+    import llama_cpp.llama_cpp as bindings  # the module llama_cpp.llama's Llama calls
 
     if os.environ.get("BATCHYARD_CPU_EXTRA_BUFFERS", "") == "1":
         yield
         return
-    original = llama_cpp.llama_model_default_params
+    original = bindings.llama_model_default_params
 
     def params() -> Any:
         p = original()
         p.use_extra_bufts = False
         return p
 
-    llama_cpp.llama_model_default_params = params
+    bindings.llama_model_default_params = params
     try:
         yield
     finally:
-        llama_cpp.llama_model_default_params = original
+        bindings.llama_model_default_params = original
 
 
 def threads_for(requested: int) -> int:
