@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import pty
 import re
 import signal
 import sqlite3
@@ -215,3 +216,31 @@ def test_progress_draws_a_bar_on_a_terminal_and_lines_otherwise() -> None:
     assert len(printed) == 2 and "\r" not in plain.getvalue()
     assert printed[0].startswith("progress: 1/4 lines (25%)  3.0 tok/s")
     assert printed[1].startswith("progress: 4/4 lines (100%)")
+
+
+def test_run_draws_a_progress_bar_when_stderr_is_a_terminal(tmp_path: Path) -> None:
+    src = tmp_path / "in.jsonl"
+    src.write_text(
+        chat_line("t-1", "Hi", max_tokens=4) + "\n" + chat_line("t-2", "Yo", max_tokens=4)
+    )
+    primary, secondary = pty.openpty()
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, "-m", "app.cli", "run", str(src), "-o", str(tmp_path / "o.jsonl")]
+    proc = subprocess.Popen([*cmd, "--parallel", "2", "--ctx-size", "256"], cwd=ROOT, env=env,
+                            stdout=subprocess.DEVNULL, stderr=secondary)  # fmt: skip
+    os.close(secondary)
+    seen = b""
+    while True:
+        try:
+            chunk = os.read(primary, 4096)
+        except OSError:  # the terminal closed with the process
+            break
+        if not chunk:
+            break
+        seen += chunk
+    os.close(primary)
+    assert proc.wait(120) == 0, seen.decode(errors="replace")
+    text = seen.decode(errors="replace")
+    assert "\r\x1b[2K[" in text  # redrawn in place
+    assert "] 2/2 lines (100%)" in text
+    assert "progress:" not in text  # no plain lines on a terminal
