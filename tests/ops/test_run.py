@@ -5,6 +5,8 @@ from __future__ import annotations
 import io
 import json
 import os
+import pty
+import re
 import signal
 import sqlite3
 import subprocess
@@ -143,8 +145,12 @@ def _succeeded(db: Path) -> dict[str, str]:
 def test_interrupted_run_resumes_without_redoing_lines(tmp_path: Path) -> None:
     src = tmp_path / "in.jsonl"
     ids = [f"line-{i:02d}" for i in range(20)]
+    # The first lines are short so that some finish early; the rest keep the run going.
     src.write_text(
-        "\n".join(chat_line(c, f"Write a word about the number {i}") for i, c in enumerate(ids))
+        "\n".join(
+            chat_line(c, f"Write a word about the number {i}", max_tokens=4 if i < 3 else 16)
+            for i, c in enumerate(ids)
+        )
         + "\n"
     )
     out = tmp_path / "out.jsonl"
@@ -179,8 +185,9 @@ def test_interrupted_run_resumes_without_redoing_lines(tmp_path: Path) -> None:
     for custom_id, request_id in before.items():
         assert by_id[custom_id]["response"]["request_id"] == request_id
     assert len(_succeeded(db)) == 20
-    # The resumed run reports its own progress from where the first one stopped.
-    assert f"{len(before)}/20 lines" in log or "20/20 lines" in log
+    # The resumed run's progress starts from where the first one stopped.
+    first = re.search(r"progress: (\d+)/20 lines", log)
+    assert first and int(first.group(1)) >= len(before), log
 
 
 class _Terminal(io.StringIO):
@@ -209,3 +216,31 @@ def test_progress_draws_a_bar_on_a_terminal_and_lines_otherwise() -> None:
     assert len(printed) == 2 and "\r" not in plain.getvalue()
     assert printed[0].startswith("progress: 1/4 lines (25%)  3.0 tok/s")
     assert printed[1].startswith("progress: 4/4 lines (100%)")
+
+
+def test_run_draws_a_progress_bar_when_stderr_is_a_terminal(tmp_path: Path) -> None:
+    src = tmp_path / "in.jsonl"
+    src.write_text(
+        chat_line("t-1", "Hi", max_tokens=4) + "\n" + chat_line("t-2", "Yo", max_tokens=4)
+    )
+    primary, secondary = pty.openpty()
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, "-m", "app.cli", "run", str(src), "-o", str(tmp_path / "o.jsonl")]
+    proc = subprocess.Popen([*cmd, "--parallel", "2", "--ctx-size", "256"], cwd=ROOT, env=env,
+                            stdout=subprocess.DEVNULL, stderr=secondary)  # fmt: skip
+    os.close(secondary)
+    seen = b""
+    while True:
+        try:
+            chunk = os.read(primary, 4096)
+        except OSError:  # the terminal closed with the process
+            break
+        if not chunk:
+            break
+        seen += chunk
+    os.close(primary)
+    assert proc.wait(120) == 0, seen.decode(errors="replace")
+    text = seen.decode(errors="replace")
+    assert "\r\x1b[2K[" in text  # redrawn in place
+    assert "] 2/2 lines (100%)" in text
+    assert "progress:" not in text  # no plain lines on a terminal
