@@ -30,8 +30,6 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-# Both sides run under the engine's OpenMP wait policy (see app/engine/llama.py).
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 sys.path.insert(0, str(ROOT))
 
 QUESTIONS = [
@@ -79,6 +77,8 @@ def lines(n: int, max_tokens: int) -> list[dict[str, Any]]:
         text = q if variant == 0 else f"{q} (variant {variant})"
         bodies.append(
             {
+                # Any name: batchyard serves its own model, as an OpenAI script expects.
+                "model": "gpt-4o-mini",
                 "messages": [{"role": "user", "content": text}],
                 "max_tokens": max_tokens,
                 "temperature": 0,
@@ -214,7 +214,8 @@ def run_server(
                 batch = client.batches.retrieve(batch.id)
             elapsed = time.perf_counter() - start
             if batch.status != "completed" or not batch.output_file_id:
-                raise RuntimeError(f"batch ended {batch.status}: {batch.errors}")
+                errors = batch.errors.data[:3] if batch.errors and batch.errors.data else None
+                raise RuntimeError(f"batch ended {batch.status}: {errors}")
             output = client.files.content(batch.output_file_id).text
             tokens = sum(
                 json.loads(line)["response"]["body"]["usage"]["completion_tokens"]

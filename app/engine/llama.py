@@ -27,14 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-# ggml's OpenMP workers spin at every barrier by default; on a small machine shared with the
-# API, the runner or anything else, one descheduled worker then stalls the others for its
-# whole time slice (measured on a loaded 2-core box: 2 spinning threads ran >8x slower
-# than 1; passive waiting removed that cliff). It must be set before libgomp loads, i.e.
-# before llama_cpp is first imported; an explicit OMP_WAIT_POLICY wins.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
-import llama_cpp as lc  # noqa: E402
+import llama_cpp as lc
 import numpy as np  # noqa: E402
 
 from app.config import Settings
