@@ -437,6 +437,18 @@ class LlamaEngine:
                     code="context_length_exceeded",
                     param=param,
                 )
+            wanted = job.params.max_tokens
+            if wanted is not None and len(tokens) + wanted > self.ctx_per_slot:
+                # OpenAI refuses a completion that cannot fit rather than cutting it short.
+                raise EngineError(
+                    f"This model's context is {self.ctx_per_slot} tokens per slot. However, you "
+                    f"requested {len(tokens) + wanted} tokens ({len(tokens)} in the {param}, "
+                    f"{wanted} in the completion). Reduce the length of the {param} or the "
+                    "completion, or start the server with a larger --ctx-size.",
+                    status_code=400,
+                    code="context_length_exceeded",
+                    param="max_tokens",
+                )
         n = job.params.n
         job.choices = [Choice(i) for i in range(n * len(job.prompts))]
         job.unfinished = len(job.choices)

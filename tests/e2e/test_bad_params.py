@@ -34,6 +34,8 @@ BAD = {
     "neg-max-tokens": ({"max_tokens": -1}, "max_tokens"),
     "zero-max-tokens": ({"max_tokens": 0}, "max_tokens"),
     "text-max-tokens": ({"max_tokens": "ten"}, "max_tokens"),
+    # The live server's slots hold 1024 tokens: this completion cannot fit.
+    "beyond-context": ({"max_tokens": 5000}, "max_tokens"),
     "hot": ({"temperature": 5}, "temperature"),
     "many": ({"n": 1000}, "n"),
     "top-p": ({"top_p": 2}, "top_p"),
@@ -77,6 +79,14 @@ def test_out_of_range_numbers_fail_their_line_alone(live_server: LiveServer) -> 
         assert resp["status_code"] == 400, (cid, resp)
         err = resp["body"]["error"]
         assert err["type"] == "invalid_request_error" and err["param"] == param, (cid, err)
-        assert err["code"] in ("invalid_value", "invalid_type") and err["message"], (cid, err)
+        expected = (
+            ("context_length_exceeded",)
+            if cid == "beyond-context"
+            else ("invalid_value", "invalid_type")
+        )
+        assert err["code"] in expected and err["message"], (cid, err)
+    assert (
+        "1024 tokens per slot" in errors["beyond-context"]["response"]["body"]["error"]["message"]
+    )
     # The server is fine afterwards.
     assert client.models.list().data
