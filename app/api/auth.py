@@ -184,7 +184,8 @@ def is_public(path: str) -> bool:
 
 
 def is_api(path: str) -> bool:
-    return path == "/v1" or path.startswith("/v1/")
+    """Routes that take a Bearer key: the OpenAI surface, and /metrics for scrapers."""
+    return path in ("/v1", "/metrics") or path.startswith("/v1/")
 
 
 class AuthMiddleware:

@@ -115,6 +115,13 @@ def test_health_stays_open(client: TestClient) -> None:
     assert client.get("/health").status_code == 200
 
 
+def test_metrics_take_a_key_like_the_api(client: TestClient) -> None:
+    r = client.get("/metrics")
+    assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+    r = client.get("/metrics", headers=bearer(BOB))
+    assert r.status_code == 200 and "batchyard_ready" in r.text
+
+
 def test_each_key_sees_only_its_own(client: TestClient, settings: Settings) -> None:
     f = upload(client, ALICE, jsonl("a1", "a2"))
     b = create_batch(client, ALICE, f["id"]).json()
