@@ -161,6 +161,7 @@ class Runner:
                 )
                 .values(status=RequestStatus.CANCELLED, finished_at=now())
             )
+        log.info("batch=%s status=cancelling", batch_id)
         self._bump()
         self.wake()
         return b
@@ -229,7 +230,7 @@ class Runner:
             fresh.total = len(rows)
             fresh.model = result.model
             s.add(fresh)
-        log.info("batch %s in_progress: %d requests", b.id, len(rows))
+        log.info("batch=%s status=in_progress total=%d", b.id, len(rows))
         self._bump()
 
     def _settle_cancelled_validation(self, s: Any, b: Batch) -> None:
@@ -248,7 +249,7 @@ class Runner:
             b.failed_at = now()
             b.errors_json = json.dumps(errors)
             s.add(b)
-        log.info("batch %s failed validation: %d errors", batch_id, len(errors))
+        log.info("batch=%s status=failed errors=%d", batch_id, len(errors))
         self._bump()
 
     # -- claims -------------------------------------------------------------------------
@@ -388,7 +389,7 @@ class Runner:
                 elif isinstance(exc, EngineError):
                     outcome = (exc.status_code, exc.to_body())
                 else:
-                    log.error("request %s failed in the engine: %r", request_id, exc)
+                    log.error("request=%s error=engine_failure reason=%r", request_id, exc)
                     outcome = _failure(
                         500,
                         f"The engine failed on this request: {exc}",
@@ -485,7 +486,7 @@ class Runner:
                 b.status = BatchStatus.FINALIZING
                 b.finalizing_at = t
                 s.add(b)
-            log.info("batch %s expired", batch_id)
+            log.info("batch=%s status=expired", batch_id)
             self._bump()
             self._finalize(batch_id, BatchStatus.EXPIRED)
 
@@ -514,6 +515,7 @@ class Runner:
                     b.status = BatchStatus.FINALIZING
                     b.finalizing_at = now()
                     s.add(b)
+                log.info("batch=%s status=finalizing", batch_id)
                 self._bump()
             self._finalize(batch_id, BatchStatus.EXPIRED if expired_at else BatchStatus.COMPLETED)
 
@@ -571,7 +573,11 @@ class Runner:
                 fresh.expired_at = stamp
             s.add(fresh)
         log.info(
-            "batch %s %s: %d completed, %d failed", batch_id, final_status, b.completed, b.failed
+            "batch=%s status=%s completed=%d failed=%d",
+            batch_id,
+            final_status,
+            b.completed,
+            b.failed,
         )
         self._bump()
 
@@ -580,7 +586,7 @@ class Runner:
         if failures <= len(self.finalize_retry_delays):
             delay = self.finalize_retry_delays[failures - 1]
             log.error(
-                "batch %s: its output could not be written (%s); retrying in %.0f s",
+                "batch=%s error=output_write_failed reason=%r retry_in=%.0fs",
                 b.id,
                 reason,
                 delay,
@@ -588,7 +594,7 @@ class Runner:
             self._finalize_failures[b.id] = (failures, time.monotonic() + delay)
             return
         self._finalize_failures.pop(b.id, None)
-        log.error("batch %s failed: its output could not be written (%s)", b.id, reason)
+        log.error("batch=%s status=failed error=output_write_failed reason=%r", b.id, reason)
         with self.db.write() as s:
             fresh = s.get(Batch, b.id)
             if fresh is None or fresh.status in BatchStatus.FINISHED:

@@ -154,8 +154,9 @@ def test_metrics_report_lines_tokens_slots_batches_and_latency(live_server: Live
     log = live_server.log()
     assert re.search(rf"method=GET path=/v1/batches/{batch['id']} status=200 ms=\d+\.\d", log)
     assert "method=GET path=/no/such/page status=404" in log
-    assert f"batch {batch['id']} in_progress" in log
-    assert f"batch {batch['id']} completed" in log
+    assert f"batch={batch['id']} status=in_progress total=" in log
+    assert f"batch={batch['id']} status=finalizing" in log
+    assert re.search(rf"batch={batch['id']} status=completed completed=\d+ failed=0", log)
 
 
 @pytest.fixture
