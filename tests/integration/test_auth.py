@@ -191,7 +191,8 @@ def test_dashboard_login_and_session(client: TestClient, settings: Settings) -> 
     assert "httponly" in lowered and "samesite=strict" in lowered and "path=/" in lowered
     value = client.cookies[SESSION_COOKIE]
     assert ALICE not in value and value.startswith(owner_id(ALICE) + ".")
-    assert client.get("/", follow_redirects=False).status_code == 200
+    home = client.get("/", follow_redirects=False)
+    assert home.status_code == 200 and 'action="/logout"' in home.text
     # The session is the dashboard's, not an API key.
     assert client.get("/v1/files").status_code == 401
 
