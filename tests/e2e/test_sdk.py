@@ -334,3 +334,30 @@ def test_online_endpoints(client: OpenAI) -> None:
     )
     text = "".join((c.choices[0].delta.content or "") for c in stream if c.choices)
     assert text == r.choices[0].message.content
+
+
+def test_online_request_goes_ahead_of_a_running_batch(client: OpenAI) -> None:
+    lines = [
+        chat_line(f"bg{i}", f"Write a long story about the number {i}.", 128) for i in range(60)
+    ]
+    f = client.files.create(file=to_file(lines), purpose="batch")
+    b = client.batches.create(
+        input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
+    wait(client, b.id, ("in_progress",))
+    started = time.time()
+    r = client.chat.completions.create(
+        model="m",
+        messages=[{"role": "user", "content": "Name a color."}],
+        max_tokens=8,
+        temperature=0,
+    )
+    took = time.time() - started
+    during = client.batches.retrieve(b.id)
+    client.batches.cancel(b.id)
+    assert r.choices[0].message.content and r.usage and r.usage.completion_tokens <= 8
+    # It finished while most of the batch was still waiting: it did not queue behind it.
+    assert during.status == "in_progress", during.status
+    assert during.request_counts is not None and during.request_counts.completed < 60
+    print(f"online request during a 60-line batch: {took:.2f}s")
+    wait(client, b.id, ("cancelled",), timeout=60)
