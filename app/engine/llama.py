@@ -634,7 +634,7 @@ class LlamaEngine:
         Always leaves at least the last prompt token to evaluate: the first sampled token
         needs its logits.
         """
-        limit = len(prompt) - 1
+        limit = len(prompt) - 1 if self.settings.prefix_cache else 0
         own = min(_common_prefix(slot.cached, prompt), limit)
         best, source = own, None
         for other in self._slots:
