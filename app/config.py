@@ -51,6 +51,9 @@ class Settings:
     n_gpu_layers: int = 0
     parallel: int = 0  # 0 means default_parallel()
     ctx_size: int = 2048  # context per slot, in tokens
+    # Keep each slot's KV after its request and start later prompts from the longest shared
+    # prefix (llama.cpp server's cache_prompt); off recomputes every prompt in full.
+    prefix_cache: bool = True
     threads: int = 0  # 0 means llama.cpp's choice
     api_keys: list[str] = field(default_factory=list)
     api_keys_file: str = ""

@@ -138,7 +138,12 @@ def run_sequential(
 
 
 def run_engine(
-    model: Path, bodies: list[dict[str, Any]], parallel: int, ctx: int, threads: int
+    model: Path,
+    bodies: list[dict[str, Any]],
+    parallel: int,
+    ctx: int,
+    threads: int,
+    prefix_cache: bool = True,
 ) -> tuple[int, float]:
     """(a'): every line submitted at once to the LlamaEngine."""
     from app.config import Settings
@@ -146,7 +151,13 @@ def run_engine(
     from app.engine.llama import LlamaEngine
 
     engine = LlamaEngine(
-        Settings(model=str(model), parallel=parallel, ctx_size=ctx, threads=threads)
+        Settings(
+            model=str(model),
+            parallel=parallel,
+            ctx_size=ctx,
+            threads=threads,
+            prefix_cache=prefix_cache,
+        )
     )
     try:
         start = time.perf_counter()
@@ -282,10 +293,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nmedian tok/s: a={a:.1f}  b={b:.1f}  ratio a/b = {a / b:.2f}")
 
     if not args.no_table:
-        print("\nparallel  tokens  seconds  tok/s   (LlamaEngine directly)")
+        # Prefix cache on and off side by side: the gain of not recomputing shared prefixes.
+        print("\nparallel  tokens  tok/s cache on  tok/s cache off   (LlamaEngine directly)")
         for p in [int(x) for x in args.parallel_list.split(",") if x.strip()]:
-            tok, sec = run_engine(model, bodies, p, args.ctx_size, threads)
-            print(f"{p:>8}  {tok:>6}  {sec:>7.1f}  {tok / sec:>6.1f}", flush=True)
+            tok, sec = run_engine(model, bodies, p, args.ctx_size, threads, True)
+            _, sec_off = run_engine(model, bodies, p, args.ctx_size, threads, False)
+            print(f"{p:>8}  {tok:>6}  {tok / sec:>14.1f}  {tok / sec_off:>15.1f}", flush=True)
     return 0
 
 

@@ -63,6 +63,18 @@ RATE_WINDOW_S = 5.0
 PROMPT_TOKENS_PER_STEP = 512
 #: Inputs embedded per llama_decode.
 EMBED_SEQS = 32
+#: A new prompt copies another slot's KV stream when that shares at least this many more
+#: prompt tokens than the slot it lands in. Copying a stream moves the whole ctx_size
+#: buffer, which costs about as much as evaluating a few tokens in a batched step.
+MIN_COPY_TOKENS = 8
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
 
 
 def _ftype_names() -> dict[int, str]:
@@ -155,6 +167,7 @@ class Job:
         self.prompt_texts: list[str] = []
         self.choices: list[Choice] = []
         self.unfinished = 0
+        self.cached_tokens = 0  # prompt tokens taken from KV already in the cache
         self.cancelled = False
         self.stop_strings: list[str] = []
         self.echo = False
@@ -181,6 +194,10 @@ class Slot:
 
     def __init__(self, seq_id: int) -> None:
         self.seq_id = seq_id
+        # The tokens whose KV this sequence holds, at positions 0.. in order. They outlive the
+        # request (like llama.cpp server's cache_prompt): the next prompt sharing a prefix with
+        # them only evaluates the rest.
+        self.cached: list[int] = []
         self.clear()
 
     def clear(self) -> None:
@@ -276,6 +293,9 @@ class LlamaEngine:
         self._jobs: dict[Future[dict[str, Any]], Job] = {}
         self._closing = False
         self._slots = [Slot(i) for i in range(self.n_slots)]
+        # Slots whose stream copy llama.cpp has queued but not yet done (it happens at the
+        # next decode); they are not a source for another copy until then.
+        self._copy_pending: set[int] = set()
         self._stats = EngineStats()
         self._rate: deque[tuple[float, int]] = deque()
         self._stats_lock = threading.Lock()
@@ -609,9 +629,43 @@ class LlamaEngine:
                 break  # strict order: the head waits for enough slots rather than be overtaken
             heapq.heappop(self._queue)
             self._stats.queue_depth -= 1
-            group = [free.pop(0) for _ in task.choice_indices]
+            prompt = task.job.prompts[task.prompt_index]
+            # The leader lands in the free slot that already holds the longest prefix of the
+            # prompt; ties go to the slot with the least cached, so longer caches survive.
+            leader = max(free, key=lambda s: (_common_prefix(s.cached, prompt), -len(s.cached)))
+            free.remove(leader)
+            # Siblings (n > 1) get a full copy of the leader's stream, so their caches go.
+            free.sort(key=lambda s: len(s.cached))
+            group = [leader] + [free.pop(0) for _ in task.choice_indices[1:]]
             self._start(task, group)
         return embeds
+
+    def _reuse_prefix(self, slot: Slot, prompt: list[int]) -> int:
+        """Make `slot`'s KV hold the longest cached prefix of `prompt`; returns its length.
+
+        Always leaves at least the last prompt token to evaluate: the first sampled token
+        needs its logits.
+        """
+        limit = len(prompt) - 1 if self.settings.prefix_cache else 0
+        own = min(_common_prefix(slot.cached, prompt), limit)
+        best, source = own, None
+        for other in self._slots:
+            if other is slot or other.seq_id in self._copy_pending:
+                continue
+            shared = min(_common_prefix(other.cached, prompt), limit)
+            if shared > best:
+                best, source = shared, other
+        if source is not None and best >= own + MIN_COPY_TOKENS:
+            # Separate KV streams only copy whole streams (llama.cpp queues the buffer copy
+            # for the next decode); the tail past the shared prefix is dropped right after.
+            lc.llama_memory_seq_cp(self._mem, source.seq_id, slot.seq_id, -1, -1)
+            slot.cached = list(source.cached)
+            self._copy_pending.add(slot.seq_id)
+            own = best
+        if len(slot.cached) > own:
+            lc.llama_memory_seq_rm(self._mem, slot.seq_id, own, -1)
+            del slot.cached[own:]
+        return own
 
     def _start(self, task: Task, group: list[Slot]) -> None:
         job = task.job
@@ -635,7 +689,10 @@ class LlamaEngine:
             if slot is not leader:
                 slot.leader = leader
                 leader.followers.append(slot)
-        leader.pending = list(prompt)
+        reused = self._reuse_prefix(leader, prompt)
+        leader.pos = reused
+        leader.pending = prompt[reused:]
+        job.cached_tokens += reused
         with self._stats_lock:
             self._stats.prompt_tokens_total += len(prompt)
 
@@ -651,6 +708,7 @@ class LlamaEngine:
             slot.i_batch = -1
             if slot.generating:
                 n = self._add(batch, n, slot.token, slot.pos, slot.seq_id, True)
+                slot.cached.append(slot.token)
                 slot.pos += 1
                 slot.i_batch = n - 1
             elif slot.pending and budget > 0:
@@ -660,6 +718,7 @@ class LlamaEngine:
                     last = not slot.pending and j == take - 1
                     n = self._add(batch, n, token, slot.pos, slot.seq_id, last)
                     slot.pos += 1
+                slot.cached.extend(chunk)
                 budget -= take
                 if not slot.pending:
                     slot.i_batch = n - 1
@@ -667,6 +726,7 @@ class LlamaEngine:
             return
         batch.n_tokens = n
         rc = lc.llama_decode(self._ctx, batch)
+        self._copy_pending.clear()
         if rc != 0:
             # Per-sequence contexts are sized so this cannot happen for admitted work; if it
             # does, fail the requests in this batch rather than the engine.
@@ -682,6 +742,11 @@ class LlamaEngine:
                             type="server_error",
                         ),
                     )
+            # What the failed batch left in KV is unknown: free slots forget their caches.
+            for slot in self._slots:
+                if not slot.busy:
+                    lc.llama_memory_seq_rm(self._mem, slot.seq_id, -1, -1)
+                    slot.cached = []
             return
         sampled = 0
         for slot in self._slots:
@@ -690,6 +755,8 @@ class LlamaEngine:
             for follower in slot.followers:
                 # The prompt was evaluated once; its KV becomes the start of every sibling choice.
                 lc.llama_memory_seq_cp(self._mem, slot.seq_id, follower.seq_id, -1, -1)
+                follower.cached = list(slot.cached)
+                self._copy_pending.add(follower.seq_id)
                 follower.pos = slot.pos
                 follower.i_batch = slot.i_batch
             slot.followers = []
@@ -776,19 +843,23 @@ class LlamaEngine:
             if follower.job is not None and follower.job.cancelled:
                 self._release(follower)
         free_sampler(slot.sampler)
-        lc.llama_memory_seq_rm(self._mem, slot.seq_id, -1, -1)
+        # The KV stays, and slot.cached says what it holds, for a later prompt to reuse.
         slot.clear()
 
     # ------------------------------------------------------------------------------ bodies
 
-    def _usage(self, job: Job) -> dict[str, int]:
+    def _usage(self, job: Job) -> dict[str, Any]:
+        # OpenAI counts every prompt token, cached or not, and reports the cached part apart.
         prompt = sum(len(p) for p in job.prompts)
         completion = sum(c.completion_tokens for c in job.choices)
-        return {
+        usage: dict[str, Any] = {
             "prompt_tokens": prompt,
             "completion_tokens": completion,
             "total_tokens": prompt + completion,
         }
+        if job.kind == "chat":
+            usage["prompt_tokens_details"] = {"cached_tokens": job.cached_tokens}
+        return usage
 
     def _complete(self, job: Job) -> None:
         if job.on_chunk and job.include_usage:

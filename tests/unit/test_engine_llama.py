@@ -395,3 +395,37 @@ def test_close_fails_pending_futures() -> None:
             f.result(timeout=10)
         assert caught.value.code == "engine_closed"
     assert eng.submit(CHAT, chat("x")).exception(timeout=1).code == "engine_closed"
+
+
+def _fresh_answer(body: dict[str, Any]) -> str:
+    """The answer of an engine that has never seen another prompt: no cached prefix."""
+    eng = load_engine(Settings(parallel=1, ctx_size=CTX))
+    try:
+        return content(eng.submit(CHAT, body).result(timeout=60))
+    finally:
+        eng.close()
+
+
+def test_prefix_reuse_keeps_greedy_output_and_counts_cached_tokens(engine: LlamaEngine) -> None:
+    red = chat("Name three fruits that are red.", max_tokens=24)
+    yellow = chat("Name three fruits that are yellow.", max_tokens=24)
+    fresh_red, fresh_yellow = _fresh_answer(red), _fresh_answer(yellow)
+    first = engine.submit(CHAT, red).result(timeout=60)
+    again = engine.submit(CHAT, red).result(timeout=60)
+    other = engine.submit(CHAT, yellow).result(timeout=60)
+    assert content(first) == content(again) == fresh_red
+    assert content(other) == fresh_yellow
+    # The repeat reuses all but the last prompt token, whose logits start the answer; the
+    # sibling prompt reuses the shared system prompt and "Name three fruits that are".
+    usage = again["usage"]
+    assert usage["prompt_tokens_details"]["cached_tokens"] == usage["prompt_tokens"] - 1
+    shared = other["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert 20 < shared < other["usage"]["prompt_tokens"] - 1
+    # OpenAI counts every prompt token, cached or not.
+    assert usage["prompt_tokens"] == first["usage"]["prompt_tokens"]
+    # n > 1 from a cached prefix: each sibling copies the reused KV and answers the same.
+    both = engine.submit(CHAT, {**yellow, "n": 2}).result(timeout=60)
+    assert [content(both, 0), content(both, 1)] == [fresh_yellow, fresh_yellow]
+    # Several at once, each starting from some slot's cache.
+    futures = [engine.submit(CHAT, body) for body in (red, yellow, red, yellow)]
+    assert [content(f.result(timeout=120)) for f in futures] == [fresh_red, fresh_yellow] * 2
