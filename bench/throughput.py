@@ -110,9 +110,33 @@ def plain_cpu_buffers() -> Iterator[None]:
 
 
 def threads_for(requested: int) -> int:
-    from app.engine.llama import _cpu_threads
+    """What the engine will use for 0 (all cores), computed without importing llama_cpp here."""
+    if requested > 0:
+        return requested
+    return max(1, len(os.sched_getaffinity(0)))
 
-    return _cpu_threads(requested)
+
+def isolated(
+    kind: str, args: argparse.Namespace, parallel: int = 1, prefix_cache: bool = True
+) -> tuple[int, float]:
+    """Run one measurement in a fresh process.
+
+    Two llama.cpp users in one process share libgomp, which then counts more threads than
+    cores and throttles its spinning: an engine measured after the high-level Llama ran
+    3x slower (34 vs 97 tok/s at parallel 1). A process each keeps them apart.
+    """
+    cmd = [sys.executable, __file__, "--worker", kind, "--lines", str(args.lines),
+           "--max-tokens", str(args.max_tokens), "--ctx-size", str(args.ctx_size),
+           "--threads", str(args.threads), "--parallel", str(parallel),
+           "--prefix-cache", "1" if prefix_cache else "0"]  # fmt: skip
+    if args.model:
+        cmd += ["--model", args.model]
+    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=False)
+    result = [line for line in out.stdout.splitlines() if line.startswith("RESULT ")]
+    if out.returncode != 0 or not result:
+        raise RuntimeError(f"{kind} measurement failed:\n{out.stdout}\n{out.stderr}")
+    _, tokens, seconds = result[-1].split()
+    return int(tokens), float(seconds)
 
 
 def run_sequential(
@@ -262,6 +286,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--no-table", action="store_true", help="skip the tokens/s by parallel table"
     )
+    parser.add_argument("--worker", choices=("engine", "sequential"), help=argparse.SUPPRESS)
+    parser.add_argument("--prefix-cache", type=int, default=1, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
 
     from app.config import default_model_path
@@ -269,21 +295,32 @@ def main(argv: list[str] | None = None) -> int:
     model = Path(args.model) if args.model else default_model_path()
     threads = threads_for(args.threads)
     bodies = lines(args.lines, args.max_tokens)
+    if args.worker:  # one measurement, in this fresh process
+        if args.worker == "engine":
+            tok, sec = run_engine(
+                model, bodies, args.parallel, args.ctx_size, threads, bool(args.prefix_cache)
+            )
+        else:
+            tok, sec = run_sequential(model, bodies, args.ctx_size, threads)
+        print(f"RESULT {tok} {sec}")
+        return 0
     label = "a  batchyard serve" if args.mode == "server" else "a' LlamaEngine"
-    runner = run_server if args.mode == "server" else run_engine
     print(
         f"model={model.name} lines={args.lines} max_tokens={args.max_tokens} threads={threads} ctx/slot={args.ctx_size}"
     )
 
     rates_a, rates_b = [], []
     for r in range(args.rounds):
-        tok, sec = runner(model, bodies, args.parallel, args.ctx_size, threads)
+        if args.mode == "server":
+            tok, sec = run_server(model, bodies, args.parallel, args.ctx_size, threads)
+        else:
+            tok, sec = isolated("engine", args, args.parallel)
         rates_a.append(tok / sec)
         print(
             f"round {r + 1}: ({label}, parallel {args.parallel}) {tok} tokens in {sec:.1f}s = {tok / sec:.1f} tok/s",
             flush=True,
         )
-        tok, sec = run_sequential(model, bodies, args.ctx_size, threads)
+        tok, sec = isolated("sequential", args)
         rates_b.append(tok / sec)
         print(
             f"round {r + 1}: (b  sequential Llama)        {tok} tokens in {sec:.1f}s = {tok / sec:.1f} tok/s",
@@ -296,8 +333,8 @@ def main(argv: list[str] | None = None) -> int:
         # Prefix cache on and off side by side: the gain of not recomputing shared prefixes.
         print("\nparallel  tokens  tok/s cache on  tok/s cache off   (LlamaEngine directly)")
         for p in [int(x) for x in args.parallel_list.split(",") if x.strip()]:
-            tok, sec = run_engine(model, bodies, p, args.ctx_size, threads, True)
-            _, sec_off = run_engine(model, bodies, p, args.ctx_size, threads, False)
+            tok, sec = isolated("engine", args, p, True)
+            _, sec_off = isolated("engine", args, p, False)
             print(f"{p:>8}  {tok:>6}  {tok / sec:>14.1f}  {tok / sec_off:>15.1f}", flush=True)
     return 0
 
