@@ -60,13 +60,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch-max-tokens", type=int, default=64)
     p.add_argument("--requests", type=int, default=10, help="online requests per phase")
     p.add_argument("--max-tokens", type=int, default=16, help="max_tokens of each online request")
-    p.add_argument("--parallel", type=int, default=0, help="server slots (0: its default)")
+    p.add_argument("--parallel", type=int, default=16, help="server slots (the CPU default: 16)")
     p.add_argument("--model", default="")
     args = p.parse_args(argv)
 
     extra = ["--model", args.model] if args.model else []
-    if args.parallel:
-        extra += ["--parallel", str(args.parallel)]
+    extra += ["--parallel", str(args.parallel)]
     with tempfile.TemporaryDirectory() as tmp:
         server = start_server(
             Path(tmp) / "data", Path(tmp) / "server.log", args=["--ctx-size", "512", *extra]

@@ -69,6 +69,8 @@ RATE_WINDOW_S = 5.0
 #: Prompt tokens admitted per step. Bounded so that a long new prompt delays the tokens of
 #: the sequences already generating by one ubatch at most, not by its whole length.
 PROMPT_TOKENS_PER_STEP = 512
+#: Slots batch lines may not take: they stay free for online requests.
+ONLINE_RESERVED_SLOTS = 1
 #: Inputs embedded per llama_decode.
 EMBED_SEQS = 32
 #: A new prompt copies another slot's KV stream when that shares at least this many more
@@ -622,6 +624,12 @@ class LlamaEngine:
         """Move queued tasks into free slots, highest priority first; returns embedding jobs."""
         embeds = []
         free = [s for s in self._slots if not s.busy]
+        # One slot is kept from batch lines, so an online request never waits for a batch
+        # line to finish (they run to max_tokens); with a single slot nothing is kept.
+        batch_room = self.n_slots - ONLINE_RESERVED_SLOTS if self.n_slots > 1 else 1
+        batch_busy = sum(
+            1 for s in self._slots if s.job is not None and s.job.priority == Priority.BATCH
+        )
         while self._queue:
             task = self._queue[0]
             if task.job.cancelled:
@@ -635,6 +643,10 @@ class LlamaEngine:
                 continue
             if len(task.choice_indices) > len(free):
                 break  # strict order: the head waits for enough slots rather than be overtaken
+            if task.job.priority == Priority.BATCH:
+                if batch_busy + len(task.choice_indices) > batch_room and batch_busy > 0:
+                    break  # online tasks sort first, so nothing behind this one may go either
+                batch_busy += len(task.choice_indices)
             heapq.heappop(self._queue)
             self._stats.queue_depth -= 1
             prompt = task.job.prompts[task.prompt_index]

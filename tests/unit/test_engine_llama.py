@@ -233,10 +233,29 @@ def test_online_overtakes_queued_batch_lines(engine: LlamaEngine) -> None:
     assert done.index("online") < min(done.index(f"batch{i}") for i in range(SLOTS * 2))
 
 
+def test_a_slot_stays_free_for_online_requests(engine: LlamaEngine) -> None:
+    long = chat("Tell a long story.", max_tokens=300, logit_bias=NO_EOG)
+    lines = [engine.submit(CHAT, long, priority=Priority.BATCH) for _ in range(SLOTS)]
+    deadline = time.monotonic() + 30
+    while engine.stats().active_slots < SLOTS - 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.2)
+    # Batch lines fill all but one slot; the last line waits in the queue.
+    assert engine.stats().active_slots == SLOTS - 1 and engine.stats().queue_depth == 1
+    online = engine.submit(CHAT, chat("Hi!", max_tokens=4))
+    assert content(online.result(timeout=60))
+    assert not any(f.done() for f in lines)  # it ran beside them, not after them
+    for f in lines:
+        engine.cancel(f)
+    for f in lines:
+        with pytest.raises(RequestCancelled):
+            f.result(timeout=10)
+
+
 def test_cancel_queued_and_running_requests(engine: LlamaEngine) -> None:
     long = chat("Tell a long story.", max_tokens=300, logit_bias=NO_EOG)
-    running = [engine.submit(CHAT, long, priority=Priority.BATCH) for _ in range(SLOTS)]
-    queued = engine.submit(CHAT, long, priority=Priority.BATCH)
+    running = [engine.submit(CHAT, long) for _ in range(SLOTS)]
+    queued = engine.submit(CHAT, long)
     deadline = time.monotonic() + 30
     while engine.stats().active_slots < SLOTS and time.monotonic() < deadline:
         time.sleep(0.01)
