@@ -178,13 +178,17 @@ def rate(api: str, batch_id: str, seconds: float) -> float | None:
     with httpx.Client(timeout=30) as c:
         t0, (tok0, _) = time.perf_counter(), output_tokens(c, api, batch_id)
         end = t0 + seconds
+        ended = False
+        # The phase lasts its full time even when the batch ends early: the clients' load
+        # is what is being measured; only the rate is then unknown.
         while time.perf_counter() < end:
-            time.sleep(1.0)
+            time.sleep(min(1.0, max(0.0, end - time.perf_counter())))
             _, status = output_tokens(c, api, batch_id)
-            if status != "in_progress":
-                return None
+            ended = ended or status != "in_progress"
         tok1, status = output_tokens(c, api, batch_id)
-        return (tok1 - tok0) / (time.perf_counter() - t0) if status == "in_progress" else None
+        if ended or status != "in_progress":
+            return None
+        return (tok1 - tok0) / (time.perf_counter() - t0)
 
 
 def client_loop(

@@ -32,7 +32,8 @@ def test_twenty_clients_while_a_batch_runs(tmp_path: Path) -> None:
             "--idle-requests",
             "60",
             "--lines",
-            "30",
+            # Enough work to keep the batch running through both 6 s phases.
+            "200",
             "--max-tokens",
             "16",
             "--json",
