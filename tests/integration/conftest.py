@@ -43,3 +43,15 @@ def wait_for_status(
             return b
         time.sleep(0.05)
     raise AssertionError(f"batch {batch_id} stayed {b['status']}, wanted {statuses}")
+
+
+def create_batch(
+    client: TestClient, file_id: str, endpoint: str = "/v1/chat/completions"
+) -> dict[str, Any]:
+    """POST /v1/batches for a file, as an OpenAI script would; returns the batch object."""
+    r = client.post(
+        "/v1/batches",
+        json={"input_file_id": file_id, "endpoint": endpoint, "completion_window": "24h"},
+    )
+    assert r.status_code == 200, r.text
+    return r.json()

@@ -16,7 +16,7 @@ from litestar.testing import TestClient
 
 from app.config import Settings
 from app.server import create_app
-from tests.integration.conftest import wait_for_status
+from tests.integration.conftest import create_batch, wait_for_status
 from tests.unit.helpers import HangingEngine
 
 CAP = 4 * 1024 * 1024  # the batch file cap in these tests
@@ -338,14 +338,7 @@ def test_deleting_the_input_of_a_running_batch_is_409(
     client: TestClient, settings: Settings, engine: HangingEngine
 ) -> None:
     f = upload(client, jsonl(line("a", "HANG"), line("b", "hi"))).json()
-    b = client.post(
-        "/v1/batches",
-        json={
-            "input_file_id": f["id"],
-            "endpoint": "/v1/chat/completions",
-            "completion_window": "24h",
-        },
-    ).json()
+    b = create_batch(client, f["id"])
     wait_for_status(client, b["id"], ("in_progress",))
     r = client.delete(f"/v1/files/{f['id']}")
     assert_error(r, 409, "file_in_use", "file_id")

@@ -6,7 +6,7 @@ import json
 
 from litestar.testing import TestClient
 
-from tests.integration.conftest import wait_for_status
+from tests.integration.conftest import create_batch, wait_for_status
 
 
 def jsonl(*lines: object) -> bytes:
@@ -196,14 +196,7 @@ def test_validation_names_every_bad_line(client: TestClient) -> None:
         },
     ]
     f = upload(client, jsonl(*lines))
-    b = client.post(
-        "/v1/batches",
-        json={
-            "input_file_id": f["id"],
-            "endpoint": "/v1/chat/completions",
-            "completion_window": "24h",
-        },
-    ).json()
+    b = create_batch(client, f["id"])
     b = wait_for_status(client, b["id"], ("failed",))
     errs = b["errors"]["data"]
     assert [(e["line"], e["code"]) for e in errs] == [
@@ -222,14 +215,7 @@ def test_validation_names_every_bad_line(client: TestClient) -> None:
 
 def test_cancel_finished_batch_is_400(client: TestClient) -> None:
     f = upload(client, jsonl(chat_line("a", "x")))
-    b = client.post(
-        "/v1/batches",
-        json={
-            "input_file_id": f["id"],
-            "endpoint": "/v1/chat/completions",
-            "completion_window": "24h",
-        },
-    ).json()
+    b = create_batch(client, f["id"])
     wait_for_status(client, b["id"], ("completed",))
     r = client.post(f"/v1/batches/{b['id']}/cancel")
     assert r.status_code == 400 and "completed" in r.json()["error"]["message"]
@@ -237,17 +223,7 @@ def test_cancel_finished_batch_is_400(client: TestClient) -> None:
 
 def test_batch_list_pagination(client: TestClient) -> None:
     f = upload(client, jsonl(chat_line("a", "x")))
-    ids = [
-        client.post(
-            "/v1/batches",
-            json={
-                "input_file_id": f["id"],
-                "endpoint": "/v1/chat/completions",
-                "completion_window": "24h",
-            },
-        ).json()["id"]
-        for _ in range(3)
-    ]
+    ids = [create_batch(client, f["id"])["id"] for _ in range(3)]
     p = client.get("/v1/batches", params={"limit": 2}).json()
     assert p["has_more"] is True and [b["id"] for b in p["data"]] == ids[::-1][:2]
     p2 = client.get("/v1/batches", params={"limit": 2, "after": p["last_id"]}).json()

@@ -8,7 +8,7 @@ from litestar.testing import TestClient
 from openai.pagination import SyncCursorPage
 from openai.types import Batch, FileDeleted, FileObject
 
-from tests.integration.conftest import wait_for_status
+from tests.integration.conftest import create_batch, wait_for_status
 
 
 def test_wire_shapes_match_the_sdk_types(client: TestClient) -> None:
@@ -26,14 +26,7 @@ def test_wire_shapes_match_the_sdk_types(client: TestClient) -> None:
     f = r.json()
     assert set(FileObject.model_fields) <= set(f)
     FileObject.model_validate(f, strict=False)
-    b = client.post(
-        "/v1/batches",
-        json={
-            "input_file_id": f["id"],
-            "endpoint": "/v1/chat/completions",
-            "completion_window": "24h",
-        },
-    ).json()
+    b = create_batch(client, f["id"])
     b = wait_for_status(client, b["id"], ("completed",))
     assert set(Batch.model_fields) <= set(b)
     parsed = Batch.model_validate(b)
