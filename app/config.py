@@ -64,8 +64,10 @@ class Settings:
     max_batch_file_bytes: int = 200 * 1024 * 1024
     max_file_bytes: int = 512 * 1024 * 1024
     max_requests_per_batch: int = 50_000
-    # How long a claimed line may run before another claim may take it again.
-    lease_seconds: int = 600
+    # How long a claimed line may run before another claim may take it again. The runner
+    # renews its leases every third of this, so it only bounds how long a restart after a
+    # crash waits before it runs the lines that were in flight again.
+    lease_seconds: int = 30
 
     @property
     def model_path(self) -> Path:
