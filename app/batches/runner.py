@@ -263,11 +263,11 @@ class Runner:
         if room <= 0:
             return
         t = time.time()
-        claimed: list[tuple[Request, str]] = []
+        claimed: list[tuple[Request, str, str]] = []
         poisoned = 0
         with self.db.write() as s:
             candidates = s.exec(
-                select(Request, Batch.endpoint)
+                select(Request, Batch.endpoint, Batch.input_file_id)
                 .join(Batch, col(Batch.id) == col(Request.batch_id))
                 .where(
                     Batch.status == BatchStatus.IN_PROGRESS,
@@ -283,7 +283,7 @@ class Runner:
                 # (SQLite has one writer at a time and leaves this out).
                 .with_for_update(skip_locked=True)
             ).all()
-            for req, endpoint in candidates:
+            for req, endpoint, input_file_id in candidates:
                 if req.id in self._inflight:
                     continue
                 if len(claimed) >= room:
@@ -309,18 +309,15 @@ class Runner:
                 req.lease_until = t + self.settings.lease_seconds
                 req.attempts += 1
                 s.add(req)
-                claimed.append((req, endpoint))
-        for req, endpoint in claimed:
-            self._submit(req, endpoint)
+                claimed.append((req, endpoint, input_file_id))
+        for req, endpoint, input_file_id in claimed:
+            self._submit(req, endpoint, input_file_id)
         if poisoned:
             self._bump()
 
-    def _submit(self, req: Request, endpoint: str) -> None:
-        with self.db.read() as s:
-            b = s.get(Batch, req.batch_id)
-        assert b is not None
+    def _submit(self, req: Request, endpoint: str, input_file_id: str) -> None:
         try:
-            raw = self.storage.read_range(b.input_file_id, req.offset, req.length)
+            raw = self.storage.read_range(input_file_id, req.offset, req.length)
             body = json.loads(raw.decode("utf-8"))["body"]
         except Exception as exc:  # the file changed under us: fail this line alone
             fut: Future[dict[str, Any]] = Future()
