@@ -11,68 +11,28 @@ from sqlmodel import select
 
 from app.api.common import Services
 from app.batches.runner import MAX_ATTEMPTS
-from app.config import Settings
-from app.models import Batch, Request, RequestStatus
-from app.server import build_services
+from app.models import Request, RequestStatus
 from tests.fakes import FakeEngine
-
-
-def make(tmp_path: Path, engine: FakeEngine, **kw: int) -> Services:
-    svc = build_services(
-        Settings(data_dir=str(tmp_path), lease_seconds=kw.pop("lease_seconds", 30), **kw), engine
-    )  # type: ignore[arg-type]
-    return svc
+from tests.unit.helpers import chat, drive, file_lines, make_batch, request_rows, services
 
 
 def add_batch(svc: Services, n: int, fail: tuple[int, ...] = ()) -> str:
-    lines = [
-        json.dumps(
-            {
-                "custom_id": f"c{i}",
-                "method": "POST",
-                "url": "/v1/chat/completions",
-                "body": {
-                    "model": "m",
-                    "messages": [{"role": "user", "content": "FAIL" if i in fail else f"q {i}"}],
-                },
-            }
-        )
-        for i in range(n)
-    ]
-    data = ("\n".join(lines) + "\n").encode()
-    partial = svc.storage.begin_write(len(data))
-    partial.write(data)
-    f = svc.files.create(partial=partial, filename="in.jsonl", purpose="batch", owner="")
-    return svc.batches.create("", f.id, "/v1/chat/completions").id
-
-
-def drive(svc: Services, batch_id: str, until: tuple[str, ...], steps: int = 200) -> Batch:
-    for _ in range(steps):
-        svc.runner.step()
-        b = svc.batches.get(batch_id, "")
-        if b.status in until:
-            return b
-        time.sleep(0.01)
-    raise AssertionError(f"stuck in {b.status}")
+    return make_batch(svc, [chat(f"c{i}", "FAIL" if i in fail else f"q {i}") for i in range(n)])
 
 
 def output_ids(svc: Services, file_id: str | None) -> list[str]:
-    if not file_id:
-        return []
-    return [json.loads(x)["custom_id"] for x in svc.storage.path(file_id).read_text().splitlines()]
+    return [line["custom_id"] for line in file_lines(svc, file_id)]
 
 
 def requests(svc: Services, batch_id: str) -> list[Request]:
-    with svc.db.read() as s:
-        return list(
-            s.exec(select(Request).where(Request.batch_id == batch_id).order_by(Request.line)).all()
-        )
+    return sorted(request_rows(svc, batch_id), key=lambda r: r.line)
 
 
 def test_every_line_lands_once_in_order(tmp_path: Path) -> None:
-    svc = make(tmp_path, FakeEngine(n_slots=2))
+    svc = services(tmp_path, FakeEngine(n_slots=2))
     bid = add_batch(svc, 9, fail=(4,))
-    b = drive(svc, bid, ("completed",))
+    b = drive(svc, bid)
+    assert b.status == "completed", b.status
     assert (b.total, b.completed, b.failed) == (9, 8, 1)
     assert output_ids(svc, b.output_file_id) == [f"c{i}" for i in range(9) if i != 4]
     assert output_ids(svc, b.error_file_id) == ["c4"]
@@ -82,7 +42,7 @@ def test_every_line_lands_once_in_order(tmp_path: Path) -> None:
 
 def test_a_dead_workers_claim_is_taken_again_once_its_lease_runs_out(tmp_path: Path) -> None:
     eng = FakeEngine(n_slots=2)
-    svc = make(tmp_path, eng)
+    svc = services(tmp_path, eng)
     bid = add_batch(svc, 3)
     svc.runner._validate_next()
     with svc.db.write() as s:  # a runner that died while holding line 1
@@ -97,14 +57,15 @@ def test_a_dead_workers_claim_is_taken_again_once_its_lease_runs_out(tmp_path: P
     svc.runner.step()
     assert [b["messages"][0]["content"] for _, b, _ in eng.submitted] == ["q 1", "q 2"]
     time.sleep(0.35)
-    b = drive(svc, bid, ("completed",))
+    b = drive(svc, bid)
+    assert b.status == "completed", b.status
     assert b.completed == 3 and sorted(output_ids(svc, b.output_file_id)) == ["c0", "c1", "c2"]
     assert [r.attempts for r in requests(svc, bid)] == [2, 1, 1]
 
 
 def test_a_stale_result_is_not_recorded_twice(tmp_path: Path) -> None:
     eng = FakeEngine(n_slots=2, delay=0.2)
-    svc = make(tmp_path, eng)
+    svc = services(tmp_path, eng)
     bid = add_batch(svc, 1)
     svc.runner._validate_next()
     svc.runner._claim_and_submit()
@@ -119,7 +80,7 @@ def test_a_stale_result_is_not_recorded_twice(tmp_path: Path) -> None:
 
 
 def test_a_line_that_keeps_killing_the_server_fails_alone(tmp_path: Path) -> None:
-    svc = make(tmp_path, FakeEngine())
+    svc = services(tmp_path, FakeEngine())
     bid = add_batch(svc, 2)
     svc.runner._validate_next()
     with svc.db.write() as s:
@@ -131,7 +92,8 @@ def test_a_line_that_keeps_killing_the_server_fails_alone(tmp_path: Path) -> Non
             MAX_ATTEMPTS,
         )
         s.add(r)
-    b = drive(svc, bid, ("completed",))
+    b = drive(svc, bid)
+    assert b.status == "completed", b.status
     assert (b.completed, b.failed) == (1, 1)
     err = json.loads(svc.storage.path(b.error_file_id).read_text())
     assert err["custom_id"] == "c0" and err["response"]["status_code"] == 500
@@ -139,12 +101,13 @@ def test_a_line_that_keeps_killing_the_server_fails_alone(tmp_path: Path) -> Non
 
 def test_cancel_stops_lines_that_have_not_started(tmp_path: Path) -> None:
     eng = FakeEngine(n_slots=1, delay=0.2)
-    svc = make(tmp_path, eng)
+    svc = services(tmp_path, eng)
     bid = add_batch(svc, 10)
     svc.runner._validate_next()
     svc.runner.step()  # claims 2 (slots * 2)
     svc.batches.cancel(bid, "")
-    b = drive(svc, bid, ("cancelled",))
+    b = drive(svc, bid)
+    assert b.status == "cancelled", b.status
     assert b.cancelling_at and b.cancelled_at
     assert len(eng.submitted) == 2 and eng.cancelled == 2
     statuses = [r.status for r in requests(svc, bid)]
@@ -154,9 +117,9 @@ def test_cancel_stops_lines_that_have_not_started(tmp_path: Path) -> None:
 
 def test_expired_batch_keeps_finished_lines_and_reports_the_rest(tmp_path: Path) -> None:
     eng = FakeEngine(n_slots=1, delay=0.05)
-    svc = make(tmp_path, eng, batch_window_seconds=2)
+    svc = services(tmp_path, eng, batch_window_seconds=2)
     bid = add_batch(svc, 200)
-    b = drive(svc, bid, ("expired",), steps=2000)
+    b = drive(svc, bid, timeout=60)
     assert b.expired_at and b.status == "expired"
     done = output_ids(svc, b.output_file_id)
     errs = [json.loads(x) for x in svc.storage.path(b.error_file_id).read_text().splitlines()]
@@ -170,10 +133,11 @@ def test_expired_batch_keeps_finished_lines_and_reports_the_rest(tmp_path: Path)
 
 @pytest.mark.parametrize("status", ["validating", "in_progress"])
 def test_cancel_before_and_during_run(tmp_path: Path, status: str) -> None:
-    svc = make(tmp_path, FakeEngine(delay=0.05))
+    svc = services(tmp_path, FakeEngine(delay=0.05))
     bid = add_batch(svc, 3)
     if status == "in_progress":
         svc.runner._validate_next()
     svc.batches.cancel(bid, "")
-    b = drive(svc, bid, ("cancelled",))
+    b = drive(svc, bid)
+    assert b.status == "cancelled", b.status
     assert b.status == "cancelled" and b.output_file_id is None
