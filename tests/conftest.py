@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -10,12 +11,33 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 OUTPUT = ROOT / "test-output"
+
+
+def chat_line(cid: str, content: str, max_tokens: int = 16, **extra: object) -> dict[str, Any]:
+    """One batch input line for /v1/chat/completions, greedy, as an OpenAI script writes it."""
+    return {
+        "custom_id": cid,
+        "method": "POST",
+        "url": "/v1/chat/completions",
+        "body": {
+            "model": "gpt-4o-mini",
+            "messages": [{"role": "user", "content": content}],
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            **extra,
+        },
+    }
+
+
+def jsonl_bytes(lines: list[dict[str, Any]]) -> bytes:
+    return "".join(json.dumps(x) + "\n" for x in lines).encode()
 
 
 def free_port() -> int:

@@ -18,31 +18,16 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import OUTPUT, LiveServer, start_server, stop_server
+from tests.conftest import OUTPUT, LiveServer, chat_line, jsonl_bytes, start_server, stop_server
 
 pytestmark = pytest.mark.slow
 
 LINES = 24
-MAX_TOKENS = 16
 ENV = {"BATCHYARD_LEASE_SECONDS": "3"}
 
 
-def chat_line(cid: str, content: str, max_tokens: int = MAX_TOKENS) -> dict[str, Any]:
-    return {
-        "custom_id": cid,
-        "method": "POST",
-        "url": "/v1/chat/completions",
-        "body": {
-            "model": "gpt-4o-mini",
-            "messages": [{"role": "user", "content": content}],
-            "max_tokens": max_tokens,
-            "temperature": 0,
-        },
-    }
-
-
 def upload_and_create(server: LiveServer, lines: list[dict[str, Any]]) -> str:
-    data = "".join(json.dumps(x) + "\n" for x in lines).encode()
+    data = jsonl_bytes(lines)
     f = httpx.post(
         server.api + "/files",
         files={"file": ("crash.jsonl", data, "application/jsonl")},

@@ -10,7 +10,7 @@ import openai
 import pytest
 from openai import OpenAI
 
-from tests.conftest import LiveServer
+from tests.conftest import LiveServer, chat_line, jsonl_bytes
 
 
 class OpenAIBatchProcessor:
@@ -45,23 +45,8 @@ def client(live_server: LiveServer) -> OpenAI:
     return OpenAI(api_key="unused", base_url=live_server.api, max_retries=0)
 
 
-def chat_line(cid: str, content: str, max_tokens: int = 16, **extra: object) -> dict:
-    return {
-        "custom_id": cid,
-        "method": "POST",
-        "url": "/v1/chat/completions",
-        "body": {
-            "model": "gpt-4o-mini",
-            "messages": [{"role": "user", "content": content}],
-            "max_tokens": max_tokens,
-            "temperature": 0,
-            **extra,
-        },
-    }
-
-
 def to_file(lines: list[dict]) -> io.BytesIO:
-    buf = io.BytesIO("".join(json.dumps(x) + "\n" for x in lines).encode())
+    buf = io.BytesIO(jsonl_bytes(lines))
     buf.name = "input.jsonl"
     return buf
 
