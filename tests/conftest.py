@@ -107,14 +107,19 @@ def start_server(
     raise RuntimeError(f"batchyard serve was not ready in {timeout}s:\n{server.log()}")
 
 
-def stop_server(server: LiveServer) -> None:
-    if server.process.poll() is None:
-        server.process.terminate()
+def stop_process(process: subprocess.Popen[bytes], timeout: float = 15) -> None:
+    """Ask a server process to stop (SIGTERM), and kill it if it has not within `timeout`."""
+    if process.poll() is None:
+        process.terminate()
         try:
-            server.process.wait(15)
+            process.wait(timeout)
         except subprocess.TimeoutExpired:
-            server.process.kill()
-            server.process.wait()
+            process.kill()
+            process.wait()
+
+
+def stop_server(server: LiveServer) -> None:
+    stop_process(server.process)
 
 
 @pytest.fixture(scope="session")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.conftest import ROOT, free_port
+from tests.conftest import ROOT, free_port, stop_process
 
 
 def clean_copy(dest: Path) -> Path:
@@ -57,13 +57,7 @@ class Started:
     seconds_to_ready: float
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(20)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        stop_process(self.process, timeout=20)
 
 
 def start(cmd: list[str], cwd: Path, log: Path, timeout: float = 120, **env: str) -> Started:
