@@ -8,7 +8,6 @@ from typing import Any
 from litestar import Request, Response
 from litestar.exceptions import HTTPException, ValidationException
 
-from app.engine.base import EngineError
 from app.errors import APIError, error_body
 
 log = logging.getLogger("batchyard.api")
@@ -25,10 +24,6 @@ def _respond(
 def api_error(_: Request, exc: APIError) -> Response[Any]:
     headers = {"WWW-Authenticate": "Bearer"} if exc.status_code == 401 else None
     return _respond(exc.status_code, exc.to_body(), headers)
-
-
-def engine_error(_: Request, exc: EngineError) -> Response[Any]:
-    return _respond(exc.status_code, exc.to_body())
 
 
 def http_error(request: Request, exc: HTTPException) -> Response[Any]:
@@ -69,7 +64,6 @@ def server_error(request: Request, exc: Exception) -> Response[Any]:
 
 EXCEPTION_HANDLERS: dict[Any, Any] = {
     APIError: api_error,
-    EngineError: engine_error,
     HTTPException: http_error,
     Exception: server_error,
 }

@@ -12,6 +12,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from app.errors import APIError
+
 #: The endpoints an engine serves, by their OpenAI path.
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
@@ -26,7 +28,7 @@ class Priority(enum.IntEnum):
     BATCH = 1
 
 
-class EngineError(Exception):
+class EngineError(APIError):
     """A request-level failure, shaped like an OpenAI error.
 
     Raised (through the future) for a request the engine refuses or cannot finish:
@@ -43,22 +45,7 @@ class EngineError(Exception):
         param: str | None = None,
         type: str = "invalid_request_error",
     ) -> None:
-        super().__init__(message)
-        self.message = message
-        self.status_code = status_code
-        self.code = code
-        self.param = param
-        self.type = type
-
-    def to_body(self) -> dict[str, Any]:
-        return {
-            "error": {
-                "message": self.message,
-                "type": self.type,
-                "param": self.param,
-                "code": self.code,
-            }
-        }
+        super().__init__(status_code, message, param=param, code=code, type=type)
 
 
 class RequestCancelled(EngineError):
