@@ -88,18 +88,18 @@ def lines(n: int, max_tokens: int) -> list[dict[str, Any]]:
 
 
 @contextlib.contextmanager
-def plain_cpu_buffers() -> Iterator[None]:
-    """Load the baseline with the same CPU buffer types as the engine (see app/engine/llama.py)."""
+def same_cpu_buffers(model: Path, threads: int) -> Iterator[None]:
+    """Load the baseline with the CPU buffer types the engine picks (app/engine/cpu_check.py)."""
     import llama_cpp.llama_cpp as bindings  # the module llama_cpp.llama's Llama calls
 
-    if os.environ.get("BATCHYARD_CPU_EXTRA_BUFFERS", "") == "1":
-        yield
-        return
+    from app.engine.cpu_check import extra_buffers
+
+    extra, _ = extra_buffers(model, threads)
     original = bindings.llama_model_default_params
 
     def params() -> Any:
         p = original()
-        p.use_extra_bufts = False
+        p.use_extra_bufts = extra
         return p
 
     bindings.llama_model_default_params = params
@@ -145,7 +145,7 @@ def run_sequential(
     """(b): one request after another through the high-level API."""
     from llama_cpp import Llama
 
-    with plain_cpu_buffers():
+    with same_cpu_buffers(model, threads):
         llm = Llama(
             str(model), n_ctx=ctx, n_threads=threads, n_threads_batch=threads, verbose=False
         )

@@ -52,6 +52,7 @@ from app.engine.base import (
     RequestCancelled,
 )
 from app.engine.chat import ChatTemplate
+from app.engine.cpu_check import extra_buffers
 from app.engine.sampling import (
     SamplingParams,
     StopMatcher,
@@ -252,17 +253,18 @@ class LlamaEngine:
         model_params.n_gpu_layers = (
             0x7FFFFFFF if settings.n_gpu_layers < 0 else settings.n_gpu_layers
         )
-        # llama.cpp's extra CPU buffer types (AMX, repacked weights) crash with a general
-        # protection fault on multi-token batches where the kernel does not grant AMX tiles
-        # (seen on this project's build machines); plain buffers are safe everywhere.
-        model_params.use_extra_bufts = os.environ.get("BATCHYARD_CPU_EXTRA_BUFFERS", "") == "1"
+        self.threads = _cpu_threads(settings.threads)
+        # llama.cpp's extra CPU buffer types (AMX, repacked weights) are much faster where the
+        # build is sound and crash where it is not; a child process checks once (cpu_check).
+        self.extra_buffers, why = extra_buffers(path, self.threads)
+        model_params.use_extra_bufts = self.extra_buffers
+        log.info("cpu extra buffer types: %s (%s)", "on" if self.extra_buffers else "off", why)
         self._model = lc.llama_model_load_from_file(str(path).encode(), model_params)
         if not self._model:
             raise RuntimeError(f"llama.cpp could not load {path}")
         self._vocab = lc.llama_model_get_vocab(self._model)
         self.n_vocab = lc.llama_vocab_n_tokens(self._vocab)
         self.n_slots = settings.slots
-        self.threads = _cpu_threads(settings.threads)
 
         ctx_params = lc.llama_context_default_params()
         ctx_params.n_seq_max = self.n_slots

@@ -1,0 +1,81 @@
+"""The check that decides whether llama.cpp's extra CPU buffer types are used."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from app.config import default_model_path
+from app.engine import cpu_check
+
+
+def crash(model: str, threads: int, conn: object) -> None:
+    """A check that dies the way a broken AMX kernel does."""
+    os.kill(os.getpid(), signal.SIGSEGV)
+
+
+def mismatch(model: str, threads: int, conn: object) -> None:
+    conn.send("row 0: logits correlate at 0.012")  # type: ignore[attr-defined]
+
+
+def test_agree_accepts_close_logits_and_refuses_unrelated_ones() -> None:
+    rng = __import__("numpy").random.default_rng(0)
+    plain = rng.normal(size=(3, 500))
+    close = plain + rng.normal(scale=0.01, size=plain.shape)
+    assert cpu_check._agree(plain.tolist(), close.tolist()) is None
+    unrelated = rng.normal(size=plain.shape)
+    assert "correlate" in (cpu_check._agree(plain.tolist(), unrelated.tolist()) or "")
+    broken = close.copy()
+    broken[1, 7] = float("nan")
+    assert cpu_check._agree(plain.tolist(), broken.tolist()) == "row 1: non-finite logits"
+
+
+def test_a_crashing_check_means_plain_buffers() -> None:
+    ok, why = cpu_check.probe(default_model_path(), 1, target=crash)
+    assert not ok
+    assert why == f"the check crashed (exit code {-signal.SIGSEGV})"
+
+
+def test_a_mismatch_is_reported() -> None:
+    assert cpu_check.probe(default_model_path(), 1, target=mismatch) == (
+        False,
+        "row 0: logits correlate at 0.012",
+    )
+
+
+def test_the_real_check_answers_and_is_cached(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(cpu_check.ENV, raising=False)
+    model = default_model_path()
+    ok, why = cpu_check.extra_buffers(model, 2, cache_dir=tmp_path)
+    # Either answer is right for some build; what matters is that it is a verdict with a reason.
+    assert why == "the check passed" if ok else why.startswith(("the check crashed", "row "))
+    cached = json.loads((tmp_path / "cpu-check.json").read_text())
+    assert list(cached.values()) == [{"ok": ok, "why": why}]
+
+    def no_probe(*args: object, **kw: object) -> tuple[bool, str]:
+        raise AssertionError("the cached answer should have been used")
+
+    monkeypatch.setattr(cpu_check, "probe", no_probe)
+    assert cpu_check.extra_buffers(model, 2, cache_dir=tmp_path) == (ok, why + " (cached)")
+    # Another thread count is another key: the check would run again.
+    with pytest.raises(AssertionError, match="cached answer"):
+        cpu_check.extra_buffers(model, 1, cache_dir=tmp_path)
+
+
+@pytest.mark.parametrize(("value", "expected"), [("1", True), ("on", True), ("0", False), ("off", False)])
+def test_the_environment_overrides_the_check(
+    value: str, expected: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(cpu_check.ENV, value)
+    monkeypatch.setattr(cpu_check, "probe", lambda *a, **k: (_ for _ in ()).throw(AssertionError))
+    assert cpu_check.extra_buffers(default_model_path(), 2, cache_dir=tmp_path) == (
+        expected,
+        f"{cpu_check.ENV}={value}",
+    )
+    assert not (tmp_path / "cpu-check.json").exists()
