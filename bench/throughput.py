@@ -128,7 +128,7 @@ def isolated(
     cmd = [sys.executable, __file__, "--worker", kind, "--lines", str(args.lines),
            "--max-tokens", str(args.max_tokens), "--ctx-size", str(args.ctx_size),
            "--threads", str(args.threads), "--parallel", str(parallel),
-           "--prefix-cache", "1" if prefix_cache else "0"]  # fmt: skip
+           "--prefix-cache", "1" if prefix_cache else "0", "--kv-cache-type", args.kv_cache_type]  # fmt: skip
     if args.model:
         cmd += ["--model", args.model]
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=False)
@@ -140,14 +140,25 @@ def isolated(
 
 
 def run_sequential(
-    model: Path, bodies: list[dict[str, Any]], ctx: int, threads: int
+    model: Path, bodies: list[dict[str, Any]], ctx: int, threads: int, kv: str
 ) -> tuple[int, float]:
     """(b): one request after another through the high-level API."""
     from llama_cpp import Llama
 
+    from app.config import KV_CACHE_TYPES
+
+    kv_type = KV_CACHE_TYPES[kv]
     with same_cpu_buffers(model, threads):
+        # The engine's llama.cpp settings: KV cache type, and flash attention where it needs it.
         llm = Llama(
-            str(model), n_ctx=ctx, n_threads=threads, n_threads_batch=threads, verbose=False
+            str(model),
+            n_ctx=ctx,
+            n_threads=threads,
+            n_threads_batch=threads,
+            type_k=kv_type,
+            type_v=kv_type,
+            flash_attn=kv not in ("f16", "bf16"),
+            verbose=False,
         )
     tokens = 0
     start = time.perf_counter()
@@ -167,6 +178,7 @@ def run_engine(
     parallel: int,
     ctx: int,
     threads: int,
+    kv: str,
     prefix_cache: bool = True,
 ) -> tuple[int, float]:
     """(a'): every line submitted at once to the LlamaEngine."""
@@ -180,6 +192,7 @@ def run_engine(
             parallel=parallel,
             ctx_size=ctx,
             threads=threads,
+            kv_cache_type=kv,
             prefix_cache=prefix_cache,
         )
     )
@@ -199,7 +212,7 @@ def free_port() -> int:
 
 
 def run_server(
-    model: Path, bodies: list[dict[str, Any]], parallel: int, ctx: int, threads: int
+    model: Path, bodies: list[dict[str, Any]], parallel: int, ctx: int, threads: int, kv: str
 ) -> tuple[int, float]:
     """(a): batchyard end to end through the openai SDK's Files and Batch calls."""
     from openai import OpenAI
@@ -207,7 +220,8 @@ def run_server(
     port = free_port()
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [sys.executable, "-m", "app.cli", "serve", "--no-browser", "--port", str(port), "--data-dir", tmp,
-               "--parallel", str(parallel), "--ctx-size", str(ctx), "--model", str(model)]  # fmt: skip
+               "--parallel", str(parallel), "--ctx-size", str(ctx), "--model", str(model),
+               "--kv-cache-type", kv]  # fmt: skip
         if threads:
             cmd += ["--threads", str(threads)]
         server = subprocess.Popen(
@@ -264,6 +278,9 @@ def run_server(
 
 
 def main(argv: list[str] | None = None) -> int:
+    from app.config import Settings, default_model_path
+    from app.engine.cpu_check import extra_buffers
+
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -282,6 +299,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="(a') the engine directly (default) or (a) `batchyard serve` end to end")  # fmt: skip
     parser.add_argument("--ctx-size", type=int, default=512, help="context per slot (default 512)")
     parser.add_argument("--threads", type=int, default=0, help="CPU threads, 0 = all cores")
+    parser.add_argument("--kv-cache-type", default=Settings.kv_cache_type,
+                        help=f"KV cache type for both sides (default {Settings.kv_cache_type})")  # fmt: skip
     parser.add_argument("--model", default="", help="a .gguf; default the embedded SmolLM2")
     parser.add_argument(
         "--no-table", action="store_true", help="skip the tokens/s by parallel table"
@@ -290,29 +309,32 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prefix-cache", type=int, default=1, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
 
-    from app.config import default_model_path
-
     model = Path(args.model) if args.model else default_model_path()
     threads = threads_for(args.threads)
     bodies = lines(args.lines, args.max_tokens)
     if args.worker:  # one measurement, in this fresh process
         if args.worker == "engine":
             tok, sec = run_engine(
-                model, bodies, args.parallel, args.ctx_size, threads, bool(args.prefix_cache)
-            )
+                model, bodies, args.parallel, args.ctx_size, threads, args.kv_cache_type,
+                bool(args.prefix_cache),
+            )  # fmt: skip
         else:
-            tok, sec = run_sequential(model, bodies, args.ctx_size, threads)
+            tok, sec = run_sequential(model, bodies, args.ctx_size, threads, args.kv_cache_type)
         print(f"RESULT {tok} {sec}")
         return 0
     label = "a  batchyard serve" if args.mode == "server" else "a' LlamaEngine"
     print(
-        f"model={model.name} lines={args.lines} max_tokens={args.max_tokens} threads={threads} ctx/slot={args.ctx_size}"
+        f"model={model.name} lines={args.lines} max_tokens={args.max_tokens} threads={threads} "
+        f"ctx/slot={args.ctx_size} kv={args.kv_cache_type} "
+        f"cpu_extra_buffers={'on' if extra_buffers(model, threads)[0] else 'off'}"
     )
 
     rates_a, rates_b = [], []
     for r in range(args.rounds):
         if args.mode == "server":
-            tok, sec = run_server(model, bodies, args.parallel, args.ctx_size, threads)
+            tok, sec = run_server(
+                model, bodies, args.parallel, args.ctx_size, threads, args.kv_cache_type
+            )
         else:
             tok, sec = isolated("engine", args, args.parallel)
         rates_a.append(tok / sec)

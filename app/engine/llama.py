@@ -27,18 +27,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-# ggml's OpenMP workers spin between decodes; libgomp's default spin (300,000 rounds) turns a
-# 2-core machine that also runs anything else into a crawl. A short spin keeps nearly all of
-# the idle-machine speed. Measured here, 2 threads, raw llama_decode of 1 / 16 sequences:
-# idle: default 109 / 271 tok/s, 1,000 rounds 100 / 248, passive 31 / 200;
-# one other busy process: default 2 / 18, 1,000 rounds 33 / 129, passive 53 / 129.
-# It must be set before libgomp loads (the first llama_cpp import); the user's setting wins.
-os.environ.setdefault("GOMP_SPINCOUNT", "1000")
+# libgomp's spin settings come from app/__init__.py, which runs before llama_cpp loads.
+import llama_cpp as lc
+import numpy as np
 
-import llama_cpp as lc  # noqa: E402
-import numpy as np  # noqa: E402
-
-from app.config import Settings
+from app.config import KV_CACHE_TYPES, Settings
 from app.engine.base import (
     CHAT,
     COMPLETIONS,
@@ -278,6 +271,14 @@ class LlamaEngine:
         ctx_params.n_threads = self.threads
         ctx_params.n_threads_batch = self.threads
         ctx_params.no_perf = True
+        self.kv_cache_type = settings.kv_cache_type
+        ctx_params.type_k = ctx_params.type_v = KV_CACHE_TYPES[self.kv_cache_type]
+        # A quantized V cache only works inside flash attention; for f16, llama.cpp chooses.
+        ctx_params.flash_attn_type = (
+            lc.LLAMA_FLASH_ATTN_TYPE_AUTO
+            if self.kv_cache_type in ("f16", "bf16")
+            else lc.LLAMA_FLASH_ATTN_TYPE_ENABLED
+        )
         self._ctx = lc.llama_init_from_model(self._model, ctx_params)
         if not self._ctx:
             lc.llama_model_free(self._model)
@@ -315,11 +316,12 @@ class LlamaEngine:
         self._thread = threading.Thread(target=self._run, name="llama-engine", daemon=True)
         self._thread.start()
         log.info(
-            "engine ready: model=%s backend=%s slots=%d ctx/slot=%d threads=%d",
+            "engine ready: model=%s backend=%s slots=%d ctx/slot=%d kv=%s threads=%d",
             self.info.id,
             self.info.backend,
             self.n_slots,
             self.ctx_per_slot,
+            self.kv_cache_type,
             self.threads,
         )
 
@@ -645,20 +647,31 @@ class LlamaEngine:
                 continue
             if len(task.choice_indices) > len(free):
                 break  # strict order: the head waits for enough slots rather than be overtaken
+            want = len(task.choice_indices)
+            # llama.cpp cuts a batch over separate KV streams into one forward pass per run of
+            # consecutive sequence ids, so batch lines keep to the lowest slots and online
+            # requests take the highest first: then the sequences of a step form one run.
             if task.job.priority == Priority.BATCH:
-                if batch_busy + len(task.choice_indices) > batch_room and batch_busy > 0:
+                if batch_busy + want > batch_room and batch_busy > 0:
                     break  # online tasks sort first, so nothing behind this one may go either
-                batch_busy += len(task.choice_indices)
+                batch_busy += want
+                pool = [s for s in free if s.seq_id < batch_room]
+            else:
+                pool = [s for s in free if s.seq_id >= batch_room]
+            if len(pool) < want:
+                pool = list(free)
             heapq.heappop(self._queue)
             self._stats.queue_depth -= 1
             prompt = task.job.prompts[task.prompt_index]
             # The leader lands in the free slot that already holds the longest prefix of the
             # prompt; ties go to the slot with the least cached, so longer caches survive.
-            leader = max(free, key=lambda s: (_common_prefix(s.cached, prompt), -len(s.cached)))
-            free.remove(leader)
+            leader = max(pool, key=lambda s: (_common_prefix(s.cached, prompt), -len(s.cached)))
+            pool.remove(leader)
             # Siblings (n > 1) get a full copy of the leader's stream, so their caches go.
-            free.sort(key=lambda s: len(s.cached))
-            group = [leader] + [free.pop(0) for _ in task.choice_indices[1:]]
+            pool.sort(key=lambda s: len(s.cached))
+            group = [leader] + [pool.pop(0) for _ in task.choice_indices[1:]]
+            for slot in group:
+                free.remove(slot)
             self._start(task, group)
         return embeds
 
