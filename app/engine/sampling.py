@@ -65,6 +65,17 @@ class SamplingParams:
     top_logprobs: int = 0
     grammar: str | None = None  # GBNF text for response_format
 
+    @property
+    def plain_greedy(self) -> bool:
+        """Temperature 0 with nothing that reshapes the logits: the token is their argmax."""
+        return (
+            self.temperature == 0.0
+            and not self.logit_bias
+            and not self.presence_penalty
+            and not self.frequency_penalty
+            and self.grammar is None
+        )
+
     def choice_seed(self, index: int) -> int:
         """Each of the n choices gets its own stream; a fixed seed makes all of them repeatable."""
         if self.seed is None:

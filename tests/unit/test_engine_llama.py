@@ -94,6 +94,17 @@ def test_greedy_answer_alone_equals_answer_beside_seven_others(engine: LlamaEngi
     assert len({content(b) for b in together}) > 1  # the neighbours really were other work
 
 
+def test_plain_greedy_argmax_matches_llama_cpp_greedy_sampler(engine: LlamaEngine) -> None:
+    question = "Write two sentences about rivers."
+    fast = engine.submit(CHAT, chat(question, max_tokens=32)).result(timeout=60)
+    # A zero logit_bias changes no logit but sends the request through llama.cpp's sampler chain.
+    chain = engine.submit(CHAT, chat(question, max_tokens=32, logit_bias={"1": 0})).result(
+        timeout=60
+    )
+    assert content(fast) == content(chain)
+    assert fast["usage"]["completion_tokens"] == chain["usage"]["completion_tokens"]
+
+
 def test_stop_string_across_token_boundary_is_cut_and_excluded(engine: LlamaEngine) -> None:
     body = engine.submit(
         CHAT, chat("Write a sentence about dogs.", max_tokens=24, logprobs=True)
@@ -242,6 +253,9 @@ def test_a_slot_stays_free_for_online_requests(engine: LlamaEngine) -> None:
     time.sleep(0.2)
     # Batch lines fill all but one slot; the last line waits in the queue.
     assert engine.stats().active_slots == SLOTS - 1 and engine.stats().queue_depth == 1
+    # ...the lowest ones, so their sequence ids are consecutive: llama.cpp makes one forward
+    # pass per run of consecutive ids in a multi-stream batch.
+    assert [s.seq_id for s in engine._slots if s.busy] == list(range(SLOTS - 1))
     online = engine.submit(CHAT, chat("Hi!", max_tokens=4))
     assert content(online.result(timeout=60))
     assert not any(f.done() for f in lines)  # it ran beside them, not after them
