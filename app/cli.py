@@ -32,7 +32,7 @@ SERVE_FLAGS: list[tuple[str, str, Any, str]] = [
         "where the database and files live (default: the platform's user data dir)",
     ),
     ("--n-gpu-layers", "n_gpu_layers", int, "layers to offload to the GPU (-1: all)"),
-    ("--parallel", "parallel", int, "sequences decoded together (0: 16 on CPU, 64 on GPU)"),
+    ("--parallel", "parallel", int, "sequences decoded together (0: 32 on CPU, 64 on GPU)"),
     ("--ctx-size", "ctx_size", int, "context per slot, in tokens"),
     ("--kv-cache-type", "kv_cache_type", str, "KV cache type: q8_0, f16, bf16 or q4_0"),
     ("--threads", "threads", int, "CPU threads for llama.cpp (0: its default)"),

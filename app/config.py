@@ -44,7 +44,9 @@ def default_parallel(n_gpu_layers: int) -> int:
                 return 64
         except Exception:  # pragma: no cover - an engine without GPU support
             pass
-    return 16
+    # On a CPU too, more rows per forward pass is cheaper per token: 256 lines x 64 tokens
+    # through the engine on 2 cores ran at 468 tok/s with 16 slots and 553 with 32.
+    return 32
 
 
 @dataclass

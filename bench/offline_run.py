@@ -1,6 +1,6 @@
 """Time `batchyard run` on N chat lines (default 100, max_tokens 16) on the default model.
 
-    python bench/offline_run.py [--lines 100] [--max-tokens 16] [--parallel 16] [--exe batchyard]
+    python bench/offline_run.py [--lines 100] [--max-tokens 16] [--parallel 32] [--exe batchyard]
 
 Prints the wall time of the whole command (model load included), lines/s and generated
 tokens/s, read back from the output file.
@@ -24,7 +24,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--lines", type=int, default=100)
     p.add_argument("--max-tokens", type=int, default=16)
-    p.add_argument("--parallel", type=int, default=16)
+    p.add_argument("--parallel", type=int, default=32)
     p.add_argument("--ctx-size", type=int, default=512)
     p.add_argument("--exe", default=f"{shlex.quote(sys.executable)} -m app.cli")
     args = p.parse_args()

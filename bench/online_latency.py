@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch-max-tokens", type=int, default=64)
     p.add_argument("--requests", type=int, default=10, help="online requests per phase")
     p.add_argument("--max-tokens", type=int, default=16, help="max_tokens of each online request")
-    p.add_argument("--parallel", type=int, default=16, help="server slots (the CPU default: 16)")
+    p.add_argument("--parallel", type=int, default=32, help="server slots (the CPU default: 32)")
     p.add_argument("--model", default="")
     args = p.parse_args(argv)
 

@@ -288,7 +288,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--max-tokens", type=int, default=64, help="max_tokens per line (default 64)"
     )
-    parser.add_argument("--parallel", type=int, default=16, help="slots for (a)/(a') (default 16)")
+    parser.add_argument(
+        "--parallel", type=int, default=32, help="slots for (a)/(a') (default 32, the CPU default)"
+    )
     parser.add_argument(
         "--parallel-list", default="1,4,8,16,32", help="slots for the table (default 1,4,8,16,32)"
     )

@@ -65,6 +65,9 @@ RATE_WINDOW_S = 5.0
 PROMPT_TOKENS_PER_STEP = 512
 #: Slots batch lines may not take: they stay free for online requests.
 ONLINE_RESERVED_SLOTS = 1
+#: While an online request decodes, each step takes at most this many batch sequences, in
+#: turns: a step's cost grows with its rows, and the online tokens should not wait for 31.
+ONLINE_BATCH_WINDOW = 8
 #: Inputs embedded per llama_decode.
 EMBED_SEQS = 32
 #: A new prompt copies another slot's KV stream when that shares at least this many more
@@ -309,6 +312,7 @@ class LlamaEngine:
         # Slots whose stream copy llama.cpp has queued but not yet done (it happens at the
         # next decode); they are not a source for another copy until then.
         self._copy_pending: set[int] = set()
+        self._window = 0  # the batch slots' turn while online requests decode (_held_back)
         self._stats = EngineStats()
         self._rate: deque[tuple[float, int]] = deque()
         self._stats_lock = threading.Lock()
@@ -737,10 +741,13 @@ class LlamaEngine:
         n = 0
         generating = [s for s in self._slots if s.generating]
         budget = min(self.n_batch - len(generating), PROMPT_TOKENS_PER_STEP)
+        held = self._held_back()
         # Sequences go in seq_id order: llama.cpp splits a multi-stream batch into ubatches of
         # consecutive sequence ids, so order keeps a step to as few ubatches as possible.
         for slot in self._slots:
             slot.i_batch = -1
+            if slot.seq_id in held:
+                continue  # a batch line sits this step out; its next token waits in slot.token
             if slot.generating:
                 n = self._add(batch, n, slot.token, slot.pos, slot.seq_id, True)
                 slot.cached.append(slot.token)
@@ -808,6 +815,22 @@ class LlamaEngine:
             work = self._admit()
         for job in work:
             self._embed(job)
+
+    def _held_back(self) -> set[int]:
+        """The batch slots that sit this step out so that an online request decodes quickly."""
+        if not any(s.job is not None and s.job.priority == Priority.ONLINE for s in self._slots):
+            return set()
+        batch_slots = [
+            s.seq_id
+            for s in self._slots
+            if s.job is not None and s.job.priority == Priority.BATCH
+        ]
+        if len(batch_slots) <= ONLINE_BATCH_WINDOW:
+            return set()
+        # Windows of consecutive slots in turn: each step stays one run of sequence ids.
+        self._window = (self._window + 1) % -(-len(batch_slots) // ONLINE_BATCH_WINDOW)
+        start = self._window * ONLINE_BATCH_WINDOW
+        return set(batch_slots[:start] + batch_slots[start + ONLINE_BATCH_WINDOW :])
 
     @staticmethod
     def _add(batch: Any, n: int, token: int, pos: int, seq_id: int, logits: bool) -> int:
