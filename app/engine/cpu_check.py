@@ -31,6 +31,8 @@ ENV = "BATCHYARD_CPU_EXTRA_BUFFERS"
 PROBE_TIMEOUT_S = 120.0
 #: Probe tokens: two sequences of PROBE_TOKENS each, decoded in one batch, then one token each.
 PROBE_TOKENS = 12
+#: Verdicts kept in the cache file, newest last.
+CACHE_ENTRIES = 16
 
 
 def _llama_lib_dir() -> Path:
@@ -45,15 +47,21 @@ def _llama_lib_dir() -> Path:
 
 
 def _fingerprint(model: Path, threads: int) -> str:
-    parts = [f"threads={threads}"]
+    """The build, the model file and the thread count.
+
+    The build is its libraries' names and sizes and the bytes of ggml's CPU backend, where the
+    kernels are: not modification times, since a frozen app unpacks them anew at each start.
+    """
+    digest = hashlib.sha256(f"threads={threads}\n".encode())
     lib = _llama_lib_dir()
     for path in sorted(lib.iterdir()) if lib.is_dir() else []:
         if path.is_file() and not path.is_symlink():
-            st = path.stat()
-            parts.append(f"{path.name}:{st.st_size}:{st.st_mtime_ns}")
+            digest.update(f"{path.name}:{path.stat().st_size}\n".encode())
+            if "ggml-cpu" in path.name:
+                digest.update(path.read_bytes())
     st = model.stat()
-    parts.append(f"{model.resolve()}:{st.st_size}:{st.st_mtime_ns}")
-    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:32]
+    digest.update(f"{model.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode())
+    return digest.hexdigest()[:32]
 
 
 def _decode_logits(model_path: str, extra: bool, threads: int) -> list[list[float]]:
@@ -200,6 +208,7 @@ def extra_buffers(model: Path, threads: int, cache_dir: Path | None = None) -> t
     if not isinstance(known, dict):
         known = {}
     known[key] = {"ok": ok, "why": why}
+    known = dict(list(known.items())[-CACHE_ENTRIES:])
     try:
         cache.parent.mkdir(parents=True, exist_ok=True)
         tmp = cache.with_suffix(f".{os.getpid()}.tmp")
