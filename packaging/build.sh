@@ -2,7 +2,8 @@
 # Build the single executable dist/batchyard with PyInstaller.
 # Usage: bash packaging/build.sh [DIST_DIR]       (default: dist/)
 # BATCHYARD_BUILD_VENV: the build's own venv (default: build/pyinstaller-venv); it gets the
-# package with its dependencies (llama-cpp-python from pip's cache once built) and PyInstaller.
+# package with its dependencies (llama-cpp-python from packaging/llama_wheel.sh's wheelhouse)
+# and PyInstaller.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -14,7 +15,8 @@ PYINSTALLER_VERSION=${PYINSTALLER_VERSION:-6.22.3}
 
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
 "$VENV/bin/python" -m pip install -q --upgrade pip
-"$VENV/bin/python" -m pip install -q . "pyinstaller==$PYINSTALLER_VERSION"
+WHEELS=$(bash packaging/llama_wheel.sh "$VENV/bin/python")
+"$VENV/bin/python" -m pip install -q --find-links "$WHEELS" . "pyinstaller==$PYINSTALLER_VERSION"
 "$VENV/bin/pyinstaller" packaging/batchyard.spec \
   --noconfirm --log-level WARN --distpath "$DIST" --workpath "$WORK"
 ls -l "$DIST/batchyard"

@@ -9,7 +9,8 @@ first multi-token batch then dies of a general protection fault (clang builds ar
 
 So the engine asks a child process: load the model both ways, decode the same multi-token,
 multi-sequence batch with each, and compare the logits. A crash or a mismatch means plain
-buffers. The answer is cached per llama.cpp build, model file and thread count.
+buffers. The verdict is cached per llama.cpp build, model file and thread count; a check that
+was interrupted, or could not run, gives plain buffers for this start only.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import json
 import logging
 import multiprocessing
 import os
+import signal
 from collections.abc import Callable
 from pathlib import Path
 
@@ -141,27 +143,36 @@ def _agree(plain: list[list[float]], extra: list[list[float]]) -> str | None:
     return None
 
 
+#: Deaths that a broken kernel causes; a check killed any other way proves nothing.
+CRASH_SIGNALS = {signal.SIGSEGV, signal.SIGILL, signal.SIGBUS, signal.SIGFPE, signal.SIGABRT}
+
+
 def _probe(model_path: str, threads: int, conn: object) -> None:
     """The child: 'ok' or what went wrong, sent back; a crash just ends the process."""
-    os.environ.setdefault("GOMP_SPINCOUNT", "1000")
-    from llama_cpp import _logger
-
-    _logger.set_verbose(False)
-    import llama_cpp as lc
-
-    lc.llama_backend_init()
     try:
+        from llama_cpp import _logger
+
+        _logger.set_verbose(False)
+        import llama_cpp as lc
+
+        lc.llama_backend_init()
         plain = _decode_logits(model_path, False, threads)
         extra = _decode_logits(model_path, True, threads)
         problem = _agree(plain, extra)
-    except Exception as exc:  # reported, not raised: the parent decides
-        problem = f"{type(exc).__name__}: {exc}"
+    except Exception as exc:  # reported, not raised: no verdict on the kernels either way
+        problem = f"error: {type(exc).__name__}: {exc}"
     conn.send(problem or "ok")  # type: ignore[attr-defined]
     conn.close()  # type: ignore[attr-defined]
 
 
-def probe(model: Path, threads: int, target: Callable[..., None] = _probe) -> tuple[bool, str]:
-    """Run the check (`target`) in a fresh child process; (sound, why)."""
+def probe(
+    model: Path, threads: int, target: Callable[..., None] = _probe
+) -> tuple[bool, str, bool]:
+    """Run the check (`target`) in a fresh child process: (sound, why, final).
+
+    Not final (so not cached) when the child was interrupted, killed or timed out: then
+    nothing is known about the kernels, and the next start checks again.
+    """
     mp = multiprocessing.get_context("spawn")
     parent, child = mp.Pipe(duplex=False)
     proc = mp.Process(target=target, args=(str(model), threads, child), daemon=True)
@@ -177,12 +188,17 @@ def probe(model: Path, threads: int, target: Callable[..., None] = _probe) -> tu
     if proc.is_alive():
         proc.kill()
         proc.join()
-        return False, f"the check did not finish in {PROBE_TIMEOUT_S:.0f} s"
+        return False, f"the check did not finish in {PROBE_TIMEOUT_S:.0f} s", False
+    code = proc.exitcode or 0
+    if answer is None and code < 0 and -code in CRASH_SIGNALS:
+        return False, f"the check crashed ({signal.Signals(-code).name})", True
     if answer is None:
-        return False, f"the check crashed (exit code {proc.exitcode})"
+        return False, f"the check ended without an answer (exit code {code})", False
+    if str(answer).startswith("error:"):
+        return False, f"the check failed ({str(answer).removeprefix('error: ')})", False
     if answer != "ok":
-        return False, str(answer)
-    return True, "the check passed"
+        return False, str(answer), True
+    return True, "the check passed", True
 
 
 def extra_buffers(model: Path, threads: int, cache_dir: Path | None = None) -> tuple[bool, str]:
@@ -204,7 +220,10 @@ def extra_buffers(model: Path, threads: int, cache_dir: Path | None = None) -> t
     if isinstance(known, dict) and isinstance(known.get(key), dict):
         entry = known[key]
         return bool(entry.get("ok")), f"{entry.get('why', '')} (cached)"
-    ok, why = probe(model, threads)
+    ok, why, final = probe(model, threads)
+    if not final:
+        log.warning("the CPU buffer check gave no verdict (%s); plain buffers this time", why)
+        return ok, why
     if not isinstance(known, dict):
         known = {}
     known[key] = {"ok": ok, "why": why}

@@ -34,16 +34,36 @@ def test_agree_accepts_close_logits_and_refuses_unrelated_ones() -> None:
     assert cpu_check._agree(plain.tolist(), broken.tolist()) == "row 1: non-finite logits"
 
 
+def interrupted(model: str, threads: int, conn: object) -> None:
+    """A check that a Ctrl-C of the whole process group ends."""
+    raise KeyboardInterrupt
+
+
 def test_a_crashing_check_means_plain_buffers() -> None:
-    ok, why = cpu_check.probe(default_model_path(), 1, target=crash)
-    assert not ok
-    assert why == f"the check crashed (exit code {-signal.SIGSEGV})"
+    assert cpu_check.probe(default_model_path(), 1, target=crash) == (
+        False,
+        "the check crashed (SIGSEGV)",
+        True,
+    )
+
+
+def test_an_interrupted_check_means_plain_buffers_this_time_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ok, why, final = cpu_check.probe(default_model_path(), 1, target=interrupted)
+    assert (ok, final) == (False, False)
+    assert why == "the check ended without an answer (exit code 1)"
+    monkeypatch.delenv(cpu_check.ENV, raising=False)
+    monkeypatch.setattr(cpu_check, "probe", lambda *a, **k: (False, why, False))
+    assert cpu_check.extra_buffers(default_model_path(), 2, cache_dir=tmp_path) == (False, why)
+    assert not (tmp_path / "cpu-check.json").exists()  # the next start checks again
 
 
 def test_a_mismatch_is_reported() -> None:
     assert cpu_check.probe(default_model_path(), 1, target=mismatch) == (
         False,
         "row 0: logits correlate at 0.012",
+        True,
     )
 
 
@@ -58,7 +78,7 @@ def test_the_real_check_answers_and_is_cached(
     cached = json.loads((tmp_path / "cpu-check.json").read_text())
     assert list(cached.values()) == [{"ok": ok, "why": why}]
 
-    def no_probe(*args: object, **kw: object) -> tuple[bool, str]:
+    def no_probe(*args: object, **kw: object) -> tuple[bool, str, bool]:
         raise AssertionError("the cached answer should have been used")
 
     monkeypatch.setattr(cpu_check, "probe", no_probe)
