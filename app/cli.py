@@ -13,6 +13,7 @@ from typing import Any
 
 from app import __version__
 from app.config import Settings
+from app.engine import cpu_check
 from app.logs import LOG_FORMAT
 
 #: serve's flags: (flag, Settings field, type, help).
@@ -196,6 +197,9 @@ def models(settings: Settings) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == [cpu_check.CHECK_COMMAND]:  # the engine's child process in a frozen app
+        return cpu_check.main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "serve":

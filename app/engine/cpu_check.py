@@ -7,7 +7,7 @@ GCC 12's `_tile_loadconfig` tells the compiler it reads 8 bytes of the 64-byte t
 configuration, so the stores before it are dropped and `ldtilecfg` loads stack garbage; the
 first multi-token batch then dies of a general protection fault (clang builds are sound).
 
-So the engine asks a child process: load the model both ways, decode the same multi-token,
+So the engine asks a child process (`python -m app.engine.cpu_check`): load the model both ways, decode the same multi-token,
 multi-sequence batch with each, and compare the logits. A crash or a mismatch means plain
 buffers. The verdict is cached per llama.cpp build, model file and thread count; a check that
 was interrupted, or could not run, gives plain buffers for this start only.
@@ -18,10 +18,10 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import multiprocessing
 import os
 import signal
-from collections.abc import Callable
+import subprocess
+import sys
 from pathlib import Path
 
 import platformdirs
@@ -147,8 +147,14 @@ def _agree(plain: list[list[float]], extra: list[list[float]]) -> str | None:
 CRASH_SIGNALS = {signal.SIGSEGV, signal.SIGILL, signal.SIGBUS, signal.SIGFPE, signal.SIGABRT}
 
 
-def _probe(model_path: str, threads: int, conn: object) -> None:
-    """The child: 'ok' or what went wrong, sent back; a crash just ends the process."""
+#: The hidden `batchyard` subcommand a frozen app runs the check through (app/cli.py).
+CHECK_COMMAND = "_cpu-check"
+#: How the child's answer line starts on its standard output.
+ANSWER = "cpu-check: "
+
+
+def check(model_path: str, threads: int) -> str:
+    """The check itself, in the child: 'ok', what differs, or 'error: ...' if it cannot run."""
     try:
         from llama_cpp import _logger
 
@@ -158,46 +164,51 @@ def _probe(model_path: str, threads: int, conn: object) -> None:
         lc.llama_backend_init()
         plain = _decode_logits(model_path, False, threads)
         extra = _decode_logits(model_path, True, threads)
-        problem = _agree(plain, extra)
+        return _agree(plain, extra) or "ok"
     except Exception as exc:  # reported, not raised: no verdict on the kernels either way
-        problem = f"error: {type(exc).__name__}: {exc}"
-    conn.send(problem or "ok")  # type: ignore[attr-defined]
-    conn.close()  # type: ignore[attr-defined]
+        return f"error: {type(exc).__name__}: {exc}"
 
 
-def probe(
-    model: Path, threads: int, target: Callable[..., None] = _probe
-) -> tuple[bool, str, bool]:
-    """Run the check (`target`) in a fresh child process: (sound, why, final).
+def main(argv: list[str]) -> int:
+    """`python -m app.engine.cpu_check MODEL THREADS`: prints the answer line."""
+    print(ANSWER + check(argv[0], int(argv[1])), flush=True)
+    return 0
 
-    Not final (so not cached) when the child was interrupted, killed or timed out: then
-    nothing is known about the kernels, and the next start checks again.
+
+def check_command(model: Path, threads: int) -> list[str]:
+    """A fresh process for the check: a crash must not take the server with it."""
+    if getattr(sys, "frozen", False):  # the single binary: sys.executable is batchyard
+        return [sys.executable, CHECK_COMMAND, str(model), str(threads)]
+    return [sys.executable, "-m", "app.engine.cpu_check", str(model), str(threads)]
+
+
+def probe(model: Path, threads: int, command: list[str] | None = None) -> tuple[bool, str, bool]:
+    """Run the check in a child process (`command`, default check_command): (sound, why, final).
+
+    Not final (so not cached) when the child was interrupted, killed or timed out, or could
+    not run the check: then nothing is known about the kernels, and the next start checks again.
     """
-    mp = multiprocessing.get_context("spawn")
-    parent, child = mp.Pipe(duplex=False)
-    proc = mp.Process(target=target, args=(str(model), threads, child), daemon=True)
-    proc.start()
-    child.close()
-    answer = None
-    if parent.poll(PROBE_TIMEOUT_S):
-        try:
-            answer = parent.recv()
-        except EOFError:
-            answer = None
-    proc.join(10)
-    if proc.is_alive():
-        proc.kill()
-        proc.join()
+    try:
+        done = subprocess.run(
+            command or check_command(model, threads),
+            capture_output=True,
+            text=True,
+            timeout=PROBE_TIMEOUT_S,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
         return False, f"the check did not finish in {PROBE_TIMEOUT_S:.0f} s", False
-    code = proc.exitcode or 0
+    answers = [line for line in done.stdout.splitlines() if line.startswith(ANSWER)]
+    answer = answers[-1].removeprefix(ANSWER) if answers else None
+    code = done.returncode
     if answer is None and code < 0 and -code in CRASH_SIGNALS:
         return False, f"the check crashed ({signal.Signals(-code).name})", True
     if answer is None:
         return False, f"the check ended without an answer (exit code {code})", False
-    if str(answer).startswith("error:"):
-        return False, f"the check failed ({str(answer).removeprefix('error: ')})", False
+    if answer.startswith("error:"):
+        return False, f"the check failed ({answer.removeprefix('error: ')})", False
     if answer != "ok":
-        return False, str(answer), True
+        return False, answer, True
     return True, "the check passed", True
 
 
@@ -236,3 +247,7 @@ def extra_buffers(model: Path, threads: int, cache_dir: Path | None = None) -> t
     except OSError as exc:
         log.warning("could not cache the CPU buffer check: %s", exc)
     return ok, why
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

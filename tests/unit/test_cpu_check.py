@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
-import signal
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,13 +12,14 @@ from app.config import default_model_path
 from app.engine import cpu_check
 
 
-def crash(model: str, threads: int, conn: object) -> None:
-    """A check that dies the way a broken AMX kernel does."""
-    os.kill(os.getpid(), signal.SIGSEGV)
+def child(code: str) -> list[str]:
+    """A stand-in for the check's child process."""
+    return [sys.executable, "-c", code]
 
 
-def mismatch(model: str, threads: int, conn: object) -> None:
-    conn.send("row 0: logits correlate at 0.012")  # type: ignore[attr-defined]
+CRASH = child("import os, signal; os.kill(os.getpid(), signal.SIGSEGV)")  # a broken AMX kernel
+MISMATCH = child(f"print({cpu_check.ANSWER!r} + 'row 0: logits correlate at 0.012')")
+INTERRUPTED = child("raise KeyboardInterrupt")  # a Ctrl-C of the whole process group
 
 
 def test_agree_accepts_close_logits_and_refuses_unrelated_ones() -> None:
@@ -34,13 +34,8 @@ def test_agree_accepts_close_logits_and_refuses_unrelated_ones() -> None:
     assert cpu_check._agree(plain.tolist(), broken.tolist()) == "row 1: non-finite logits"
 
 
-def interrupted(model: str, threads: int, conn: object) -> None:
-    """A check that a Ctrl-C of the whole process group ends."""
-    raise KeyboardInterrupt
-
-
 def test_a_crashing_check_means_plain_buffers() -> None:
-    assert cpu_check.probe(default_model_path(), 1, target=crash) == (
+    assert cpu_check.probe(default_model_path(), 1, CRASH) == (
         False,
         "the check crashed (SIGSEGV)",
         True,
@@ -50,9 +45,9 @@ def test_a_crashing_check_means_plain_buffers() -> None:
 def test_an_interrupted_check_means_plain_buffers_this_time_only(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    ok, why, final = cpu_check.probe(default_model_path(), 1, target=interrupted)
+    ok, why, final = cpu_check.probe(default_model_path(), 1, INTERRUPTED)
     assert (ok, final) == (False, False)
-    assert why == "the check ended without an answer (exit code 1)"
+    assert why == "the check ended without an answer (exit code -2)"  # SIGINT
     monkeypatch.delenv(cpu_check.ENV, raising=False)
     monkeypatch.setattr(cpu_check, "probe", lambda *a, **k: (False, why, False))
     assert cpu_check.extra_buffers(default_model_path(), 2, cache_dir=tmp_path) == (False, why)
@@ -60,7 +55,7 @@ def test_an_interrupted_check_means_plain_buffers_this_time_only(
 
 
 def test_a_mismatch_is_reported() -> None:
-    assert cpu_check.probe(default_model_path(), 1, target=mismatch) == (
+    assert cpu_check.probe(default_model_path(), 1, MISMATCH) == (
         False,
         "row 0: logits correlate at 0.012",
         True,
