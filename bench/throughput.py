@@ -145,7 +145,7 @@ def run_sequential(
     """(b): one request after another through the high-level API."""
     from llama_cpp import Llama
 
-    from app.config import KV_CACHE_TYPES
+    from app.config import KV_CACHE_TYPES, kv_needs_flash_attention
 
     kv_type = KV_CACHE_TYPES[kv]
     with same_cpu_buffers(model, threads):
@@ -157,7 +157,7 @@ def run_sequential(
             n_threads_batch=threads,
             type_k=kv_type,
             type_v=kv_type,
-            flash_attn=kv not in ("f16", "bf16"),
+            flash_attn=kv_needs_flash_attention(kv),
             verbose=False,
         )
     tokens = 0

@@ -22,9 +22,14 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import platformdirs
+
+if TYPE_CHECKING:
+    import numpy as np
 
 log = logging.getLogger("batchyard.engine")
 
@@ -66,8 +71,9 @@ def _fingerprint(model: Path, threads: int) -> str:
     return digest.hexdigest()[:32]
 
 
-def _decode_logits(model_path: str, extra: bool, threads: int) -> list[list[float]]:
+def _decode_logits(model_path: str, extra: bool, threads: int) -> list[np.ndarray]:
     import llama_cpp as lc
+    import numpy as np
 
     params = lc.llama_model_default_params()
     params.n_gpu_layers = 0
@@ -87,7 +93,7 @@ def _decode_logits(model_path: str, extra: bool, threads: int) -> list[list[floa
     vocab = lc.llama_model_get_vocab(model)
     n_vocab = lc.llama_vocab_n_tokens(vocab)
     batch = lc.llama_batch_init(64, 0, 1)
-    rows: list[list[float]] = []
+    rows: list[np.ndarray] = []
     try:
         # A prompt-sized batch (many rows per matrix product), then a one-token-each step.
         n = 0
@@ -105,7 +111,7 @@ def _decode_logits(model_path: str, extra: bool, threads: int) -> list[list[floa
         outputs = [PROBE_TOKENS - 1, 2 * PROBE_TOKENS - 1]
         for i in outputs:
             row = lc.llama_get_logits_ith(ctx, i)
-            rows.append([row[j] for j in range(n_vocab)])
+            rows.append(np.ctypeslib.as_array(row, shape=(n_vocab,)).astype(np.float64))
         for seq in range(2):
             batch.token[seq] = 42 + seq
             batch.pos[seq] = PROBE_TOKENS
@@ -117,7 +123,7 @@ def _decode_logits(model_path: str, extra: bool, threads: int) -> list[list[floa
             raise RuntimeError("llama_decode failed")
         for i in range(2):
             row = lc.llama_get_logits_ith(ctx, i)
-            rows.append([row[j] for j in range(n_vocab)])
+            rows.append(np.ctypeslib.as_array(row, shape=(n_vocab,)).astype(np.float64))
     finally:
         lc.llama_batch_free(batch)
         lc.llama_free(ctx)
@@ -125,7 +131,7 @@ def _decode_logits(model_path: str, extra: bool, threads: int) -> list[list[floa
     return rows
 
 
-def _agree(plain: list[list[float]], extra: list[list[float]]) -> str | None:
+def _agree(plain: Sequence[Any], extra: Sequence[Any]) -> str | None:
     """None when the two runs' logits match closely enough; otherwise what differs."""
     import numpy as np
 

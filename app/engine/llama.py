@@ -31,7 +31,7 @@ from typing import Any
 import llama_cpp as lc
 import numpy as np
 
-from app.config import KV_CACHE_TYPES, Settings
+from app.config import KV_CACHE_TYPES, Settings, kv_needs_flash_attention
 from app.engine.base import (
     CHAT,
     COMPLETIONS,
@@ -276,11 +276,10 @@ class LlamaEngine:
         ctx_params.no_perf = True
         self.kv_cache_type = settings.kv_cache_type
         ctx_params.type_k = ctx_params.type_v = KV_CACHE_TYPES[self.kv_cache_type]
-        # A quantized V cache only works inside flash attention; for f16, llama.cpp chooses.
         ctx_params.flash_attn_type = (
-            lc.LLAMA_FLASH_ATTN_TYPE_AUTO
-            if self.kv_cache_type in ("f16", "bf16")
-            else lc.LLAMA_FLASH_ATTN_TYPE_ENABLED
+            lc.LLAMA_FLASH_ATTN_TYPE_ENABLED
+            if kv_needs_flash_attention(self.kv_cache_type)
+            else lc.LLAMA_FLASH_ATTN_TYPE_AUTO
         )
         self._ctx = lc.llama_init_from_model(self._model, ctx_params)
         if not self._ctx:
@@ -715,7 +714,8 @@ class LlamaEngine:
             slot.job = job
             slot.choice = job.choices[index]
             slot.prompt_len = len(prompt)
-            slot.sampler = build_sampler(
+            # Plain greedy takes the argmax itself (_sample) and needs no sampler chain.
+            slot.sampler = None if job.params.plain_greedy else build_sampler(
                 job.params,
                 self._vocab,
                 self.n_vocab,

@@ -65,6 +65,33 @@ def test_each_env_variable_in_the_help_sets_its_setting() -> None:
     assert Settings.load({"port": 1}, environ={"BATCHYARD_PORT": "9123"}).port == 1
 
 
+def test_an_unknown_kv_cache_type_is_refused_with_the_choices(tmp_path: Path) -> None:
+    assert Settings.load(environ={"BATCHYARD_KV_CACHE_TYPE": "F16"}).kv_cache_type == "f16"
+    (tmp_path / "in.jsonl").write_text("")
+    serve = ["serve", "--no-browser", "--data-dir", str(tmp_path / "d")]
+    run = ["run", str(tmp_path / "in.jsonl"), "-o", str(tmp_path / "out.jsonl")]
+    for args in (serve, run):
+        r = batchyard(*args, "--kv-cache-type", "q9")
+        assert r.returncode != 0
+        assert "unknown KV cache type 'q9'; choose one of f16, bf16, q8_0, q4_0" in r.stderr
+
+
+def test_libgomp_settings_come_before_llama_cpp_and_the_user_wins() -> None:
+    probe = (
+        "import os, sys, app.config as c; c.default_model_path(); "
+        "print(os.environ['GOMP_SPINCOUNT'], os.environ['OMP_WAIT_POLICY'], "
+        "'llama_cpp' in sys.modules)"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
+    run = [sys.executable, "-c", probe]
+    r = subprocess.run(run, cwd=ROOT, env=env, capture_output=True, text=True, check=True)
+    # Finding the embedded model does not import llama_cpp, which would load libgomp first.
+    assert r.stdout.split() == ["1000", "ACTIVE", "False"]
+    env["GOMP_SPINCOUNT"] = "5"
+    r = subprocess.run(run, cwd=ROOT, env=env, capture_output=True, text=True, check=True)
+    assert r.stdout.split() == ["5", "ACTIVE", "False"]
+
+
 def test_gguf_header_reader_agrees_with_the_gguf_package() -> None:
     path = default_model_path()
     ours = read_gguf_metadata(path)

@@ -34,12 +34,12 @@ def test_agree_accepts_close_logits_and_refuses_unrelated_ones() -> None:
     assert cpu_check._agree(plain.tolist(), broken.tolist()) == "row 1: non-finite logits"
 
 
-def test_a_crashing_check_means_plain_buffers() -> None:
-    assert cpu_check.probe(default_model_path(), 1, CRASH) == (
-        False,
-        "the check crashed (SIGSEGV)",
-        True,
-    )
+@pytest.mark.parametrize(
+    ("command", "why"),
+    [(CRASH, "the check crashed (SIGSEGV)"), (MISMATCH, "row 0: logits correlate at 0.012")],
+)
+def test_a_crash_or_a_mismatch_is_a_verdict_for_plain_buffers(command: list[str], why: str) -> None:
+    assert cpu_check.probe(default_model_path(), 1, command) == (False, why, True)
 
 
 def test_an_interrupted_check_means_plain_buffers_this_time_only(
@@ -52,14 +52,6 @@ def test_an_interrupted_check_means_plain_buffers_this_time_only(
     monkeypatch.setattr(cpu_check, "probe", lambda *a, **k: (False, why, False))
     assert cpu_check.extra_buffers(default_model_path(), 2, cache_dir=tmp_path) == (False, why)
     assert not (tmp_path / "cpu-check.json").exists()  # the next start checks again
-
-
-def test_a_mismatch_is_reported() -> None:
-    assert cpu_check.probe(default_model_path(), 1, MISMATCH) == (
-        False,
-        "row 0: logits correlate at 0.012",
-        True,
-    )
 
 
 def test_the_real_check_answers_and_is_cached(
