@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 
 class APIError(Exception):
@@ -46,8 +46,29 @@ def _default_type(status_code: int) -> str:
     return "invalid_request_error"
 
 
-def invalid(message: str, param: str | None = None, code: str | None = "invalid_value") -> APIError:
-    return APIError(400, message, param=param, code=code)
+E = TypeVar("E", bound=APIError)
+
+
+def invalid(
+    message: str,
+    *,
+    param: str | None,
+    code: str | None = "invalid_value",
+    cls: type[E] = APIError,  # type: ignore[assignment]
+) -> E:
+    """400 for a parameter with a wrong value or type. Keyword-only, so that the message
+    and the parameter's name cannot be swapped; the engine passes cls=EngineError."""
+    return cls(status_code=400, message=message, param=param, code=code)
+
+
+def missing(param: str, *, cls: type[E] = APIError) -> E:  # type: ignore[assignment]
+    """400 for a required parameter that was not sent, in OpenAI's words."""
+    return invalid(
+        f"Missing required parameter: '{param}'.",
+        param=param,
+        code="missing_required_parameter",
+        cls=cls,
+    )
 
 
 def not_found(

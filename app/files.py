@@ -10,7 +10,7 @@ from sqlmodel import col, select
 
 from app.config import Settings
 from app.db import Database
-from app.errors import APIError, invalid, not_found
+from app.errors import APIError, invalid, missing, not_found
 from app.models import Batch, BatchStatus, File, new_id, now
 from app.storage import PartialWrite, Storage
 
@@ -69,12 +69,7 @@ class FileService:
 
     def check_purpose(self, purpose: str | None) -> str:
         if not purpose:
-            raise APIError(
-                400,
-                "Missing required parameter: 'purpose'.",
-                param="purpose",
-                code="missing_required_parameter",
-            )
+            raise missing("purpose")
         if purpose not in UPLOAD_PURPOSES:
             raise invalid(
                 f"Invalid purpose '{purpose}'. Expected one of: {', '.join(UPLOAD_PURPOSES)}.",

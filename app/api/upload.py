@@ -14,7 +14,7 @@ import anyio.to_thread
 from litestar import Request
 from python_multipart.multipart import MultipartParser, parse_options_header
 
-from app.errors import APIError
+from app.errors import APIError, missing
 from app.files import FileService, parse_expires_after, too_large
 from app.models import File
 from app.storage import PartialWrite, TooLarge
@@ -158,12 +158,7 @@ async def receive_upload(request: Request, files: FileService, owner: str) -> Fi
 
     try:
         if col.partial is None:
-            raise APIError(
-                400,
-                "Missing required parameter: 'file'.",
-                param="file",
-                code="missing_required_parameter",
-            )
+            raise missing("file")
         purpose = files.check_purpose(col.fields.get("purpose"))
         expires_after = None
         if "expires_after[anchor]" in col.fields or "expires_after[seconds]" in col.fields:

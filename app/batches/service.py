@@ -10,7 +10,7 @@ from sqlmodel import col, select
 from app.config import Settings
 from app.db import Database
 from app.engine.base import ENDPOINTS
-from app.errors import APIError, invalid, not_found
+from app.errors import APIError, invalid, missing, not_found
 from app.files import parse_expires_after
 from app.models import Batch, BatchStatus, File, Request, RequestStatus, new_id, now
 
@@ -100,12 +100,7 @@ class BatchService:
         output_expires_after: Any = None,
     ) -> Batch:
         if not input_file_id or not isinstance(input_file_id, str):
-            raise APIError(
-                400,
-                "Missing required parameter: 'input_file_id'.",
-                param="input_file_id",
-                code="missing_required_parameter",
-            )
+            raise missing("input_file_id")
         if endpoint not in ENDPOINTS:
             raise invalid(
                 f"Invalid endpoint {json.dumps(endpoint)}. Supported endpoints: {', '.join(ENDPOINTS)}.",

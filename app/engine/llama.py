@@ -51,10 +51,10 @@ from app.engine.sampling import (
     StopMatcher,
     build_sampler,
     free_sampler,
-    invalid,
     parse_sampling,
     top_logprobs_of,
 )
+from app.errors import invalid
 
 log = logging.getLogger("batchyard.engine")
 
@@ -436,7 +436,12 @@ class LlamaEngine:
         """Validate, template and tokenize in the caller's thread, so the queue holds ready work."""
         body = job.body
         if not isinstance(body, dict):
-            raise invalid("body", "The request body must be a JSON object.", "invalid_type")
+            raise invalid(
+                "The request body must be a JSON object.",
+                param="body",
+                code="invalid_type",
+                cls=EngineError,
+            )
         if job.kind == "embedding":
             job.prompts = self._embedding_inputs(body)
             return [Task(int(job.priority), next(self._seq), job)]
@@ -455,12 +460,16 @@ class LlamaEngine:
         else:
             if body.get("suffix"):
                 raise invalid(
-                    "suffix", "'suffix' (fill-in-the-middle) is not supported by this server."
+                    "'suffix' (fill-in-the-middle) is not supported by this server.",
+                    param="suffix",
+                    cls=EngineError,
                 )
             job.echo = bool(body.get("echo"))
             if job.echo and job.params.logprobs:
                 raise invalid(
-                    "echo", "'echo' together with 'logprobs' is not supported (no prompt logprobs)."
+                    "'echo' together with 'logprobs' is not supported (no prompt logprobs).",
+                    param="echo",
+                    cls=EngineError,
                 )
             job.prompt_texts, job.prompts = self._completion_prompts(body.get("prompt"))
             job.stop_strings = job.params.stop
@@ -517,9 +526,10 @@ class LlamaEngine:
             items = prompt
         else:
             raise invalid(
-                "prompt",
                 "'prompt' must be a string, a list of strings, or token arrays.",
-                "invalid_type",
+                param="prompt",
+                code="invalid_type",
+                cls=EngineError,
             )
         texts, prompts = [], []
         for item in items:
@@ -541,19 +551,26 @@ class LlamaEngine:
         bad = [t for t in tokens if not 0 <= t < self.n_vocab]
         if bad:
             raise invalid(
-                param, f"Token id {bad[0]} is outside the vocabulary (0..{self.n_vocab - 1})."
+                f"Token id {bad[0]} is outside the vocabulary (0..{self.n_vocab - 1}).",
+                param=param,
+                cls=EngineError,
             )
 
     def _embedding_inputs(self, body: dict[str, Any]) -> list[list[int]]:
         fmt = body.get("encoding_format") or "float"
         if fmt not in ("float", "base64"):
-            raise invalid("encoding_format", "'encoding_format' must be 'float' or 'base64'.")
+            raise invalid(
+                "'encoding_format' must be 'float' or 'base64'.",
+                param="encoding_format",
+                cls=EngineError,
+            )
         dims = body.get("dimensions")
         if dims is not None and dims != self.info.embedding_dim:
             raise invalid(
-                "dimensions",
                 f"This model's embeddings have {self.info.embedding_dim} dimensions and cannot be "
                 f"shortened; omit 'dimensions' or set it to {self.info.embedding_dim}.",
+                param="dimensions",
+                cls=EngineError,
             )
         raw = body.get("input")
 
@@ -570,15 +587,20 @@ class LlamaEngine:
             items = raw
         else:
             raise invalid(
-                "input",
                 "'input' must be a non-empty string, list of strings, or token arrays.",
-                "invalid_type",
+                param="input",
+                code="invalid_type",
+                cls=EngineError,
             )
         inputs = []
         for i, item in enumerate(items):
             if isinstance(item, str):
                 if not item:
-                    raise invalid("input", f"input[{i}] is empty; every input needs text.")
+                    raise invalid(
+                        f"input[{i}] is empty; every input needs text.",
+                        param="input",
+                        cls=EngineError,
+                    )
                 tokens = self.tokenize(item, add_special=True, parse_special=False)
             else:
                 self._check_token_ids(item, "input")
@@ -715,12 +737,16 @@ class LlamaEngine:
             slot.choice = job.choices[index]
             slot.prompt_len = len(prompt)
             # Plain greedy takes the argmax itself (_sample) and needs no sampler chain.
-            slot.sampler = None if job.params.plain_greedy else build_sampler(
-                job.params,
-                self._vocab,
-                self.n_vocab,
-                job.params.choice_seed(index),
-                self.ctx_per_slot,
+            slot.sampler = (
+                None
+                if job.params.plain_greedy
+                else build_sampler(
+                    job.params,
+                    self._vocab,
+                    self.n_vocab,
+                    job.params.choice_seed(index),
+                    self.ctx_per_slot,
+                )
             )
             slot.stops = StopMatcher(job.stop_strings)
             room = self.ctx_per_slot - len(prompt)
@@ -821,9 +847,7 @@ class LlamaEngine:
         if not any(s.job is not None and s.job.priority == Priority.ONLINE for s in self._slots):
             return set()
         batch_slots = [
-            s.seq_id
-            for s in self._slots
-            if s.job is not None and s.job.priority == Priority.BATCH
+            s.seq_id for s in self._slots if s.job is not None and s.job.priority == Priority.BATCH
         ]
         if len(batch_slots) <= ONLINE_BATCH_WINDOW:
             return set()

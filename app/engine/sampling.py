@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from app.engine.base import EngineError
+from app.errors import invalid
 
 MAX_STOP_SEQUENCES = 4
 MAX_N = 128
@@ -83,19 +84,22 @@ class SamplingParams:
         return (self.seed + index) & 0xFFFFFFFF
 
 
-def invalid(param: str, message: str, code: str = "invalid_value") -> EngineError:
-    return EngineError(message, status_code=400, code=code, param=param)
-
-
 def _number(body: dict[str, Any], name: str, default: float, lo: float, hi: float) -> float:
     value = body.get(name)
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise invalid(name, f"'{name}' must be a number between {lo:g} and {hi:g}.", "invalid_type")
+        raise invalid(
+            f"'{name}' must be a number between {lo:g} and {hi:g}.",
+            param=name,
+            code="invalid_type",
+            cls=EngineError,
+        )
     if not lo <= value <= hi:
         raise invalid(
-            name, f"{value!r} is out of range for '{name}': it must be between {lo:g} and {hi:g}."
+            f"{value!r} is out of range for '{name}': it must be between {lo:g} and {hi:g}.",
+            param=name,
+            cls=EngineError,
         )
     return float(value)
 
@@ -105,10 +109,16 @@ def _integer(body: dict[str, Any], name: str, lo: int, hi: int | None = None) ->
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int):
-        raise invalid(name, f"'{name}' must be an integer.", "invalid_type")
+        raise invalid(
+            f"'{name}' must be an integer.", param=name, code="invalid_type", cls=EngineError
+        )
     if value < lo or (hi is not None and value > hi):
         limit = f"between {lo} and {hi}" if hi is not None else f"at least {lo}"
-        raise invalid(name, f"{value!r} is out of range for '{name}': it must be {limit}.")
+        raise invalid(
+            f"{value!r} is out of range for '{name}': it must be {limit}.",
+            param=name,
+            cls=EngineError,
+        )
     return value
 
 
@@ -119,10 +129,17 @@ def _stop(body: dict[str, Any]) -> list[str]:
     if isinstance(stop, str):
         stop = [stop]
     if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
-        raise invalid("stop", "'stop' must be a string or a list of strings.", "invalid_type")
+        raise invalid(
+            "'stop' must be a string or a list of strings.",
+            param="stop",
+            code="invalid_type",
+            cls=EngineError,
+        )
     if len(stop) > MAX_STOP_SEQUENCES:
         raise invalid(
-            "stop", f"'stop' takes at most {MAX_STOP_SEQUENCES} sequences, got {len(stop)}."
+            f"'stop' takes at most {MAX_STOP_SEQUENCES} sequences, got {len(stop)}.",
+            param="stop",
+            cls=EngineError,
         )
     return [s for s in stop if s]
 
@@ -133,18 +150,24 @@ def _logit_bias(body: dict[str, Any], n_vocab: int) -> dict[int, float]:
         return {}
     if not isinstance(raw, dict):
         raise invalid(
-            "logit_bias", "'logit_bias' must be an object of token id -> bias.", "invalid_type"
+            "'logit_bias' must be an object of token id -> bias.",
+            param="logit_bias",
+            code="invalid_type",
+            cls=EngineError,
         )
     bias: dict[int, float] = {}
     for key, value in raw.items():
         try:
             token = int(key)
         except (TypeError, ValueError):
-            raise invalid("logit_bias", f"logit_bias key {key!r} is not a token id.") from None
+            raise invalid(
+                f"logit_bias key {key!r} is not a token id.", param="logit_bias", cls=EngineError
+            ) from None
         if not 0 <= token < n_vocab:
             raise invalid(
-                "logit_bias",
                 f"logit_bias token id {token} is outside the vocabulary (0..{n_vocab - 1}).",
+                param="logit_bias",
+                cls=EngineError,
             )
         if (
             isinstance(value, bool)
@@ -152,7 +175,9 @@ def _logit_bias(body: dict[str, Any], n_vocab: int) -> dict[int, float]:
             or not -100 <= value <= 100
         ):
             raise invalid(
-                "logit_bias", f"logit_bias value for token {token} must be between -100 and 100."
+                f"logit_bias value for token {token} must be between -100 and 100.",
+                param="logit_bias",
+                cls=EngineError,
             )
         bias[token] = float(value)
     return bias
@@ -164,7 +189,10 @@ def _response_format(body: dict[str, Any]) -> str | None:
         return None
     if not isinstance(fmt, dict) or "type" not in fmt:
         raise invalid(
-            "response_format", "'response_format' must be an object with a 'type'.", "invalid_type"
+            "'response_format' must be an object with a 'type'.",
+            param="response_format",
+            code="invalid_type",
+            cls=EngineError,
         )
     kind = fmt["type"]
     if kind == "text":
@@ -176,8 +204,9 @@ def _response_format(body: dict[str, Any]) -> str | None:
         schema = spec.get("schema") if isinstance(spec, dict) else None
         if not isinstance(schema, dict):
             raise invalid(
-                "response_format",
                 "response_format json_schema needs 'json_schema': {'name': ..., 'schema': {...}}.",
+                param="response_format",
+                cls=EngineError,
             )
         from llama_cpp.llama_grammar import json_schema_to_gbnf
 
@@ -185,11 +214,14 @@ def _response_format(body: dict[str, Any]) -> str | None:
             return json_schema_to_gbnf(json.dumps(schema))
         except Exception as exc:  # the converter raises plain errors on schemas it cannot express
             raise invalid(
-                "response_format", f"The JSON schema cannot be turned into a grammar: {exc}"
+                f"The JSON schema cannot be turned into a grammar: {exc}",
+                param="response_format",
+                cls=EngineError,
             ) from None
     raise invalid(
-        "response_format",
         f"response_format type {kind!r} is not supported; use text, json_object or json_schema.",
+        param="response_format",
+        cls=EngineError,
     )
 
 
@@ -207,7 +239,9 @@ def parse_sampling(body: dict[str, Any], *, chat: bool, n_vocab: int) -> Samplin
     seed = body.get("seed")
     if seed is not None:
         if isinstance(seed, bool) or not isinstance(seed, int):
-            raise invalid("seed", "'seed' must be an integer.", "invalid_type")
+            raise invalid(
+                "'seed' must be an integer.", param="seed", code="invalid_type", cls=EngineError
+            )
         params.seed = seed
     # max_completion_tokens is the chat name that replaced max_tokens; it wins when both are set.
     name = (
@@ -220,11 +254,20 @@ def parse_sampling(body: dict[str, Any], *, chat: bool, n_vocab: int) -> Samplin
     if chat:
         logprobs = body.get("logprobs")
         if logprobs is not None and not isinstance(logprobs, bool):
-            raise invalid("logprobs", "'logprobs' must be true or false.", "invalid_type")
+            raise invalid(
+                "'logprobs' must be true or false.",
+                param="logprobs",
+                code="invalid_type",
+                cls=EngineError,
+            )
         params.logprobs = bool(logprobs)
         top = _integer(body, "top_logprobs", 0, MAX_TOP_LOGPROBS)
         if top is not None and not params.logprobs:
-            raise invalid("top_logprobs", "'top_logprobs' needs 'logprobs' set to true.")
+            raise invalid(
+                "'top_logprobs' needs 'logprobs' set to true.",
+                param="top_logprobs",
+                cls=EngineError,
+            )
         params.top_logprobs = top or 0
     else:
         # The legacy endpoint's `logprobs` is the number of alternatives per token.
@@ -262,7 +305,9 @@ def build_sampler(
         if not grammar:
             lc.llama_sampler_free(chain)
             raise invalid(
-                "response_format", "llama.cpp could not parse the grammar for response_format."
+                "llama.cpp could not parse the grammar for response_format.",
+                param="response_format",
+                cls=EngineError,
             )
         lc.llama_sampler_chain_add(chain, grammar)
     if params.temperature == 0.0:
