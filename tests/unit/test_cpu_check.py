@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from app.config import default_model_path
+from app.config import Settings, default_model_path
 from app.engine import cpu_check
 
 
@@ -48,18 +48,16 @@ def test_an_interrupted_check_means_plain_buffers_this_time_only(
     ok, why, final = cpu_check.probe(default_model_path(), 1, INTERRUPTED)
     assert (ok, final) == (False, False)
     assert why == "the check ended without an answer (exit code -2)"  # SIGINT
-    monkeypatch.delenv(cpu_check.ENV, raising=False)
     monkeypatch.setattr(cpu_check, "probe", lambda *a, **k: (False, why, False))
-    assert cpu_check.extra_buffers(default_model_path(), 2, cache_dir=tmp_path) == (False, why)
+    assert cpu_check.extra_buffers(default_model_path(), 2, "auto", tmp_path) == (False, why)
     assert not (tmp_path / "cpu-check.json").exists()  # the next start checks again
 
 
 def test_the_real_check_answers_and_is_cached(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.delenv(cpu_check.ENV, raising=False)
     model = default_model_path()
-    ok, why = cpu_check.extra_buffers(model, 2, cache_dir=tmp_path)
+    ok, why = cpu_check.extra_buffers(model, 2, "auto", tmp_path)
     # Either answer is right for some build; what matters is that it is a verdict with a reason.
     assert why == "the check passed" if ok else why.startswith(("the check crashed", "row "))
     cached = json.loads((tmp_path / "cpu-check.json").read_text())
@@ -69,20 +67,32 @@ def test_the_real_check_answers_and_is_cached(
         raise AssertionError("the cached answer should have been used")
 
     monkeypatch.setattr(cpu_check, "probe", no_probe)
-    assert cpu_check.extra_buffers(model, 2, cache_dir=tmp_path) == (ok, why + " (cached)")
+    assert cpu_check.extra_buffers(model, 2, "auto", tmp_path) == (ok, why + " (cached)")
     # Another thread count is another key: the check would run again.
     with pytest.raises(AssertionError, match="cached answer"):
-        cpu_check.extra_buffers(model, 1, cache_dir=tmp_path)
+        cpu_check.extra_buffers(model, 1, "auto", tmp_path)
 
 
-@pytest.mark.parametrize(("value", "expected"), [("1", True), ("on", True), ("0", False), ("off", False)])
-def test_the_environment_overrides_the_check(
+@pytest.mark.parametrize(
+    ("value", "expected"), [("1", True), ("on", True), ("0", False), ("off", False)]
+)
+def test_the_setting_overrides_the_check(
     value: str, expected: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv(cpu_check.ENV, value)
-    monkeypatch.setattr(cpu_check, "probe", lambda *a, **k: (_ for _ in ()).throw(AssertionError))
-    assert cpu_check.extra_buffers(default_model_path(), 2, cache_dir=tmp_path) == (
-        expected,
-        f"{cpu_check.ENV}={value}",
+    # BATCHYARD_CPU_EXTRA_BUFFERS reaches the check through Settings, like every other knob.
+    settings = Settings.load(
+        environ={"BATCHYARD_CPU_EXTRA_BUFFERS": value, "BATCHYARD_CACHE_DIR": str(tmp_path)}
     )
+    assert settings.cache_path == tmp_path
+    monkeypatch.setattr(cpu_check, "probe", lambda *a, **k: (_ for _ in ()).throw(AssertionError))
+    assert cpu_check.extra_buffers(
+        default_model_path(), 2, settings.cpu_extra_buffers, settings.cache_path
+    ) == (expected, f"cpu_extra_buffers={'on' if expected else 'off'}")
     assert not (tmp_path / "cpu-check.json").exists()
+
+
+def test_the_setting_defaults_to_the_check_and_refuses_other_words() -> None:
+    assert Settings.load(environ={}).cpu_extra_buffers == "auto"
+    assert Settings(cpu_extra_buffers=" OFF ").cpu_extra_buffers == "off"
+    with pytest.raises(ValueError, match="choose one of auto, on, off"):
+        Settings(cpu_extra_buffers="sometimes")

@@ -1,4 +1,8 @@
-"""The real LlamaEngine on the real default model: batching, sampling, limits, shapes."""
+"""The real LlamaEngine on the real default model: batching, sampling, limits, shapes.
+
+The scheduling decisions and the response shapes alone, without a model, are
+tests/unit/test_engine_slots.py and test_engine_responses.py.
+"""
 
 from __future__ import annotations
 
@@ -15,7 +19,7 @@ import pytest
 
 from app.config import Settings
 from app.engine.base import CHAT, COMPLETIONS, EMBEDDINGS, EngineError, Priority, RequestCancelled
-from app.engine.llama import ONLINE_BATCH_WINDOW, Job, LlamaEngine, Slot, load_engine
+from app.engine.llama import LlamaEngine, load_engine
 
 SLOTS = 8
 CTX = 512
@@ -266,20 +270,6 @@ def test_a_slot_stays_free_for_online_requests(engine: LlamaEngine) -> None:
             f.result(timeout=10)
 
 
-def test_online_requests_hold_batch_lines_back_in_turns_of_consecutive_slots() -> None:
-    assert ONLINE_BATCH_WINDOW == 8
-    # Only the scheduling decision: an engine object with slots and no model behind it.
-    eng = LlamaEngine.__new__(LlamaEngine)
-    eng._slots = [Slot(i) for i in range(20)]
-    eng._window = 0
-    for slot in eng._slots[:19]:
-        slot.job = Job(CHAT, {}, Priority.BATCH, None)
-    assert eng._held_back() == set()  # no online request: every batch line decodes
-    eng._slots[19].job = Job(CHAT, {}, Priority.ONLINE, None)
-    turns = [sorted(set(range(19)) - eng._held_back()) for _ in range(4)]
-    assert turns == [list(range(8, 16)), list(range(16, 19)), list(range(8)), list(range(8, 16))]
-
-
 def test_cancel_queued_and_running_requests(engine: LlamaEngine) -> None:
     long = chat("Tell a long story.", max_tokens=300, logit_bias=NO_EOG)
     running = [engine.submit(CHAT, long) for _ in range(SLOTS)]
@@ -432,7 +422,7 @@ def test_text_parts_content_and_stats(engine: LlamaEngine) -> None:
 
 
 def test_close_fails_pending_futures() -> None:
-    eng = LlamaEngine(Settings(parallel=1, ctx_size=256))
+    eng = load_engine(Settings(parallel=1, ctx_size=256))
     futures = [
         eng.submit(CHAT, chat("Tell a story.", max_tokens=200, logit_bias=NO_EOG)) for _ in range(3)
     ]
