@@ -1,0 +1,215 @@
+"""The engine's scheduling decisions, on slots with no model behind them."""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import subprocess
+import sys
+
+from app.engine.base import CHAT, EMBEDDINGS, Priority
+from app.engine.slots import (
+    MIN_COPY_TOKENS,
+    ONLINE_BATCH_WINDOW,
+    Choice,
+    Job,
+    Scheduler,
+    Slot,
+    SlotState,
+    Task,
+    common_prefix,
+)
+
+CTX = 512
+_seq = itertools.count()
+
+
+def job(prompt: list[int], priority: Priority = Priority.BATCH, n: int = 1) -> Job:
+    j = Job(CHAT, {}, priority, None)
+    j.prompts = [prompt]
+    j.params.n = n
+    j.choices = [Choice(i) for i in range(n)]
+    j.unfinished = n
+    return j
+
+
+def task(j: Job, indices: list[int] | None = None) -> Task:
+    return Task(int(j.priority), next(_seq), j, 0, indices or list(range(len(j.choices))))
+
+
+def queue_of(*tasks: Task) -> list[Task]:
+    q: list[Task] = []
+    for t in tasks:
+        heapq.heappush(q, t)
+    return q
+
+
+def occupy(slot: Slot, priority: Priority = Priority.BATCH) -> None:
+    j = job([1, 2, 3], priority)
+    slot.take(j, j.choices[0], 3, None, ctx_per_slot=CTX)
+
+
+def test_online_goes_first_to_the_highest_slot_and_one_slot_stays_free_of_batch_lines() -> None:
+    slots = [Slot(i) for i in range(4)]
+    lines = [task(job([10 + i])) for i in range(4)]
+    online = task(job([99], Priority.ONLINE))
+    q = queue_of(*lines, online)
+    admitted = Scheduler(4).admit(q, slots).starts
+    # The online request sorts first and lands above the batch room; batch lines take the
+    # lowest slots, so their sequence ids are one run; the fourth line waits.
+    assert [(t.job.priority, [s.seq_id for s in g]) for t, g in admitted] == [
+        (Priority.ONLINE, [3]),
+        (Priority.BATCH, [0]),
+        (Priority.BATCH, [1]),
+        (Priority.BATCH, [2]),
+    ]
+    assert q == [lines[3]]
+
+
+def test_batch_lines_leave_the_reserved_slot_free_even_when_idle() -> None:
+    slots = [Slot(i) for i in range(4)]
+    q = queue_of(*[task(job([i])) for i in range(4)])
+    admitted = Scheduler(4).admit(q, slots).starts
+    assert [g[0].seq_id for _, g in admitted] == [0, 1, 2]
+    assert len(q) == 1
+    # With a single slot nothing is kept back.
+    one = [Slot(0)]
+    assert len(Scheduler(1).admit(queue_of(task(job([1]))), one).starts) == 1
+
+
+def test_a_batch_line_over_the_room_waits_unless_no_batch_line_runs() -> None:
+    slots = [Slot(i) for i in range(4)]
+    wide = task(job([5], n=4))  # four choices: more than the batch room of three
+    assert [len(g) for _, g in Scheduler(4).admit(queue_of(wide), slots).starts] == [4]
+    slots = [Slot(i) for i in range(6)]
+    occupy(slots[0])
+    q = queue_of(task(job([5], n=5)))
+    assert Scheduler(6).admit(q, slots).starts == [] and len(q) == 1
+
+
+def test_the_head_of_the_queue_is_not_overtaken_by_smaller_tasks() -> None:
+    slots = [Slot(i) for i in range(4)]
+    occupy(slots[3], Priority.ONLINE)
+    occupy(slots[2], Priority.ONLINE)
+    big = task(job([1], Priority.ONLINE, n=3))  # needs three slots; two are free
+    small = task(job([2], Priority.ONLINE))
+    q = queue_of(big, small)
+    assert Scheduler(4).admit(q, slots).starts == []
+    assert [t.job for t in sorted(q)] == [big.job, small.job]
+
+
+def test_cancelled_tasks_are_dropped_and_embeddings_handed_back() -> None:
+    slots = [Slot(i) for i in range(2)]
+    gone = task(job([1], Priority.ONLINE))
+    gone.job.cancelled = True
+    emb = Job(EMBEDDINGS, {}, Priority.ONLINE, None)
+    emb.prompts = [[1, 2]]
+    q = queue_of(gone, Task(0, next(_seq), emb), task(job([3], Priority.ONLINE)))
+    admission = Scheduler(2).admit(q, slots)
+    assert admission.embeds == [emb]
+    assert [t.job.prompts for t, _ in admission.starts] == [[[3]]]
+    assert q == []
+
+
+def test_the_leader_lands_where_the_longest_prefix_is_cached_and_siblings_where_least() -> None:
+    slots = [Slot(i) for i in range(6)]
+    slots[0].cached = [7, 7, 7, 7, 7, 7]
+    slots[1].cached = [1, 2, 9]
+    slots[2].cached = [1, 2, 3, 9, 9]
+    slots[3].cached = [8, 8]
+    slots[4].cached = []
+    slots[5].cached = [8]
+    t = task(job([1, 2, 3, 4], Priority.ONLINE, n=3))
+    (admitted, group), *_ = Scheduler(6).admit(queue_of(t), slots).starts
+    assert admitted is t
+    # Slot 2 shares [1, 2, 3]; the siblings take the emptiest caches, which they overwrite.
+    assert [s.seq_id for s in group] == [2, 4, 5]
+    # No shared prefix in a batch line's slots (0 and 1, below the reserved one): the tie
+    # goes to the slot with the least cached, so longer caches survive.
+    slots = [Slot(i) for i in range(3)]
+    slots[0].cached, slots[1].cached, slots[2].cached = [5, 5, 5], [6], []
+    (_, group), *_ = Scheduler(3).admit(queue_of(task(job([1, 2]))), slots).starts
+    assert [s.seq_id for s in group] == [1]
+
+
+def test_online_requests_hold_batch_lines_back_in_turns_of_consecutive_slots() -> None:
+    assert ONLINE_BATCH_WINDOW == 8
+    scheduler = Scheduler(20)
+    slots = [Slot(i) for i in range(20)]
+    for slot in slots[:19]:
+        occupy(slot, Priority.BATCH)
+    assert scheduler.held_back(slots) == set()  # no online request: every batch line decodes
+    occupy(slots[19], Priority.ONLINE)
+    turns = [sorted(set(range(19)) - scheduler.held_back(slots)) for _ in range(4)]
+    assert turns == [list(range(8, 16)), list(range(16, 19)), list(range(8)), list(range(8, 16))]
+
+
+def test_few_batch_lines_beside_an_online_request_all_decode() -> None:
+    slots = [Slot(i) for i in range(10)]
+    for slot in slots[:ONLINE_BATCH_WINDOW]:
+        occupy(slot, Priority.BATCH)
+    occupy(slots[9], Priority.ONLINE)
+    assert Scheduler(10).held_back(slots) == set()
+
+
+def test_prefix_source_keeps_its_own_cache_unless_another_holds_enough_more() -> None:
+    prompt = list(range(40))
+    slot, other = Slot(0), Slot(1)
+    slot.cached = prompt[:10] + [99]
+    scheduler = Scheduler(2)
+    assert scheduler.prefix_source(slot, prompt, [slot, other], set()) == (None, 10)
+    other.cached = prompt[: 10 + MIN_COPY_TOKENS - 1]
+    assert scheduler.prefix_source(slot, prompt, [slot, other], set()) == (None, 10)
+    other.cached = prompt[: 10 + MIN_COPY_TOKENS]
+    assert scheduler.prefix_source(slot, prompt, [slot, other], set()) == (
+        other,
+        10 + MIN_COPY_TOKENS,
+    )
+    # A slot whose own stream copy is still queued is no source until the next decode.
+    assert scheduler.prefix_source(slot, prompt, [slot, other], {1}) == (None, 10)
+
+
+def test_prefix_source_leaves_the_last_prompt_token_and_obeys_prefix_cache_off() -> None:
+    prompt = [1, 2, 3, 4, 5]
+    slot = Slot(0)
+    slot.cached = prompt + [6, 7]
+    # The first sampled token needs the last prompt token's logits.
+    assert Scheduler(1).prefix_source(slot, prompt, [slot], set()) == (None, 4)
+    other = Slot(1)
+    other.cached = list(range(100, 120))
+    off = Scheduler(2, prefix_cache=False)
+    assert off.prefix_source(slot, prompt, [slot, other], set()) == (None, 0)
+
+
+def test_slot_states_follow_a_choice_from_prompt_to_release() -> None:
+    j = job([1, 2, 3, 4], Priority.ONLINE, n=2)
+    j.params.max_tokens = 1000
+    leader, follower = Slot(0), Slot(1)
+    assert leader.state is SlotState.IDLE and not leader.busy
+    leader.take(j, j.choices[0], 4, None, ctx_per_slot=CTX)
+    follower.take(j, j.choices[1], 4, leader, ctx_per_slot=CTX)
+    assert (leader.state, follower.state) == (SlotState.PROMPT, SlotState.WAIT_LEADER)
+    assert leader.followers == [follower] and follower.leader is leader
+    assert leader.busy and not leader.generating
+    assert leader.max_tokens == CTX - 4  # max_tokens is cut to the room the slot has
+    leader.generate(42)
+    assert leader.state is SlotState.GENERATING and leader.generating and leader.token == 42
+    leader.cached = [1, 2, 3, 4, 42]
+    leader.clear()
+    assert leader.state is SlotState.IDLE and leader.job is None
+    assert leader.cached == [1, 2, 3, 4, 42]  # the KV stays for a later prompt
+
+
+def test_common_prefix() -> None:
+    assert common_prefix([1, 2, 3], [1, 2, 4, 5]) == 2
+    assert common_prefix([], [1]) == 0
+    assert common_prefix([1, 2], [1, 2]) == 2
+
+
+def test_the_model_free_rooms_do_not_load_llama_cpp() -> None:
+    code = (
+        "import sys, app.config, app.engine.slots, app.engine.prepare, app.engine.responses; "
+        "print('llama_cpp' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
