@@ -1,4 +1,10 @@
-"""Settings: command-line flags over BATCHYARD_* environment variables over defaults."""
+"""Settings: command-line flags over BATCHYARD_* environment variables over defaults.
+
+Every BATCHYARD_* variable is read here and nowhere else. Two environment reads live
+elsewhere on purpose: app/__init__.py sets libgomp's GOMP_SPINCOUNT and OMP_WAIT_POLICY
+defaults before llama_cpp loads, and engine/cpu_check.py honours LLAMA_CPP_LIB_PATH,
+llama-cpp-python's own variable. Nothing here imports llama_cpp.
+"""
 
 from __future__ import annotations
 

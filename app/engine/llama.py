@@ -121,9 +121,6 @@ class LlamaEngine:
             self._native.threads,
         )
 
-    def tokenize(self, text: str, *, add_special: bool, parse_special: bool = True) -> list[int]:
-        return self.vocab.tokenize(text, add_special=add_special, parse_special=parse_special)
-
     # ----------------------------------------------------------------- the public contract
 
     def submit(

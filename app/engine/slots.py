@@ -107,6 +107,10 @@ class SlotState(enum.Enum):
     GENERATING = "generating"  # slot.token is the last sampled token, fed in the next step
 
 
+# Read on every slot every step: module names are cheaper to reach than enum members.
+_IDLE, _GENERATING = SlotState.IDLE, SlotState.GENERATING
+
+
 class Slot:
     """One llama.cpp sequence (seq_id) and the choice decoding in it."""
 
@@ -157,11 +161,11 @@ class Slot:
 
     @property
     def busy(self) -> bool:
-        return self.state is not SlotState.IDLE
+        return self.state is not _IDLE
 
     @property
     def generating(self) -> bool:
-        return self.state is SlotState.GENERATING
+        return self.state is _GENERATING
 
 
 @dataclass

@@ -73,7 +73,7 @@ def test_chat_body_has_openai_shape_and_exact_usage(engine: LlamaEngine) -> None
         [{"role": "user", "content": "What is the capital of France?"}]
     )
     usage = body["usage"]
-    assert usage["prompt_tokens"] == len(engine.tokenize(prompt, add_special=False))
+    assert usage["prompt_tokens"] == len(engine.vocab.tokenize(prompt, add_special=False))
     # One logprob entry per generated token: the completion count is exact.
     assert usage["completion_tokens"] == len(choice["logprobs"]["content"])
     assert "".join(e["token"] for e in choice["logprobs"]["content"]).startswith(
