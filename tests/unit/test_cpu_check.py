@@ -75,7 +75,9 @@ def test_the_real_check_answers_and_is_cached(
         cpu_check.extra_buffers(model, 1, cache_dir=tmp_path)
 
 
-@pytest.mark.parametrize(("value", "expected"), [("1", True), ("on", True), ("0", False), ("off", False)])
+@pytest.mark.parametrize(
+    ("value", "expected"), [("1", True), ("on", True), ("0", False), ("off", False)]
+)
 def test_the_environment_overrides_the_check(
     value: str, expected: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
