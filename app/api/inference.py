@@ -15,7 +15,7 @@ from typing import Annotated, Any
 from litestar import get, post
 from litestar.di import NamedDependency
 from litestar.openapi.datastructures import ResponseSpec
-from litestar.params import FromPath, JSONBody
+from litestar.params import FromPath, JSONBody, SkipValidation
 from litestar.response import Response, Stream
 
 from app.api.errors import json_object_body
@@ -40,7 +40,7 @@ from app.services import Services
 STREAM_NOTE = " With `stream: true` the answer is `text/event-stream`: one chunk per `data:` event, then `data: [DONE]`."
 
 
-async def _run(engine: NamedDependency[Engine], endpoint: str, body: dict[str, Any]) -> Any:
+async def _run(engine: Engine, endpoint: str, body: dict[str, Any]) -> Any:
     if body.get("stream") and endpoint != EMBEDDINGS:
         return _stream(engine, endpoint, body)
     fut = engine.submit(endpoint, body, priority=Priority.ONLINE)
@@ -51,7 +51,7 @@ async def _run(engine: NamedDependency[Engine], endpoint: str, body: dict[str, A
         raise
 
 
-def _stream(engine: NamedDependency[Engine], endpoint: str, body: dict[str, Any]) -> Stream:
+def _stream(engine: Engine, endpoint: str, body: dict[str, Any]) -> Stream:
     """Relay the engine's chunks as server-sent events. The engine itself sends the
     usage-only chunk that `stream_options.include_usage` asks for."""
     loop = asyncio.get_running_loop()
@@ -98,7 +98,7 @@ def _answers(body: type) -> dict[int, ResponseSpec]:
 )
 async def chat_completions(
     data: JSONBody[Annotated[dict[str, Any], EngineBody(ChatCompletionCreateParams)]],
-    engine: NamedDependency[Engine],
+    engine: NamedDependency[SkipValidation[Engine]],
 ) -> Any:
     """Answer a chat (`messages`), whole or streamed."""
     return await _run(engine, CHAT, data)
@@ -114,7 +114,7 @@ async def chat_completions(
 )
 async def completions(
     data: JSONBody[Annotated[dict[str, Any], EngineBody(CompletionCreateParams)]],
-    engine: NamedDependency[Engine],
+    engine: NamedDependency[SkipValidation[Engine]],
 ) -> Any:
     """Complete a prompt, whole or streamed."""
     return await _run(engine, COMPLETIONS, data)
@@ -129,20 +129,22 @@ async def completions(
 )
 async def embeddings(
     data: JSONBody[Annotated[dict[str, Any], EngineBody(EmbeddingCreateParams)]],
-    engine: NamedDependency[Engine],
+    engine: NamedDependency[SkipValidation[Engine]],
 ) -> Any:
     """Embed one input or a list of them."""
     return await _run(engine, EMBEDDINGS, data)
 
 
 @get("/v1/models", operation_id="ListModels", responses=errors(503))
-async def list_models(engine: NamedDependency[Engine]) -> ModelPage:
+async def list_models(engine: NamedDependency[SkipValidation[Engine]]) -> ModelPage:
     """The one model this server serves."""
     return ModelPage(data=[model_card(engine.info)])
 
 
 @get("/v1/models/{model_id:path}", operation_id="RetrieveModel", responses=errors(404, 503))
-async def retrieve_model(engine: NamedDependency[Engine], model_id: FromPath[str]) -> Model:
+async def retrieve_model(
+    engine: NamedDependency[SkipValidation[Engine]], model_id: FromPath[str]
+) -> Model:
     """The model, if `model_id` names the one this server serves."""
     name = model_id.lstrip("/")
     if name != engine.info.id:
