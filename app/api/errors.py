@@ -51,7 +51,7 @@ def param_name(key: str) -> str:
     return head + "".join(f"[{part}]" for part in rest)
 
 
-def _as_api_error(item: dict[str, Any]) -> APIError:
+def _as_api_error(item: dict[str, Any], query: Any) -> APIError:
     message = str(item.get("message") or "Invalid value.")
     key = str(item.get("key") or "")
     if found := _REQUIRED.search(message):
@@ -63,13 +63,24 @@ def _as_api_error(item: dict[str, Any]) -> APIError:
     if message.endswith("got `null`"):
         return missing(param)  # null where a value is required: as good as not sent
     plain = message.replace("`", "")
-    return invalid(f"Invalid value for '{param}': {plain[:1].lower()}{plain[1:]}.", param=param)
+    sent = query.get(key) if item.get("source") == "query" else None
+    got = ""
+    if sent is not None and f"'{sent}'" not in plain:
+        plain = plain.split(", got ")[0]  # msgspec names the type; the value says more
+        got = f"; got '{sent}'"
+    return invalid(
+        f"Invalid value for '{param}': {plain[:1].lower()}{plain[1:]}{got}.", param=param
+    )
 
 
-def validation_error(_: Request[Any, Any, Any], exc: ValidationException) -> Response[Any]:
+def validation_error(request: Request[Any, Any, Any], exc: ValidationException) -> Response[Any]:
     extra = exc.extra if isinstance(exc.extra, list) else []
     items = [e for e in extra if isinstance(e, dict)]
-    err = _as_api_error(items[0]) if items else invalid(str(exc.detail), param=None)
+    err = (
+        _as_api_error(items[0], request.query_params)
+        if items
+        else invalid(str(exc.detail), param=None)
+    )
     return _respond(err.status_code, err.to_body())
 
 
