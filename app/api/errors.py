@@ -38,7 +38,7 @@ async def json_object_body(request: Request[Any, Any, Any]) -> None:
         raise APIError(400, "The request body is empty; send a JSON object.", code="invalid_json")
     try:
         data = await request.json()
-    except (Exception, RecursionError):
+    except Exception:  # malformed, or nested past the decoder's depth (RecursionError)
         raise APIError(400, "The request body is not valid JSON.", code="invalid_json") from None
     if not isinstance(data, dict):
         raise APIError(400, "The request body must be a JSON object.", code="invalid_json")
