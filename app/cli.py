@@ -163,7 +163,7 @@ def _settings(args: argparse.Namespace) -> Settings:
 
 def serve(settings: Settings) -> int:
     from app.api.auth import keys_problem
-    from app.storage import data_dir_problem
+    from app.files.storage import data_dir_problem
 
     if problem := data_dir_problem(settings.data_path) or keys_problem(settings):
         print(f"batchyard: {problem}", file=sys.stderr)

@@ -47,6 +47,8 @@ class BatchStatus:
     CANCELLED = "cancelled"
 
     ACTIVE = (VALIDATING, IN_PROGRESS, FINALIZING, CANCELLING)
+    #: What a cancel (and the completion window) can still stop.
+    CANCELLABLE = (VALIDATING, IN_PROGRESS)
     FINISHED = (FAILED, COMPLETED, EXPIRED, CANCELLED)
 
 

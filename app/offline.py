@@ -21,12 +21,16 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
+from app.batches.validate import first_endpoint
 from app.config import Settings
 from app.errors import APIError
 from app.logs import LOG_FORMAT
 from app.models import Batch, BatchStatus
+
+if TYPE_CHECKING:
+    from app.services import Services
 
 log = logging.getLogger("batchyard.offline")
 
@@ -74,23 +78,6 @@ def sha256_of(path: Path) -> str:
         while chunk := fh.read(1 << 20):
             h.update(chunk)
     return h.hexdigest()
-
-
-def endpoint_of(path: Path) -> str:
-    """The endpoint named by the first line's `url` (validation checks all the others)."""
-    with open(path, "rb") as fh:
-        for raw in fh:
-            if not raw.strip():
-                continue
-            try:
-                url = json.loads(raw.decode("utf-8-sig")).get("url")
-            except (ValueError, AttributeError):
-                break
-            if isinstance(url, str) and url:
-                return url
-            break
-    # The runner's validation then reports the real problem with the line's number.
-    return "/v1/chat/completions"
 
 
 def offline_settings(overrides: dict[str, Any], state: Path) -> Settings:
@@ -184,7 +171,7 @@ def _copy_out(storage_path: Path | None, dest: Path) -> None:
     os.replace(tmp, dest)
 
 
-def _start_or_resume(opts: RunOptions, services: Any) -> Batch:
+def _start_or_resume(opts: RunOptions, services: Services) -> Batch:
     """Store the input and create its batch, or find the batch of the run to resume."""
     run_file = opts.state / RUN_FILE
     digest = sha256_of(opts.input)
@@ -195,7 +182,7 @@ def _start_or_resume(opts: RunOptions, services: Any) -> Batch:
                 f"{opts.input} is not the file the interrupted run in {opts.state} started on "
                 "(its contents differ); run without --resume, or give that run's --state-dir."
             )
-        return services.batches.get(record["batch_id"], OWNER)  # type: ignore[no-any-return]
+        return services.batches.get(record["batch_id"], OWNER)
     partial = services.storage.begin_write(limit=services.files.limit_for("batch") + 1)
     try:
         with open(opts.input, "rb") as fh:
@@ -207,9 +194,12 @@ def _start_or_resume(opts: RunOptions, services: Any) -> Batch:
     stored = services.files.create(
         partial=partial, filename=opts.input.name, purpose="batch", owner=OWNER
     )
-    batch = services.batches.create(
-        OWNER, stored.id, opts.endpoint or endpoint_of(opts.input), "24h"
-    )
+    if opts.endpoint is None:
+        with open(opts.input, "rb") as fh:
+            endpoint = first_endpoint(fh)
+    else:
+        endpoint = opts.endpoint
+    batch = services.batches.create(OWNER, stored.id, endpoint, "24h")
     run_file.write_text(
         json.dumps(
             {
@@ -224,7 +214,7 @@ def _start_or_resume(opts: RunOptions, services: Any) -> Batch:
         ),
         encoding="utf-8",
     )
-    return batch  # type: ignore[no-any-return]
+    return batch
 
 
 def _prepare_state(opts: RunOptions) -> None:
@@ -245,7 +235,7 @@ def _prepare_state(opts: RunOptions) -> None:
     from app.db import Database
 
     record = json.loads(run_file.read_text(encoding="utf-8"))
-    db = Database(f"sqlite:///{opts.state / 'batchyard.db'}")
+    db = Database(Settings(data_dir=str(opts.state)).db_url)
     try:
         with db.read() as s:
             b = s.get(Batch, record.get("batch_id", ""))
@@ -284,9 +274,9 @@ def run_batch(
         return EXIT_USAGE
     logging.basicConfig(level=settings.log_level.upper(), format=LOG_FORMAT)
 
-    from app.server import build_services
+    from app.services import build_services
 
-    services = build_services(settings, None)
+    services = build_services(settings)
     engine = None
     previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     for sig in previous:
@@ -305,9 +295,7 @@ def run_batch(
         from app.engine.llama import load_engine
 
         engine = load_engine(settings)
-        services.engine = engine
-        services.runner.engine = engine
-        services.runner.start()
+        services.attach_engine(engine)
         print(
             f"batchyard run: {opts.input} -> {opts.output}  "
             f"model {engine.info.id} on {engine.info.backend}, {engine.info.n_slots} slots  "
@@ -361,7 +349,7 @@ def run_batch(
     return _write_outputs(opts, services, batch, err)
 
 
-def _write_outputs(opts: RunOptions, services: Any, batch: Batch, err: TextIO) -> int:
+def _write_outputs(opts: RunOptions, services: Services, batch: Batch, err: TextIO) -> int:
     storage = services.storage
     out = storage.path(batch.output_file_id) if batch.output_file_id else None
     _copy_out(out, opts.output)

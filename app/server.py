@@ -1,4 +1,4 @@
-"""create_app(): the Litestar app, its services, and a lifespan that runs engine and runner."""
+"""create_app(): the Litestar app, its dependencies, and a lifespan that runs engine and runner."""
 
 from __future__ import annotations
 
@@ -6,8 +6,12 @@ import logging
 import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 from litestar import Litestar
+from litestar.datastructures import State
+from litestar.di import Provide
+from litestar.middleware import DefineMiddleware
 from litestar.plugins.jinja import JinjaTemplateEngine
 from litestar.static_files import create_static_files_router
 from litestar.template.config import TemplateConfig
@@ -17,82 +21,113 @@ from app.api import batches as batches_api
 from app.api import files as files_api
 from app.api import inference as inference_api
 from app.api import metrics as metrics_api
-from app.api.auth import auth_middleware, security_notes
-from app.api.common import Services
+from app.api.auth import AuthMiddleware, Keys, request_owner
 from app.api.errors import EXCEPTION_HANDLERS
-from app.batches.runner import Runner
+from app.api.openapi import EngineBodyPlugin, openapi_config
 from app.batches.service import BatchService
 from app.config import Settings
-from app.db import Database
 from app.engine.base import Engine
-from app.files import FileService
+from app.errors import APIError
+from app.files.service import FileService
 from app.logs import logging_config
 from app.resources import static_dir, templates_dir
-from app.storage import Storage
-from app.web.auth import AUTH_ROUTES
-from app.web.openapi import openapi_config
-from app.web.routes import web_route_handlers
+from app.services import Services, build_services
+from app.web import events, pages, partials
+from app.web.auth import AUTH_ROUTES, Auth, Sessions
 
 log = logging.getLogger("batchyard")
 
+LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
 
-def build_services(settings: Settings, engine: Engine | None = None) -> Services:
-    """The data dir, database, storage and services; the engine may come later."""
-    data = settings.data_path
-    data.mkdir(parents=True, exist_ok=True)
-    db = Database(settings.db_url)
-    db.create_all()
-    storage = Storage(data)
-    files = FileService(settings, db, storage)
-    runner = Runner(settings, db, storage, files, engine)  # type: ignore[arg-type]
-    batches = BatchService(settings, db, runner)
-    return Services(
-        settings=settings,
-        db=db,
-        storage=storage,
-        files=files,
-        batches=batches,
-        runner=runner,
-        engine=engine,
-    )  # type: ignore[arg-type]
+
+def security_notes(settings: Settings, keys: Keys) -> list[tuple[int, str]]:
+    """What to say at startup about who can reach the server: (log level, message)."""
+    if keys.enabled:
+        return [(logging.INFO, f"API keys are on: {len(keys.by_owner)} key(s), one owner each.")]
+    if settings.host in LOCAL_HOSTS:
+        return [
+            (
+                logging.INFO,
+                f"No API keys are set: the server listens on {settings.host} only, for this "
+                "machine. Set --api-key or --api-keys-file before binding to another address.",
+            )
+        ]
+    return [
+        (
+            logging.WARNING,
+            f"No API keys are set and the server listens on {settings.host}: anyone who can "
+            "reach this address can read, run and delete every file and batch, and use the "
+            "model. Set --api-key or --api-keys-file, or bind to 127.0.0.1.",
+        )
+    ]
+
+
+# -- dependencies: what a handler may name among its parameters --------------------------------
+
+
+def provide_services(state: State) -> Services:
+    return state.services  # type: ignore[no-any-return]
+
+
+def provide_files(state: State) -> FileService:
+    return provide_services(state).files
+
+
+def provide_batches(state: State) -> BatchService:
+    return provide_services(state).batches
+
+
+def provide_engine(state: State) -> Engine:
+    """The loaded engine; a 503 while the model is still loading (or failed to)."""
+    engine = provide_services(state).engine
+    if engine is None:
+        raise APIError(
+            503,
+            "The model is still loading; try again in a few seconds.",
+            code="model_loading",
+            type="server_error",
+        )
+    return engine
+
+
+DEPENDENCIES = {
+    "services": Provide(provide_services, sync_to_thread=False),
+    "files": Provide(provide_files, sync_to_thread=False),
+    "batches": Provide(provide_batches, sync_to_thread=False),
+    "engine": Provide(provide_engine, sync_to_thread=False),
+    "owner": Provide(request_owner, sync_to_thread=False),
+}
 
 
 def create_app(settings: Settings, *, engine: Engine | None = None) -> Litestar:
     """The app. With `engine` given (tests) it is used as is; otherwise the model loads in
     the background after the server starts, and /health says "starting" until then."""
 
-    def attach(svc: Services, eng: Engine) -> None:
-        svc.engine = eng
-        svc.runner.engine = eng
-        svc.runner.start()
-
-    def load(svc: Services, app: Litestar) -> None:
+    def load(svc: Services) -> None:
         from app.engine.llama import load_engine
 
         try:
             eng = load_engine(settings)
         except Exception as exc:  # a bad model path: say so on /health, keep the API up
             log.exception("the model could not be loaded")
-            app.state.engine_failure = f"{type(exc).__name__}: {exc}"
+            svc.engine_failure = f"{type(exc).__name__}: {exc}"
             return
-        attach(svc, eng)
+        svc.attach_engine(eng)
         log.info("ready: %s on %s, %d slots", eng.info.id, eng.info.backend, eng.info.n_slots)
 
-    auth = auth_middleware(settings)
+    # Read once: the key file and the session secret are not read again per request.
+    auth = Auth(keys=Keys(settings), sessions=Sessions(settings.data_path))
 
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
-        for level, note in security_notes(settings, auth.keys):  # type: ignore[attr-defined]
+        for level, note in security_notes(settings, auth.keys):
             log.log(level, note)
-        svc = build_services(settings, None)
+        svc = build_services(settings)
         app.state.services = svc
-        app.state.engine_failure = None
         if engine is not None:
-            attach(svc, engine)
+            svc.attach_engine(engine)
         else:
-            threading.Thread(
-                target=load, args=(svc, app), name="batchyard-load", daemon=True
-            ).start()
+            threading.Thread(target=load, args=(svc,), name="batchyard-load", daemon=True).start()
         try:
             yield
         finally:
@@ -101,24 +136,32 @@ def create_app(settings: Settings, *, engine: Engine | None = None) -> Litestar:
                 svc.engine.close()
             svc.db.close()
 
+    route_handlers: list[Any] = [
+        *files_api.ROUTES,
+        *batches_api.ROUTES,
+        *inference_api.ROUTES,
+        *metrics_api.ROUTES,
+        *pages.ROUTES,
+        *partials.ROUTES,
+        *events.ROUTES,
+        *AUTH_ROUTES,
+        create_static_files_router(path="/static", directories=[static_dir()]),
+    ]
     return Litestar(
-        route_handlers=[
-            *files_api.ROUTES,
-            *batches_api.ROUTES,
-            *inference_api.ROUTES,
-            *metrics_api.ROUTES,
-            *web_route_handlers(),
-            *AUTH_ROUTES,
-            create_static_files_router(path="/static", directories=[static_dir()]),
-        ],
+        route_handlers=route_handlers,
+        dependencies=DEPENDENCIES,
         lifespan=[lifespan],
         # Metrics outermost, so refused (401) requests are timed and counted too.
-        middleware=[*metrics_api.MIDDLEWARE, auth],
+        middleware=[
+            *metrics_api.MIDDLEWARE,
+            DefineMiddleware(AuthMiddleware, keys=auth.keys, sessions=auth.sessions),
+        ],
         before_send=metrics_api.BEFORE_SEND,
         logging_config=logging_config(settings),
         exception_handlers=EXCEPTION_HANDLERS,
         template_config=TemplateConfig(directory=templates_dir(), engine=JinjaTemplateEngine),
         openapi_config=openapi_config("batchyard", __version__),
-        state=None,
+        plugins=[EngineBodyPlugin()],
+        state=State({"auth": auth}),
         debug=False,
     )

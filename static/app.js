@@ -125,6 +125,7 @@
   });
 
   // Relative times ("3 min ago") stay true while the page is open; the exact time is the title.
+  // The same thresholds as relative() in app/web/views.py, which renders the first text.
   function relative(iso) {
     var s = (Date.parse(iso) - Date.now()) / 1000, future = s > 0, a = Math.abs(s), n, unit;
     if (a < 45) return future ? "in a few seconds" : "just now";

@@ -3,8 +3,9 @@
 An ASGI middleware in front of every route. With no keys configured everyone is the one
 local owner ("") and the server listens on 127.0.0.1 unless told otherwise. With keys,
 `/v1` needs `Authorization: Bearer <key>`, and each key is its own owner: a stable id
-derived from the key is put in `scope["batchyard_owner"]`, which the services filter by.
-The dashboard gets the same owner from a signed session cookie set by `/login`.
+derived from the key is put in `scope["batchyard_owner"]`, which the services filter by
+(handlers get it as their `owner` dependency, from `request_owner`). The dashboard gets
+the same owner from a signed session cookie (`app.web.auth.Sessions`) set by `/login`.
 
 Unsafe methods coming from another site (a foreign Origin or Referer) are refused on
 every route: a page on the internet must not be able to post to a server on localhost.
@@ -16,15 +17,15 @@ import hashlib
 import hmac
 import json
 import logging
-import os
-import secrets
-import time
 from collections.abc import Awaitable, Callable, MutableMapping
-from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlsplit
 
+from litestar import Request
+
 from app.config import Settings
+from app.errors import error_body
+from app.web.auth import SESSION_COOKIE, Sessions
 
 log = logging.getLogger("batchyard.auth")
 
@@ -34,12 +35,9 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
-SESSION_COOKIE = "batchyard_session"
-SESSION_SECONDS = 7 * 24 * 3600
 SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
 #: Paths the dashboard serves without a session: the login page itself, assets, health.
 PUBLIC_PREFIXES = ("/login", "/logout", "/static/", "/health", "/favicon.ico")
-LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
 
 
 def owner_id(key: str) -> str:
@@ -50,53 +48,6 @@ def owner_id(key: str) -> str:
 def mask(key: str) -> str:
     """A key as OpenAI shows it in errors: enough to recognise, never the whole."""
     return key[:3] + "*" * 3 + key[-4:] if len(key) > 8 else "*" * len(key)
-
-
-class Sessions:
-    """Signed session cookies: `<owner>.<issued>.<hmac>`, keyed by a per-data-dir secret."""
-
-    def __init__(self, data_dir: Path) -> None:
-        self.path = data_dir / "session.key"
-        self._secret: bytes | None = None
-
-    def secret(self) -> bytes:
-        if self._secret is None:
-            try:
-                self._secret = self.path.read_bytes()
-            except FileNotFoundError:
-                self.path.parent.mkdir(parents=True, exist_ok=True)
-                fresh = secrets.token_bytes(32)
-                # O_EXCL: when two processes race, one secret wins and both use it.
-                try:
-                    fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-                except FileExistsError:
-                    self._secret = self.path.read_bytes()
-                else:
-                    with os.fdopen(fd, "wb") as fh:
-                        fh.write(fresh)
-                    self._secret = fresh
-        return self._secret
-
-    def _mac(self, payload: str) -> str:
-        return hmac.new(self.secret(), payload.encode(), hashlib.sha256).hexdigest()
-
-    def issue(self, owner: str, t: float | None = None) -> str:
-        payload = f"{owner}.{int(time.time() if t is None else t)}"
-        return f"{payload}.{self._mac(payload)}"
-
-    def owner_of(self, value: str | None, t: float | None = None) -> str | None:
-        """The owner a cookie value was issued to, or None if it is forged or stale."""
-        if not value or value.count(".") != 2:
-            return None
-        owner, issued, mac = value.split(".")
-        if not hmac.compare_digest(mac, self._mac(f"{owner}.{issued}")):
-            return None
-        if (
-            not issued.isdigit()
-            or (time.time() if t is None else t) - int(issued) > SESSION_SECONDS
-        ):
-            return None
-        return owner
 
 
 class Keys:
@@ -124,6 +75,11 @@ class Keys:
         return owner in self.by_owner
 
 
+def request_owner(request: Request[Any, Any, Any]) -> str:
+    """The owner id of the caller (the `owner` dependency): "" when keys are off."""
+    return str(request.scope.get("batchyard_owner", ""))  # type: ignore[call-overload]
+
+
 def keys_problem(settings: Settings) -> str | None:
     """Why the configured keys cannot be read, or None (checked before the server starts)."""
     try:
@@ -131,28 +87,6 @@ def keys_problem(settings: Settings) -> str | None:
     except ValueError as exc:
         return str(exc)
     return None
-
-
-def security_notes(settings: Settings, keys: Keys) -> list[tuple[int, str]]:
-    """What to say at startup about who can reach the server: (log level, message)."""
-    if keys.enabled:
-        return [(logging.INFO, f"API keys are on: {len(keys.by_owner)} key(s), one owner each.")]
-    if settings.host in LOCAL_HOSTS:
-        return [
-            (
-                logging.INFO,
-                f"No API keys are set: the server listens on {settings.host} only, for this "
-                "machine. Set --api-key or --api-keys-file before binding to another address.",
-            )
-        ]
-    return [
-        (
-            logging.WARNING,
-            f"No API keys are set and the server listens on {settings.host}: anyone who can "
-            "reach this address can read, run and delete every file and batch, and use the "
-            "model. Set --api-key or --api-keys-file, or bind to 127.0.0.1.",
-        )
-    ]
 
 
 def _headers(scope: Scope) -> dict[str, str]:
@@ -189,6 +123,8 @@ def is_api(path: str) -> bool:
 
 
 class AuthMiddleware:
+    """Installed by create_app with the app's one `Keys` and `Sessions` (also on app.state)."""
+
     def __init__(self, app: ASGIApp, keys: Keys, sessions: Sessions) -> None:
         self.app = app
         self.keys = keys
@@ -253,16 +189,7 @@ class AuthMiddleware:
 
 
 async def _json(send: Send, status: int, message: str, code: str) -> None:
-    body = json.dumps(
-        {
-            "error": {
-                "message": message,
-                "type": "invalid_request_error",
-                "param": None,
-                "code": code,
-            }
-        }
-    ).encode()
+    body = json.dumps(error_body(message, type="invalid_request_error", code=code)).encode()
     extra = [(b"www-authenticate", b"Bearer")] if status == 401 else []
     await _send(send, status, body, [(b"content-type", b"application/json"), *extra])
 
@@ -292,16 +219,3 @@ async def _send(send: Send, status: int, body: bytes, headers: list[tuple[bytes,
         }
     )
     await send({"type": "http.response.body", "body": body})
-
-
-def auth_middleware(settings: Settings) -> Callable[[ASGIApp], ASGIApp]:
-    """The middleware factory `create_app` installs; keys are read once, here."""
-    keys = Keys(settings)
-    sessions = Sessions(settings.data_path)
-
-    def wrap(app: ASGIApp) -> ASGIApp:
-        return AuthMiddleware(app, keys, sessions)
-
-    wrap.keys = keys  # type: ignore[attr-defined]
-    wrap.sessions = sessions  # type: ignore[attr-defined]
-    return wrap

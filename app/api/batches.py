@@ -2,53 +2,84 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated
 
 import anyio.to_thread
-from litestar import Request, get, post
-from litestar.params import FromPath
+import msgspec
+from litestar import get, post
+from litestar.di import NamedDependency
+from litestar.params import FromPath, FromQuery, JSONBody, QueryParameter
 
-from app.api.common import json_object, owner, page, query_int, services
+from app.api.errors import json_object_body
+from app.api.openapi import errors
+from app.api.schemas import Batch, BatchCreateParams, CursorPage, batch_object, cursor_page
+from app.batches.service import BatchService
 
 
-@post("/v1/batches", status_code=200)
-async def create_batch(request: Request) -> dict[str, Any]:
-    data = await json_object(request)
-    svc = services(request)
+@post(
+    "/v1/batches",
+    operation_id="CreateBatch",
+    status_code=200,
+    before_request=json_object_body,
+    responses=errors(),
+)
+async def create_batch(
+    data: JSONBody[BatchCreateParams],
+    batches: NamedDependency[BatchService],
+    owner: NamedDependency[str],
+) -> Batch:
+    """Create a batch from an uploaded input file; it starts validating at once."""
+    expires = data.output_expires_after
     batch = await anyio.to_thread.run_sync(
-        lambda: svc.batches.create(
-            owner(request),
-            input_file_id=data.get("input_file_id"),
-            endpoint=data.get("endpoint"),
-            completion_window=data.get("completion_window"),
-            metadata=data.get("metadata"),
-            output_expires_after=data.get("output_expires_after"),
+        lambda: batches.create(
+            owner,
+            input_file_id=data.input_file_id,
+            endpoint=data.endpoint,
+            completion_window=data.completion_window,
+            metadata=data.metadata,
+            output_expires_after=msgspec.structs.asdict(expires) if expires else None,
         )
     )
-    return svc.batches.to_openai(batch)
+    return batch_object(batch)
 
 
-@get("/v1/batches", sync_to_thread=True)
-def list_batches(request: Request) -> dict[str, Any]:
-    svc = services(request)
-    rows, has_more = svc.batches.list(
-        owner(request),
-        limit=query_int(request, "limit", 20, 1, 100),
-        after=request.query_params.get("after") or None,
-    )
-    return page([svc.batches.to_openai(b) for b in rows], has_more)
+@get("/v1/batches", operation_id="ListBatches", sync_to_thread=True, responses=errors(404))
+def list_batches(
+    batches: NamedDependency[BatchService],
+    owner: NamedDependency[str],
+    limit: Annotated[int, QueryParameter(ge=1, le=100)] = 20,
+    after: FromQuery[str | None] = None,
+) -> CursorPage[Batch]:
+    """List the caller's batches, newest first."""
+    rows, has_more = batches.list(owner, limit=limit, after=after or None)
+    return cursor_page([batch_object(b) for b in rows], has_more)
 
 
-@get("/v1/batches/{batch_id:str}", sync_to_thread=True)
-def retrieve_batch(request: Request, batch_id: FromPath[str]) -> dict[str, Any]:
-    svc = services(request)
-    return svc.batches.to_openai(svc.batches.get(batch_id, owner(request)))
+@get(
+    "/v1/batches/{batch_id:str}",
+    operation_id="RetrieveBatch",
+    sync_to_thread=True,
+    responses=errors(404),
+)
+def retrieve_batch(
+    batches: NamedDependency[BatchService], owner: NamedDependency[str], batch_id: FromPath[str]
+) -> Batch:
+    """One batch, with its live request counts."""
+    return batch_object(batches.get(batch_id, owner))
 
 
-@post("/v1/batches/{batch_id:str}/cancel", status_code=200, sync_to_thread=True)
-def cancel_batch(request: Request, batch_id: FromPath[str]) -> dict[str, Any]:
-    svc = services(request)
-    return svc.batches.to_openai(svc.batches.cancel(batch_id, owner(request)))
+@post(
+    "/v1/batches/{batch_id:str}/cancel",
+    operation_id="CancelBatch",
+    status_code=200,
+    sync_to_thread=True,
+    responses=errors(404),
+)
+def cancel_batch(
+    batches: NamedDependency[BatchService], owner: NamedDependency[str], batch_id: FromPath[str]
+) -> Batch:
+    """Cancel a validating or running batch; lines already done stay in its output."""
+    return batch_object(batches.cancel(batch_id, owner))
 
 
 ROUTES = [create_batch, list_batches, retrieve_batch, cancel_batch]

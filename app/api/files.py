@@ -2,51 +2,97 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Literal
 
 from litestar import Request, delete, get, post
-from litestar.params import FromPath
+from litestar.di import NamedDependency
+from litestar.params import FromPath, FromQuery, QueryParameter
 from litestar.response import File as FileResponse
 
-from app.api.common import owner, page, query_int, services
-from app.api.upload import receive_upload
-from app.files import file_to_openai
+from app.api.openapi import MultipartUpload, errors
+from app.api.schemas import CursorPage, FileDeleted, FileObject, cursor_page, file_object
+from app.files.service import FileService
+from app.files.upload import receive_upload
 
 
-@post("/v1/files", request_max_body_size=None, status_code=200)
-async def create_file(request: Request) -> dict[str, Any]:
-    svc = services(request)
-    row = await receive_upload(request, svc.files, owner(request))
-    return file_to_openai(row)
-
-
-@get("/v1/files", sync_to_thread=True)
-def list_files(request: Request) -> dict[str, Any]:
-    svc = services(request)
-    rows, has_more = svc.files.list(
-        owner(request),
-        purpose=request.query_params.get("purpose") or None,
-        limit=query_int(request, "limit", 10000, 1, 10000),
-        after=request.query_params.get("after") or None,
-        order=request.query_params.get("order") or "desc",
+@post(
+    "/v1/files",
+    operation_id="CreateFile",
+    operation_class=MultipartUpload,
+    request_max_body_size=None,
+    status_code=200,
+    responses=errors(413, 507),
+)
+async def create_file(
+    request: Request, files: NamedDependency[FileService], owner: NamedDependency[str]
+) -> FileObject:
+    """Upload a file (multipart: `file`, `purpose`, optional `expires_after[...]`)."""
+    row = await receive_upload(
+        files,
+        owner,
+        content_type=request.headers.get("content-type", ""),
+        content_length=request.headers.get("content-length"),
+        body=request.stream(),
     )
-    return page([file_to_openai(r) for r in rows], has_more)
+    return file_object(row)
 
 
-@get("/v1/files/{file_id:str}", sync_to_thread=True)
-def retrieve_file(request: Request, file_id: FromPath[str]) -> dict[str, Any]:
-    return file_to_openai(services(request).files.get(file_id, owner(request)))
+@get("/v1/files", operation_id="ListFiles", sync_to_thread=True, responses=errors(404))
+def list_files(
+    files: NamedDependency[FileService],
+    owner: NamedDependency[str],
+    purpose: FromQuery[str | None] = None,
+    limit: Annotated[int, QueryParameter(ge=1, le=10000)] = 10000,
+    after: FromQuery[str | None] = None,
+    order: FromQuery[Literal["asc", "desc"]] = "desc",
+) -> CursorPage[FileObject]:
+    """List the caller's files, newest first unless `order=asc`."""
+    rows, has_more = files.list(
+        owner, purpose=purpose or None, limit=limit, after=after or None, order=order
+    )
+    return cursor_page([file_object(r) for r in rows], has_more)
 
 
-@delete("/v1/files/{file_id:str}", status_code=200, sync_to_thread=True)
-def delete_file(request: Request, file_id: FromPath[str]) -> dict[str, Any]:
-    services(request).files.delete(file_id, owner(request))
-    return {"id": file_id, "object": "file", "deleted": True}
+@get(
+    "/v1/files/{file_id:str}",
+    operation_id="RetrieveFile",
+    sync_to_thread=True,
+    responses=errors(404),
+)
+def retrieve_file(
+    files: NamedDependency[FileService], owner: NamedDependency[str], file_id: FromPath[str]
+) -> FileObject:
+    """One file's metadata."""
+    return file_object(files.get(file_id, owner))
 
 
-@get("/v1/files/{file_id:str}/content", sync_to_thread=True)
-def file_content(request: Request, file_id: FromPath[str]) -> FileResponse:
-    row, path = services(request).files.content_path(file_id, owner(request))
+@delete(
+    "/v1/files/{file_id:str}",
+    operation_id="DeleteFile",
+    status_code=200,
+    sync_to_thread=True,
+    responses=errors(404, 409),
+)
+def delete_file(
+    files: NamedDependency[FileService], owner: NamedDependency[str], file_id: FromPath[str]
+) -> FileDeleted:
+    """Delete a file and its bytes (refused while it is the input of a running batch)."""
+    files.delete(file_id, owner)
+    return FileDeleted(id=file_id, deleted=True)
+
+
+@get(
+    "/v1/files/{file_id:str}/content",
+    operation_id="RetrieveFileContent",
+    sync_to_thread=True,
+    media_type="application/octet-stream",
+    responses=errors(404),
+)
+def file_content(
+    files: NamedDependency[FileService], owner: NamedDependency[str], file_id: FromPath[str]
+) -> FileResponse:
+    """The file's bytes, as uploaded (or as batchyard wrote them, for batch output)."""
+    row, path = files.content_path(file_id, owner)
     return FileResponse(
         path=path,
         filename=row.filename,

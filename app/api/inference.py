@@ -1,6 +1,8 @@
 """The synchronous endpoints: chat completions, completions, embeddings, models, health.
 
 They share the engine with the batch runner and go ahead of batch lines in its queue.
+Their bodies go to the engine as sent: it checks every parameter and names it in its
+error (the Structs in schemas.py only describe them for /schema).
 """
 
 from __future__ import annotations
@@ -8,32 +10,37 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Annotated, Any
 
-from litestar import Request, get, post
-from litestar.params import FromPath
+from litestar import get, post
+from litestar.di import NamedDependency
+from litestar.openapi.datastructures import ResponseSpec
+from litestar.params import FromPath, JSONBody, SkipValidation
 from litestar.response import Response, Stream
 
-from app.api.common import json_object, services
+from app.api.errors import json_object_body
+from app.api.openapi import errors
+from app.api.schemas import (
+    ChatCompletion,
+    ChatCompletionCreateParams,
+    Completion,
+    CompletionCreateParams,
+    CreateEmbeddingResponse,
+    EmbeddingCreateParams,
+    EngineBody,
+    Health,
+    Model,
+    ModelPage,
+    model_card,
+)
 from app.engine.base import CHAT, COMPLETIONS, EMBEDDINGS, Engine, Priority
-from app.errors import APIError
+from app.errors import APIError, error_body
+from app.services import Services
+
+STREAM_NOTE = " With `stream: true` the answer is `text/event-stream`: one chunk per `data:` event, then `data: [DONE]`."
 
 
-def ready_engine(request: Request) -> Engine:
-    engine = services(request).engine
-    if engine is None:
-        raise APIError(
-            503,
-            "The model is still loading; try again in a few seconds.",
-            code="model_loading",
-            type="server_error",
-        )
-    return engine
-
-
-async def _run(request: Request, endpoint: str) -> Any:
-    body = await json_object(request)
-    engine = ready_engine(request)
+async def _run(engine: Engine, endpoint: str, body: dict[str, Any]) -> Any:
     if body.get("stream") and endpoint != EMBEDDINGS:
         return _stream(engine, endpoint, body)
     fut = engine.submit(endpoint, body, priority=Priority.ONLINE)
@@ -45,6 +52,8 @@ async def _run(request: Request, endpoint: str) -> Any:
 
 
 def _stream(engine: Engine, endpoint: str, body: dict[str, Any]) -> Stream:
+    """Relay the engine's chunks as server-sent events. The engine itself sends the
+    usage-only chunk that `stream_options.include_usage` asks for."""
     loop = asyncio.get_running_loop()
     chunks: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
     fut = engine.submit(
@@ -54,7 +63,6 @@ def _stream(engine: Engine, endpoint: str, body: dict[str, Any]) -> Stream:
         on_chunk=lambda c: loop.call_soon_threadsafe(chunks.put_nowait, c),
     )
     fut.add_done_callback(lambda _: loop.call_soon_threadsafe(chunks.put_nowait, None))
-    include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
 
     async def events() -> AsyncIterator[bytes]:
         try:
@@ -64,28 +72,10 @@ def _stream(engine: Engine, endpoint: str, body: dict[str, Any]) -> Stream:
             if exc is not None:
                 err = (
                     exc.to_body()
-                    if hasattr(exc, "to_body")
-                    else {
-                        "error": {
-                            "message": str(exc),
-                            "type": "server_error",
-                            "param": None,
-                            "code": None,
-                        }
-                    }
+                    if isinstance(exc, APIError)
+                    else error_body(str(exc), type="server_error")
                 )
                 yield b"data: " + json.dumps(err).encode() + b"\n\n"
-            elif include_usage:
-                final = fut.result()
-                tail = {
-                    "id": final.get("id"),
-                    "object": "chat.completion.chunk" if endpoint == CHAT else "text_completion",
-                    "created": final.get("created"),
-                    "model": final.get("model"),
-                    "choices": [],
-                    "usage": final.get("usage"),
-                }
-                yield b"data: " + json.dumps(tail).encode() + b"\n\n"
             yield b"data: [DONE]\n\n"
         finally:
             if not fut.done():
@@ -94,67 +84,101 @@ def _stream(engine: Engine, endpoint: str, body: dict[str, Any]) -> Stream:
     return Stream(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
 
-@post("/v1/chat/completions", status_code=200)
-async def chat_completions(request: Request) -> Any:
-    return await _run(request, CHAT)
+def _answers(body: type) -> dict[int, ResponseSpec]:
+    return {200: ResponseSpec(body, description="The answer."), **errors(503)}
 
 
-@post("/v1/completions", status_code=200)
-async def completions(request: Request) -> Any:
-    return await _run(request, COMPLETIONS)
+@post(
+    "/v1/chat/completions",
+    operation_id="CreateChatCompletion",
+    description="A chat completion from the loaded model." + STREAM_NOTE,
+    status_code=200,
+    before_request=json_object_body,
+    responses=_answers(ChatCompletion),
+)
+async def chat_completions(
+    data: JSONBody[Annotated[dict[str, Any], EngineBody(ChatCompletionCreateParams)]],
+    engine: NamedDependency[SkipValidation[Engine]],
+) -> Any:
+    """Answer a chat (`messages`), whole or streamed."""
+    return await _run(engine, CHAT, data)
 
 
-@post("/v1/embeddings", status_code=200)
-async def embeddings(request: Request) -> Any:
-    return await _run(request, EMBEDDINGS)
+@post(
+    "/v1/completions",
+    operation_id="CreateCompletion",
+    description="A text completion of `prompt` from the loaded model." + STREAM_NOTE,
+    status_code=200,
+    before_request=json_object_body,
+    responses=_answers(Completion),
+)
+async def completions(
+    data: JSONBody[Annotated[dict[str, Any], EngineBody(CompletionCreateParams)]],
+    engine: NamedDependency[SkipValidation[Engine]],
+) -> Any:
+    """Complete a prompt, whole or streamed."""
+    return await _run(engine, COMPLETIONS, data)
 
 
-def _model_card(engine: Engine) -> dict[str, Any]:
-    return {
-        "id": engine.info.id,
-        "object": "model",
-        "created": engine.info.created,
-        "owned_by": "batchyard",
-    }
+@post(
+    "/v1/embeddings",
+    operation_id="CreateEmbedding",
+    status_code=200,
+    before_request=json_object_body,
+    responses=_answers(CreateEmbeddingResponse),
+)
+async def embeddings(
+    data: JSONBody[Annotated[dict[str, Any], EngineBody(EmbeddingCreateParams)]],
+    engine: NamedDependency[SkipValidation[Engine]],
+) -> Any:
+    """Embed one input or a list of them."""
+    return await _run(engine, EMBEDDINGS, data)
 
 
-@get("/v1/models")
-async def list_models(request: Request) -> dict[str, Any]:
-    engine = ready_engine(request)
-    return {"object": "list", "data": [_model_card(engine)]}
+@get("/v1/models", operation_id="ListModels", responses=errors(503))
+async def list_models(engine: NamedDependency[SkipValidation[Engine]]) -> ModelPage:
+    """The one model this server serves."""
+    return ModelPage(data=[model_card(engine.info)])
 
 
-@get("/v1/models/{model_id:path}")
-async def retrieve_model(request: Request, model_id: FromPath[str]) -> dict[str, Any]:
-    engine = ready_engine(request)
-    if model_id.lstrip("/") != engine.info.id:
+@get("/v1/models/{model_id:path}", operation_id="RetrieveModel", responses=errors(404, 503))
+async def retrieve_model(
+    engine: NamedDependency[SkipValidation[Engine]], model_id: FromPath[str]
+) -> Model:
+    """The model, if `model_id` names the one this server serves."""
+    name = model_id.lstrip("/")
+    if name != engine.info.id:
         raise APIError(
             404,
-            f"The model '{model_id.lstrip('/')}' does not exist; this server serves '{engine.info.id}'.",
+            f"The model '{name}' does not exist; this server serves '{engine.info.id}'.",
             param="model",
             code="model_not_found",
         )
-    return _model_card(engine)
+    return model_card(engine.info)
 
 
-@get("/health")
-async def health(request: Request) -> Response[dict[str, Any]]:
-    svc = services(request)
-    engine = svc.engine
+@get(
+    "/health",
+    operation_id="Health",
+    responses={503: ResponseSpec(Health, description="Starting, or failed to load the model.")},
+)
+async def health(services: NamedDependency[Services]) -> Response[Health]:
+    """Ready (200) once the model is loaded; 503 while it loads or when it failed to."""
+    engine = services.engine
     if engine is None:
-        failure = request.app.state.get("engine_failure")
+        failure = services.engine_failure
         status = "failed" if failure else "starting"
-        return Response({"status": status, "error": failure}, status_code=503)
+        return Response(Health(status=status, error=failure), status_code=503)
     info = engine.info
     return Response(
-        {
-            "status": "ready",
-            "model": info.id,
-            "backend": info.backend,
-            "slots": info.n_slots,
-            "ctx_per_slot": info.ctx_per_slot,
-            "n_gpu_layers": info.n_gpu_layers,
-        }
+        Health(
+            status="ready",
+            model=info.id,
+            backend=info.backend,
+            slots=info.n_slots,
+            ctx_per_slot=info.ctx_per_slot,
+            n_gpu_layers=info.n_gpu_layers,
+        )
     )
 
 

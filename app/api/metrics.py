@@ -14,12 +14,13 @@ import time
 from typing import Any
 
 from litestar import Litestar, Request, get
+from litestar.di import NamedDependency
 from litestar.enums import ScopeType
 from litestar.middleware import ASGIMiddleware
 from litestar.response import Response
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.api.common import services
+from app.services import Services
 from app.telemetry import RequestMetrics, render
 
 log = logging.getLogger("batchyard.http")
@@ -86,13 +87,13 @@ async def count_unmatched(message: Message, scope: Scope) -> None:
 
 
 @get("/metrics", include_in_schema=False, sync_to_thread=True)
-def metrics(request: Request[Any, Any, Any]) -> Response[str]:
-    svc = services(request)
+def metrics(request: Request[Any, Any, Any], services: NamedDependency[Services]) -> Response[str]:
+    """Prometheus text: HTTP timings, batch and line counts, engine figures."""
     body = render(
-        db=svc.db,
-        engine=svc.engine,
+        db=services.db,
+        engine=services.engine,
         requests=request_metrics(request.app),
-        engine_failure=request.app.state.get("engine_failure"),
+        engine_failure=services.engine_failure,
     )
     return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")
 

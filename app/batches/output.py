@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
-from typing import Any
 
 from sqlmodel import col, select
 
+from app.api.schemas import batch_output_line, encode_line
 from app.db import Database
+from app.files.storage import PartialWrite, Storage
 from app.models import Batch, File, Request, RequestStatus, new_id
-from app.storage import PartialWrite, Storage
 
 #: Rows read from the database at a time while writing, so 50,000 results never sit in memory.
 CHUNK = 1000
@@ -23,27 +22,6 @@ class Written:
     file_id: str
     size: int
     sha256: str
-
-
-def result_line(r: Request) -> dict[str, Any]:
-    """One line of the output or error file, in OpenAI's batch output shape."""
-    if r.status == RequestStatus.EXPIRED:
-        return {
-            "id": r.id,
-            "custom_id": r.custom_id,
-            "response": None,
-            "error": json.loads(r.error_json or "null"),
-        }
-    return {
-        "id": r.id,
-        "custom_id": r.custom_id,
-        "response": {
-            "status_code": r.status_code,
-            "request_id": r.request_id,
-            "body": json.loads(r.body_json or "null"),
-        },
-        "error": None,
-    }
 
 
 def write_results(db: Database, storage: Storage, batch: Batch) -> dict[str, Written]:
@@ -75,9 +53,7 @@ def write_results(db: Database, storage: Storage, batch: Batch) -> dict[str, Wri
                 kind = "output" if r.status == RequestStatus.SUCCEEDED else "error"
                 if kind not in writers:
                     writers[kind] = storage.begin_write(NO_LIMIT)
-                writers[kind].write(
-                    json.dumps(result_line(r), ensure_ascii=False).encode("utf-8") + b"\n"
-                )
+                writers[kind].write(encode_line(batch_output_line(r)))
             last_line = rows[-1].line
         written: dict[str, Written] = {}
         for kind, w in writers.items():

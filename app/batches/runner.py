@@ -22,17 +22,17 @@ from concurrent.futures import Future
 from typing import Any
 
 from sqlalchemy import insert, update
-from sqlmodel import col, select
+from sqlmodel import Session, col, select
 
 from app.batches.output import sweep_orphans, write_results
 from app.batches.validate import validate_jsonl
 from app.config import Settings
 from app.db import Database
 from app.engine.base import Engine, EngineError, Priority, RequestCancelled
-from app.errors import APIError
-from app.files import FileService
-from app.models import Batch, BatchStatus, File, Request, RequestStatus, new_id, now
-from app.storage import Storage
+from app.errors import APIError, error_body
+from app.files.service import FileService
+from app.files.storage import Storage
+from app.models import Batch, BatchStatus, Request, RequestStatus, new_id, now
 
 log = logging.getLogger("batchyard.runner")
 
@@ -41,6 +41,11 @@ log = logging.getLogger("batchyard.runner")
 MAX_ATTEMPTS = 3
 #: Request rows inserted per statement while validating (SQLite's variable limit).
 INSERT_CHUNK = 5000
+#: Seconds between two sweeps of expired files.
+SWEEP_INTERVAL = 60.0
+#: Waits before each retry of an output file that could not be written (a full disk may
+#: be freed); when they are used up the batch fails, naming the error.
+FINALIZE_RETRY_DELAYS = (1.0, 5.0, 30.0)
 EXPIRED_ERROR = {
     "code": "batch_expired",
     "message": "This request could not be executed before the completion window expired.",
@@ -54,7 +59,10 @@ class Runner:
         db: Database,
         storage: Storage,
         files: FileService,
-        engine: Engine,
+        engine: Engine | None,
+        *,
+        sweep_interval: float = SWEEP_INTERVAL,
+        finalize_retry_delays: tuple[float, ...] = FINALIZE_RETRY_DELAYS,
     ) -> None:
         self.settings = settings
         self.db = db
@@ -70,11 +78,8 @@ class Runner:
         self._thread: threading.Thread | None = None
         self._last_renew = 0.0
         self._last_sweep = 0.0
-        #: Seconds between sweeps of expired files; tests shorten it.
-        self.sweep_interval = 60.0
-        #: Waits before each retry of an output file that could not be written (a full
-        #: disk may be freed); when they are used up the batch fails, naming the error.
-        self.finalize_retry_delays: tuple[float, ...] = (1.0, 5.0, 30.0)
+        self._sweep_interval = sweep_interval
+        self._finalize_retry_delays = finalize_retry_delays
         # batch id -> (failed attempts, monotonic time of the next try)
         self._finalize_failures: dict[str, tuple[int, float]] = {}
         #: Bumped after every write the dashboard may want to show; see wait_for_change().
@@ -82,6 +87,12 @@ class Runner:
         self._changed = threading.Condition()
 
     # -- lifecycle ----------------------------------------------------------------------
+
+    @property
+    def _engine(self) -> Engine:
+        # The runner is started (and stepped) only once an engine is attached.
+        assert self.engine is not None, "the runner needs an engine"
+        return self.engine
 
     def start(self) -> None:
         self.storage.sweep_tmp()
@@ -119,7 +130,7 @@ class Runner:
                 log.exception("runner step failed; retrying")
                 time.sleep(1.0)
         for _, fut in list(self._inflight.values()):
-            self.engine.cancel(fut)
+            self._engine.cancel(fut)
 
     def step(self) -> None:
         """One pass over all the work there is. Public so tests can drive it directly."""
@@ -130,7 +141,7 @@ class Runner:
         self._expire_due()
         self._claim_and_submit()
         self._finalize_done()
-        if time.monotonic() - self._last_sweep > self.sweep_interval:
+        if time.monotonic() - self._last_sweep > self._sweep_interval:
             self._last_sweep = time.monotonic()
             self.files.sweep_expired()
 
@@ -142,7 +153,7 @@ class Runner:
             assert b is not None
             if b.status in (BatchStatus.CANCELLING, BatchStatus.CANCELLED):
                 return b
-            if b.status not in (BatchStatus.VALIDATING, BatchStatus.IN_PROGRESS):
+            if b.status not in BatchStatus.CANCELLABLE:
                 raise APIError(
                     400,
                     f"Cannot cancel batch '{batch_id}': its status is '{b.status}'. "
@@ -216,10 +227,9 @@ class Runner:
         ]
         with self.db.write() as s:
             fresh = s.get(Batch, b.id)
-            if fresh is None or fresh.status != BatchStatus.VALIDATING:
-                if fresh is not None and fresh.status == BatchStatus.CANCELLING:
-                    self._settle_cancelled_validation(s, fresh)
+            if not self._still_validating(s, fresh):
                 return
+            assert fresh is not None
             # A crash mid-validation leaves nothing behind (this is one transaction),
             # but clear any rows anyway so validation can always start over.
             s.exec(Request.__table__.delete().where(Request.__table__.c.batch_id == b.id))  # type: ignore[attr-defined]
@@ -233,7 +243,16 @@ class Runner:
         log.info("batch=%s status=in_progress total=%d", b.id, len(rows))
         self._bump()
 
-    def _settle_cancelled_validation(self, s: Any, b: Batch) -> None:
+    def _still_validating(self, s: Session, b: Batch | None) -> bool:
+        """False when the batch left validation meanwhile; a cancel that arrived during
+        validation is settled here, as the batch never ran a line."""
+        if b is None or b.status != BatchStatus.VALIDATING:
+            if b is not None and b.status == BatchStatus.CANCELLING:
+                self._settle_cancelled_validation(s, b)
+            return False
+        return True
+
+    def _settle_cancelled_validation(self, s: Session, b: Batch) -> None:
         b.status = BatchStatus.CANCELLED
         b.cancelled_at = now()
         s.add(b)
@@ -241,10 +260,9 @@ class Runner:
     def _fail_batch(self, batch_id: str, errors: list[dict[str, Any]]) -> None:
         with self.db.write() as s:
             b = s.get(Batch, batch_id)
-            if b is None or b.status != BatchStatus.VALIDATING:
-                if b is not None and b.status == BatchStatus.CANCELLING:
-                    self._settle_cancelled_validation(s, b)
+            if not self._still_validating(s, b):
                 return
+            assert b is not None
             b.status = BatchStatus.FAILED
             b.failed_at = now()
             b.errors_json = json.dumps(errors)
@@ -256,7 +274,7 @@ class Runner:
 
     def _capacity(self) -> int:
         # Keep the engine's queue a little ahead of its slots so no slot idles between lines.
-        return max(2, self.engine.info.n_slots * 2) - len(self._inflight)
+        return max(2, self._engine.info.n_slots * 2) - len(self._inflight)
 
     def _claim_and_submit(self) -> None:
         room = self._capacity()
@@ -330,7 +348,7 @@ class Runner:
                 )
             )
         else:
-            fut = self.engine.submit(endpoint, body, priority=Priority.BATCH)
+            fut = self._engine.submit(endpoint, body, priority=Priority.BATCH)
         self._inflight[req.id] = (req.batch_id, fut)
         fut.add_done_callback(lambda f, rid=req.id: self._on_done(rid, f))
 
@@ -396,7 +414,9 @@ class Runner:
                 self._record(s, req, outcome, t)
         self._bump()
 
-    def _record(self, s: Any, req: Request, outcome: tuple[int, dict[str, Any]], t: float) -> None:
+    def _record(
+        self, s: Session, req: Request, outcome: tuple[int, dict[str, Any]], t: float
+    ) -> None:
         """Store one line's result and move its batch's counters, in the caller's transaction."""
         status_code, body = outcome
         ok = status_code == 200
@@ -425,7 +445,7 @@ class Runner:
     def _withdraw(self, batch_id: str) -> None:
         for bid, fut in list(self._inflight.values()):
             if bid == batch_id:
-                self.engine.cancel(fut)
+                self._engine.cancel(fut)
 
     def _cancel_requested(self) -> None:
         with self.db.read() as s:
@@ -455,7 +475,7 @@ class Runner:
         with self.db.read() as s:
             ids = s.exec(
                 select(Batch.id).where(
-                    col(Batch.status).in_((BatchStatus.VALIDATING, BatchStatus.IN_PROGRESS)),
+                    col(Batch.status).in_(BatchStatus.CANCELLABLE),
                     col(Batch.expires_at) <= t,
                 )
             ).all()
@@ -463,7 +483,8 @@ class Runner:
             self._withdraw(batch_id)
             with self.db.write() as s:
                 b = s.get(Batch, batch_id)
-                if b is None or b.status not in (BatchStatus.VALIDATING, BatchStatus.IN_PROGRESS):
+                # Both statuses can still run out of their window (and both can be cancelled).
+                if b is None or b.status not in BatchStatus.CANCELLABLE:
                     continue
                 result = s.exec(
                     update(Request)
@@ -547,17 +568,8 @@ class Runner:
                     self.storage.delete(w.file_id)
                 return
             for kind, w in written.items():
-                s.add(
-                    File(
-                        id=w.file_id,
-                        owner=fresh.owner,
-                        filename=f"{batch_id}_{kind}.jsonl",
-                        purpose="batch_output",
-                        bytes=w.size,
-                        sha256=w.sha256,
-                        created_at=stamp,
-                        expires_at=expires_at,
-                    )
+                self.files.register_output(
+                    s, fresh, kind, w, created_at=stamp, expires_at=expires_at
                 )
             fresh.output_file_id = written["output"].file_id if "output" in written else None
             fresh.error_file_id = written["error"].file_id if "error" in written else None
@@ -580,8 +592,8 @@ class Runner:
 
     def _output_write_failed(self, b: Batch, exc: OSError, failures: int) -> None:
         reason = f"{exc.strerror or exc}" + (f" ({exc.filename})" if exc.filename else "")
-        if failures <= len(self.finalize_retry_delays):
-            delay = self.finalize_retry_delays[failures - 1]
+        if failures <= len(self._finalize_retry_delays):
+            delay = self._finalize_retry_delays[failures - 1]
             log.error(
                 "batch=%s error=output_write_failed reason=%r retry_in=%.0fs",
                 b.id,
@@ -616,4 +628,4 @@ class Runner:
 def _failure(
     status_code: int, message: str, *, code: str, type: str = "invalid_request_error"
 ) -> tuple[int, dict[str, Any]]:
-    return status_code, {"error": {"message": message, "type": type, "param": None, "code": code}}
+    return status_code, error_body(message, type=type, code=code)

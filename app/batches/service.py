@@ -1,8 +1,9 @@
-"""The batches service: create, read, list and cancel batches, and shape them as OpenAI's."""
+"""The batches service: create, read, list and cancel batches (their wire shape: api/schemas)."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from sqlmodel import col, select
@@ -11,7 +12,7 @@ from app.config import Settings
 from app.db import Database
 from app.engine.base import ENDPOINTS
 from app.errors import APIError, invalid, missing, not_found
-from app.files import parse_expires_after
+from app.files.service import parse_expires_after
 from app.models import Batch, BatchStatus, File, Request, RequestStatus, new_id, now
 
 if TYPE_CHECKING:
@@ -47,41 +48,6 @@ def check_metadata(metadata: Any) -> dict[str, str] | None:
                 param=f"metadata.{key}",
             )
     return metadata
-
-
-def batch_to_openai(b: Batch) -> dict[str, Any]:
-    """The `openai.types.Batch` shape, every field present."""
-    errors = json.loads(b.errors_json) if b.errors_json else None
-    return {
-        "id": b.id,
-        "object": "batch",
-        "endpoint": b.endpoint,
-        "model": b.model,
-        "errors": {"object": "list", "data": errors} if errors else None,
-        "input_file_id": b.input_file_id,
-        "completion_window": b.completion_window,
-        "status": b.status,
-        "output_file_id": b.output_file_id,
-        "error_file_id": b.error_file_id,
-        "created_at": b.created_at,
-        "in_progress_at": b.in_progress_at,
-        "expires_at": b.expires_at,
-        "finalizing_at": b.finalizing_at,
-        "completed_at": b.completed_at,
-        "failed_at": b.failed_at,
-        "expired_at": b.expired_at,
-        "cancelling_at": b.cancelling_at,
-        "cancelled_at": b.cancelled_at,
-        "request_counts": {"total": b.total, "completed": b.completed, "failed": b.failed},
-        "usage": {
-            "input_tokens": b.input_tokens,
-            "input_tokens_details": {"cached_tokens": 0},
-            "output_tokens": b.output_tokens,
-            "output_tokens_details": {"reasoning_tokens": 0},
-            "total_tokens": b.input_tokens + b.output_tokens,
-        },
-        "metadata": json.loads(b.metadata_json) if b.metadata_json else None,
-    }
 
 
 class BatchService:
@@ -162,6 +128,16 @@ class BatchService:
                 raise not_found("batch", batch_id, param="batch_id")
             return b
 
+    def get_many(self, owner: str, ids: Sequence[str]) -> dict[str, Batch]:
+        """The owner's batches among `ids`, by id, in one read (the live list polls this)."""
+        if not ids:
+            return {}
+        with self.db.read() as s:
+            rows = s.exec(
+                select(Batch).where(Batch.owner == owner, col(Batch.id).in_(list(ids)))
+            ).all()
+        return {b.id: b for b in rows}
+
     def list(
         self, owner: str, *, limit: int = 20, after: str | None = None
     ) -> tuple[list[Batch], bool]:
@@ -201,5 +177,3 @@ class BatchService:
             }
             for r in rows
         ]
-
-    to_openai = staticmethod(batch_to_openai)

@@ -11,6 +11,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
+from app.engine.base import CHAT, ENDPOINTS
+
 #: A line longer than this is refused on its own (OpenAI's per-request body limit is in MB).
 MAX_LINE_BYTES = 32 * 1024 * 1024
 #: How many line errors a failed batch reports; more are summed up in one last entry.
@@ -93,6 +95,26 @@ def raw_lines(stream: BinaryIO, chunk_size: int = 1 << 20) -> Iterator[tuple[int
         yield drop_start, b"", True
     elif buf:
         yield buf_start, buf, len(buf) > MAX_LINE_BYTES
+
+
+def first_endpoint(stream: BinaryIO) -> str:
+    """The endpoint a batch file is for: the first non-blank line's `url` if it names a
+    known endpoint, chat completions otherwise (validation then reports each line that
+    does not match). A byte-order mark before the first line is skipped, as validation does.
+    """
+    for number, (_offset, raw, too_long) in enumerate(raw_lines(stream), start=1):
+        if number == 1 and raw.startswith(b"\xef\xbb\xbf"):
+            raw = raw[3:]
+        if too_long:
+            break
+        if not raw.strip():
+            continue
+        try:
+            url = json.loads(raw).get("url")
+        except (ValueError, AttributeError, RecursionError):
+            break
+        return url if url in ENDPOINTS else CHAT
+    return CHAT
 
 
 def validate_jsonl(stream: BinaryIO, endpoint: str, *, max_requests: int = 50_000) -> Validation:

@@ -42,28 +42,30 @@ def when(ts: int | float | None, now: float | None = None) -> dict[str, str] | N
 
 
 def relative(delta: float) -> str:
-    """-90 -> '2 min ago', 3600 -> 'in 1 h'."""
+    """-90 -> '2 min ago', 3600 -> 'in 1 h'. static/app.js has the same rule, on purpose:
+    the server renders the first text and the page keeps it fresh."""
     future = delta > 0
     s = abs(delta)
     if s < 45:
-        text = "just now" if not future else "in a few seconds"
-        return text
-    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
-        if s >= size * 0.75 or unit == "min":
-            n = max(1, round(s / size))
-            return f"in {n} {unit}" if future else f"{n} {unit} ago"
-    return ""  # pragma: no cover - the loop always returns
+        return "just now" if not future else "in a few seconds"
+    unit, size = next(
+        ((u, n) for u, n in (("d", 86400), ("h", 3600)) if s >= n * 0.75), ("min", 60)
+    )
+    n = max(1, round(s / size))
+    return f"in {n} {unit}" if future else f"{n} {unit} ago"
 
 
 def size(n: int | None) -> str:
     if n is None:
         return "—"
-    value = float(n)
-    for unit in ("B", "KB", "MB", "GB"):
-        if value < 1024 or unit == "GB":
-            return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"
+    if n < 1024:
+        return f"{n} B"
+    value = n / 1024
+    for unit in ("KB", "MB"):
+        if value < 1024:
+            return f"{value:.1f} {unit}"
         value /= 1024
-    return f"{n} B"  # pragma: no cover
+    return f"{value:.1f} GB"
 
 
 def duration(seconds: float | None) -> str:
@@ -148,6 +150,7 @@ def batch_row(
         "status_text": batch.status.replace("_", " "),
         "tone": STATUS_TONE.get(batch.status, "muted"),
         "running": running,
+        "cancellable": batch.status in BatchStatus.CANCELLABLE,
         "total": total,
         "completed": batch.completed,
         "failed": batch.failed,
@@ -221,9 +224,7 @@ def result_row(line: dict[str, Any]) -> dict[str, Any]:
         "custom_id": line.get("custom_id", ""),
         "status": line.get("status", ""),
         "status_code": line.get("status_code"),
-        "ok": not error
-        and line.get("status") in ("succeeded", "completed", None)
-        and not body.get("error"),
+        "ok": not error and line.get("status") in ("succeeded", None) and not body.get("error"),
         "preview": preview[:160] + ("…" if len(preview) > 160 else ""),
         "whole": whole,
     }

@@ -321,6 +321,33 @@ def test_online_endpoints(client: OpenAI) -> None:
     assert text == r.choices[0].message.content
 
 
+def test_streamed_usage_comes_once(client: OpenAI) -> None:
+    """`stream_options.include_usage`: one usage chunk (no choices) before [DONE], with the
+    same counts as the same greedy request unstreamed."""
+    ask = {
+        "model": "m",
+        "messages": [{"role": "user", "content": "Name a fruit."}],
+        "max_tokens": 8,
+        "temperature": 0,
+    }
+    whole = client.chat.completions.create(**ask)
+    chunks = list(
+        client.chat.completions.create(**ask, stream=True, stream_options={"include_usage": True})
+    )
+    with_usage = [c for c in chunks if c.usage is not None]
+    assert len(with_usage) == 1, [c.model_dump() for c in with_usage]
+    (tail,) = with_usage
+    assert tail.choices == [] and chunks[-1] is tail
+    assert whole.usage is not None and tail.usage is not None
+    assert (tail.usage.prompt_tokens, tail.usage.completion_tokens, tail.usage.total_tokens) == (
+        whole.usage.prompt_tokens,
+        whole.usage.completion_tokens,
+        whole.usage.total_tokens,
+    )
+    text = "".join((c.choices[0].delta.content or "") for c in chunks if c.choices)
+    assert text == whole.choices[0].message.content
+
+
 def test_online_request_goes_ahead_of_a_running_batch(client: OpenAI) -> None:
     lines = [
         chat_line(f"bg{i}", f"Write a long story about the number {i}.", 128) for i in range(60)

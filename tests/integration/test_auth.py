@@ -13,9 +13,10 @@ from urllib.parse import unquote
 import pytest
 from litestar.testing import TestClient
 
-from app.api.auth import SESSION_COOKIE, Keys, Sessions, owner_id, security_notes
+from app.api.auth import Keys, owner_id
 from app.config import Settings
-from app.server import create_app
+from app.server import create_app, security_notes
+from app.web.auth import SESSION_COOKIE, Sessions
 from tests.fakes import FakeEngine
 from tests.integration.conftest import wait_for_status
 

@@ -288,7 +288,9 @@ def test_unknown_ids_on_every_route(client: TestClient) -> None:
 @pytest.mark.parametrize("route", ["/v1/files", "/v1/batches"])
 @pytest.mark.parametrize("value", ["0", "abc", "-1", "1000000", "1.5"])
 def test_bad_limit(client: TestClient, route: str, value: str) -> None:
-    assert_error(client.get(f"{route}?limit={value}"), 400, "invalid_value", "limit")
+    r = client.get(f"{route}?limit={value}")
+    assert_error(r, 400, "invalid_value", "limit")
+    assert "'limit'" in r.json()["error"]["message"]
 
 
 def test_bad_batch_bodies(client: TestClient) -> None:
@@ -311,6 +313,28 @@ def test_bad_batch_bodies(client: TestClient) -> None:
             "output_expires_after[seconds]",
         ),
         ([1, 2], 400, "invalid_json", None),
+        # Caught by the typed body (BatchCreateParams) before the service: still OpenAI's
+        # codes, naming the parameter the way the service does.
+        (
+            {k: v for k, v in good.items() if k != "endpoint"},
+            400,
+            "missing_required_parameter",
+            "endpoint",
+        ),
+        ({**good, "endpoint": 5}, 400, "invalid_value", "endpoint"),
+        ({**good, "metadata": {"k": 1}}, 400, "invalid_value", "metadata"),
+        (
+            {**good, "output_expires_after": {"anchor": "created_at"}},
+            400,
+            "missing_required_parameter",
+            "output_expires_after[seconds]",
+        ),
+        (
+            {**good, "output_expires_after": {"anchor": "created_at", "seconds": "soon"}},
+            400,
+            "invalid_value",
+            "output_expires_after[seconds]",
+        ),
     ]
     for body, status, code, param in cases:
         assert_error(client.post("/v1/batches", json=body), status, code, param)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from litestar.testing import TestClient
 
-from app.storage import PartialWrite
+from app.files.storage import PartialWrite
 from tests.conftest import ROOT
 
 

@@ -8,11 +8,10 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
-from app.api.common import Services
 from app.config import Settings
 from app.engine.base import CHAT, Priority, RequestCancelled
 from app.models import Batch, BatchStatus, File, Request
-from app.server import build_services
+from app.services import Services, build_services
 from tests.fakes import FakeEngine
 
 
@@ -47,9 +46,7 @@ class HangingEngine(FakeEngine):
 
 
 def services(data_dir: Path, engine: Any, **settings: Any) -> Services:
-    svc = build_services(Settings(data_dir=str(data_dir), **settings), engine)
-    svc.runner.engine = engine
-    return svc
+    return build_services(Settings(data_dir=str(data_dir), **settings), engine)
 
 
 def chat(cid: str, content: str) -> dict[str, Any]:

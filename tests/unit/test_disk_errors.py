@@ -9,8 +9,10 @@ from typing import Any
 
 import pytest
 
+from app.config import Settings
+from app.files.storage import PartialWrite, data_dir_problem
 from app.models import BatchStatus, RequestStatus
-from app.storage import PartialWrite, data_dir_problem
+from app.services import Services, build_services
 from tests.fakes import FakeEngine
 from tests.unit.helpers import (
     batch,
@@ -20,8 +22,14 @@ from tests.unit.helpers import (
     file_rows,
     make_batch,
     request_rows,
-    services,
 )
+
+
+def retrying(tmp_path: Path, *delays: float) -> Services:
+    """Services whose runner waits `delays` before each retry of a failed output write."""
+    return build_services(
+        Settings(data_dir=str(tmp_path)), FakeEngine(), finalize_retry_delays=delays
+    )
 
 
 def full_disk(times: int | None) -> Any:
@@ -41,8 +49,7 @@ def full_disk(times: int | None) -> Any:
 def test_output_that_cannot_be_written_fails_the_batch_with_the_reason(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    svc = services(tmp_path, FakeEngine())
-    svc.runner.finalize_retry_delays = (0.0, 0.0)
+    svc = retrying(tmp_path, 0.0, 0.0)
     batch_id = make_batch(svc, [chat("a", "hi"), chat("b", "FAIL")])
     input_file = batch(svc, batch_id).input_file_id
     write, calls = full_disk(None)
@@ -68,8 +75,7 @@ def test_output_that_cannot_be_written_fails_the_batch_with_the_reason(
 def test_disk_freed_before_the_retries_run_out_completes_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    svc = services(tmp_path, FakeEngine())
-    svc.runner.finalize_retry_delays = (0.0, 0.0)
+    svc = retrying(tmp_path, 0.0, 0.0)
     batch_id = make_batch(svc, [chat("a", "hi"), chat("b", "FAIL"), chat("c", "yo")])
     write, calls = full_disk(2)
     monkeypatch.setattr(PartialWrite, "write", write)
@@ -83,8 +89,7 @@ def test_disk_freed_before_the_retries_run_out_completes_once(
 
 
 def test_retry_waits_for_its_delay(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    svc = services(tmp_path, FakeEngine())
-    svc.runner.finalize_retry_delays = (3600.0,)
+    svc = retrying(tmp_path, 3600.0)
     batch_id = make_batch(svc, [chat("a", "hi")])
     write, calls = full_disk(None)
     monkeypatch.setattr(PartialWrite, "write", write)

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from app.config import Settings
 from app.engine.base import CHAT
 from app.models import BatchStatus, File, RequestStatus, now
+from app.services import Services, build_services
 from tests.unit.helpers import (
     HangingEngine,
     batch,
@@ -88,12 +90,12 @@ def test_output_expires_after_is_anchored_on_the_output_file(tmp_path: Path) -> 
     assert out.expires_at == out.created_at + 3600 and out.created_at >= b.created_at
     # Swept when due, not before; the input (30 days) stays.
     assert svc.files.sweep_expired(out.created_at + 3599) == 0
-    assert svc.storage.exists(out.id)
+    assert svc.storage.path(out.id).is_file()
     assert svc.files.sweep_expired(out.created_at + 3600) == 1
-    assert not svc.storage.exists(out.id)
+    assert not svc.storage.path(out.id).is_file()
     left = {f.id for f in file_rows(svc)}
     assert out.id not in left and input_file in left
-    assert svc.storage.exists(input_file)
+    assert svc.storage.path(input_file).is_file()
 
 
 def test_expired_input_of_a_running_batch_waits_for_the_batch(tmp_path: Path) -> None:
@@ -103,24 +105,34 @@ def test_expired_input_of_a_running_batch_waits_for_the_batch(tmp_path: Path) ->
     input_file = batch(svc, batch_id).input_file_id
     later = now() + 31 * 24 * 3600
     assert svc.files.sweep_expired(later) == 0
-    assert svc.storage.exists(input_file)
+    assert svc.storage.path(input_file).is_file()
     svc.batches.cancel(batch_id, "")
     assert drive(svc, batch_id).status == BatchStatus.CANCELLED
     assert svc.files.sweep_expired(later) == 1
-    assert not svc.storage.exists(input_file)
+    assert not svc.storage.path(input_file).is_file()
 
 
 def test_runner_sweeps_on_its_interval(tmp_path: Path) -> None:
-    svc = services(tmp_path, HangingEngine())
-    b = drive(svc, make_batch(svc, [chat("a", "hi")]))
-    with svc.db.write() as s:
-        row = s.get(File, b.output_file_id)
-        assert row is not None
-        row.expires_at = now() - 1
-        s.add(row)
-    svc.runner.step()  # the interval has not passed since the last sweep
-    assert svc.storage.exists(b.output_file_id)
-    svc.runner.sweep_interval = 0.0
-    svc.runner.step()
-    assert not svc.storage.exists(b.output_file_id)
-    assert b.output_file_id not in {f.id for f in file_rows(svc)}
+    def expired_output(svc: Services) -> str:
+        """Run a batch (its first step sweeps), then let its output file expire."""
+        b = drive(svc, make_batch(svc, [chat("a", "hi")]))
+        assert b.output_file_id is not None
+        with svc.db.write() as s:
+            row = s.get(File, b.output_file_id)
+            assert row is not None
+            row.expires_at = now() - 1
+            s.add(row)
+        svc.runner.step()
+        return b.output_file_id
+
+    hourly = build_services(
+        Settings(data_dir=str(tmp_path / "hourly")), HangingEngine(), sweep_interval=3600.0
+    )
+    out = expired_output(hourly)  # the interval has not passed since the last sweep
+    assert hourly.storage.path(out).is_file()
+    always = build_services(
+        Settings(data_dir=str(tmp_path / "always")), HangingEngine(), sweep_interval=0.0
+    )
+    out = expired_output(always)
+    assert not always.storage.path(out).is_file()
+    assert out not in {f.id for f in file_rows(always)}

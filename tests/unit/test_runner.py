@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from sqlmodel import select
 
-from app.api.common import Services
 from app.batches.runner import MAX_ATTEMPTS
 from app.models import Request, RequestStatus
+from app.services import Services
 from tests.fakes import FakeEngine
 from tests.unit.helpers import chat, drive, file_lines, make_batch, request_rows, services
 

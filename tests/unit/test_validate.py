@@ -84,3 +84,28 @@ def test_errors_are_capped_with_a_summary() -> None:
     shown = r.reported_errors()
     assert len(shown) == v.MAX_REPORTED_ERRORS + 1
     assert shown[-1]["code"] == "too_many_errors" and "5 more" in shown[-1]["message"]
+
+
+EMB = "/v1/embeddings"
+
+
+def test_first_endpoint_is_the_first_lines_url_if_known() -> None:
+    """One rule for the dashboard's preview and `batchyard run`; the cases where the
+    preview (which scanned for the first known url) and `run` (which took the first line's
+    url whatever it was, and stopped at a bad first line) used to disagree come first."""
+
+    def first(data: bytes) -> str:
+        return v.first_endpoint(io.BytesIO(data))
+
+    # An unknown url first: the preview said embeddings, `run` said /v1/responses.
+    assert first(line("a", url="/v1/responses") + b"\n" + line("b", url=EMB)) == CHAT
+    # A first line that is not JSON, or not an object: the preview read on to line 2.
+    assert first(b"not json\n" + line("b", url=EMB)) == CHAT
+    assert first(b"[1, 2]\n" + line("b", url=EMB)) == CHAT
+    # Where they agreed, and still do.
+    assert first(b"\xef\xbb\xbf" + line("a", url=EMB) + b"\r\n") == EMB
+    assert first(b"\n  \r\n" + line("a", url=EMB)) == EMB
+    assert first(line("a", url="/v1/completions")) == "/v1/completions"
+    assert first(line("a")) == CHAT
+    assert first(b"") == CHAT
+    assert first(b'{"url": 5}\n' + line("b", url=EMB)) == CHAT

@@ -8,16 +8,16 @@ write it through storage's size-capped writer.
 from __future__ import annotations
 
 import errno
+from collections.abc import AsyncIterable
 from dataclasses import dataclass, field
 
 import anyio.to_thread
-from litestar import Request
 from python_multipart.multipart import MultipartParser, parse_options_header
 
 from app.errors import APIError, missing
-from app.files import FileService, parse_expires_after, too_large
+from app.files.service import FileService, parse_expires_after, too_large
+from app.files.storage import PartialWrite, TooLarge
 from app.models import File
-from app.storage import PartialWrite, TooLarge
 
 #: Small form fields (purpose, expires_after[...]) are kept in memory up to this size.
 MAX_FIELD_BYTES = 64 * 1024
@@ -94,9 +94,16 @@ class _Collector:
             self.fields[self._part.name] = self._part.data.decode("utf-8", "replace")
 
 
-async def receive_upload(request: Request, files: FileService, owner: str) -> File:
-    """Parse a multipart upload (`file`, `purpose`, optional `expires_after[...]`) and store it."""
-    content_type = request.headers.get("content-type", "")
+async def receive_upload(
+    files: FileService,
+    owner: str,
+    *,
+    content_type: str,
+    content_length: str | None,
+    body: AsyncIterable[bytes],
+) -> File:
+    """Parse a multipart upload (`file`, `purpose`, optional `expires_after[...]`) from the
+    request's headers and its body as it streams in, and store it."""
     ctype, params = parse_options_header(content_type)
     if ctype != b"multipart/form-data" or b"boundary" not in params:
         raise APIError(
@@ -105,7 +112,7 @@ async def receive_upload(request: Request, files: FileService, owner: str) -> Fi
             param="file",
             code="invalid_content_type",
         )
-    declared = request.headers.get("content-length")
+    declared = content_length
     if (
         declared
         and declared.isdigit()
@@ -132,7 +139,7 @@ async def receive_upload(request: Request, files: FileService, owner: str) -> Fi
             await anyio.to_thread.run_sync(col.partial.write, piece)
 
     try:
-        async for chunk in request.stream():
+        async for chunk in body:
             parser.write(chunk)
             await flush(False)
         parser.finalize()

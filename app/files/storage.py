@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import os
 import secrets
-from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
@@ -99,29 +98,10 @@ class Storage:
     def begin_write(self, limit: int) -> PartialWrite:
         return PartialWrite(self, limit)
 
-    def write_bytes(self, file_id: str, data: bytes) -> str:
-        """Write a whole file at once; returns its sha256."""
-        partial = self.begin_write(limit=len(data))
-        try:
-            partial.write(data)
-            partial.commit(file_id)
-        except BaseException:
-            partial.discard()
-            raise
-        return partial.sha256
-
     def read_range(self, file_id: str, offset: int, length: int) -> bytes:
         with open(self.path(file_id), "rb") as fh:
             fh.seek(offset)
             return fh.read(length)
-
-    def iter_bytes(self, file_id: str, chunk_size: int = 1 << 20) -> Iterator[bytes]:
-        with open(self.path(file_id), "rb") as fh:
-            while chunk := fh.read(chunk_size):
-                yield chunk
-
-    def exists(self, file_id: str) -> bool:
-        return self.path(file_id).is_file()
 
     def delete(self, file_id: str) -> None:
         self.path(file_id).unlink(missing_ok=True)

@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import func
-from sqlmodel import col, select
+from sqlmodel import Session, col, select
 
 from app.config import Settings
 from app.db import Database
 from app.errors import APIError, invalid, missing, not_found
+from app.files.storage import PartialWrite, Storage
 from app.models import Batch, BatchStatus, File, new_id, now
-from app.storage import PartialWrite, Storage
+
+if TYPE_CHECKING:
+    from app.batches.output import Written
 
 #: Purposes a client may upload with (OpenAI's list); batch_output is written by batchyard.
 UPLOAD_PURPOSES = ("assistants", "batch", "fine-tune", "vision", "user_data", "evals")
@@ -21,21 +23,6 @@ ALL_PURPOSES = (*UPLOAD_PURPOSES, "batch_output", "assistants_output", "fine-tun
 #: OpenAI: files with purpose=batch expire after 30 days unless told otherwise.
 BATCH_FILE_DEFAULT_TTL = 30 * 24 * 3600
 EXPIRES_MIN, EXPIRES_MAX = 3600, 30 * 24 * 3600
-
-
-def file_to_openai(f: File) -> dict[str, Any]:
-    """The `FileObject` shape."""
-    return {
-        "id": f.id,
-        "object": "file",
-        "bytes": f.bytes,
-        "created_at": f.created_at,
-        "expires_at": f.expires_at,
-        "filename": f.filename,
-        "purpose": f.purpose,
-        "status": "processed",
-        "status_details": None,
-    }
 
 
 def parse_expires_after(anchor: Any, seconds: Any, param: str = "expires_after") -> int:
@@ -115,6 +102,31 @@ class FileService:
             raise
         return row
 
+    def register_output(
+        self,
+        s: Session,
+        batch: Batch,
+        kind: str,
+        written: Written,
+        *,
+        created_at: int,
+        expires_at: int | None,
+    ) -> File:
+        """The File row of a batch's output or error file (`kind`), whose bytes are already
+        stored under `written.file_id`; added in the caller's (the runner's) transaction."""
+        row = File(
+            id=written.file_id,
+            owner=batch.owner,
+            filename=f"{batch.id}_{kind}.jsonl",
+            purpose="batch_output",
+            bytes=written.size,
+            sha256=written.sha256,
+            created_at=created_at,
+            expires_at=expires_at,
+        )
+        s.add(row)
+        return row
+
     def delete(self, file_id: str, owner: str) -> None:
         with self.db.write() as s:
             row = self._get(s, file_id, owner)
@@ -155,7 +167,7 @@ class FileService:
 
     # -- reads --------------------------------------------------------------------------
 
-    def _get(self, s: Any, file_id: str, owner: str) -> File:
+    def _get(self, s: Session, file_id: str, owner: str) -> File:
         row = s.get(File, file_id)
         if row is None or row.owner != owner:
             raise not_found("file", file_id, param="file_id")
@@ -203,10 +215,6 @@ class FileService:
             q = q.order_by(key.desc() if order == "desc" else key.asc())
             rows = list(s.exec(q.limit(limit + 1)).all())
         return rows[:limit], len(rows) > limit
-
-    def count(self, owner: str) -> int:
-        with self.db.read() as s:
-            return s.exec(select(func.count()).select_from(File).where(File.owner == owner)).one()
 
 
 def too_large(purpose: str | None, limit: int) -> APIError:

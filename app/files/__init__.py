@@ -1,0 +1,1 @@
+"""The files domain: stored bytes (storage), their rows (service), streamed uploads (upload)."""

@@ -1,0 +1,64 @@
+"""The app's services in one container: what the API, the dashboard and `batchyard run` share.
+
+`build_services` makes the data dir, the database, storage, the files and batches services
+and the runner; the engine may come later (it loads in the background while the server
+already answers), and `attach_engine` hands it to the runner and starts it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from app.batches.runner import Runner
+from app.batches.service import BatchService
+from app.config import Settings
+from app.db import Database
+from app.engine.base import Engine
+from app.files.service import FileService
+from app.files.storage import Storage
+
+
+@dataclass
+class Services:
+    settings: Settings
+    db: Database
+    storage: Storage
+    files: FileService
+    batches: BatchService
+    runner: Runner
+    engine: Engine | None = None
+    #: Why the model could not be loaded ("Type: message"), for /health and the dashboard.
+    engine_failure: str | None = None
+
+    def attach_engine(self, engine: Engine, *, start: bool = True) -> None:
+        """Use `engine` from now on; the runner starts unless a test steps it by hand."""
+        self.engine = engine
+        self.runner.engine = engine
+        if start:
+            self.runner.start()
+
+
+def build_services(
+    settings: Settings, engine: Engine | None = None, **runner_options: Any
+) -> Services:
+    """The data dir, database, storage and services. `runner_options` go to `Runner`
+    (`sweep_interval`, `finalize_retry_delays`); an engine given here is attached but the
+    runner is not started."""
+    settings.data_path.mkdir(parents=True, exist_ok=True)
+    db = Database(settings.db_url)
+    db.create_all()
+    storage = Storage(settings.data_path)
+    files = FileService(settings, db, storage)
+    runner = Runner(settings, db, storage, files, None, **runner_options)
+    svc = Services(
+        settings=settings,
+        db=db,
+        storage=storage,
+        files=files,
+        batches=BatchService(settings, db, runner),
+        runner=runner,
+    )
+    if engine is not None:
+        svc.attach_engine(engine, start=False)
+    return svc

@@ -1,0 +1,166 @@
+"""Dashboard pages: the batch list, one batch, files, the model; and file downloads.
+
+Thin by rule: each handler calls the same services the OpenAI API uses and renders a
+template. The contexts built here are shared with the partials and the live streams.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from litestar import Request, get
+from litestar.di import NamedDependency
+from litestar.params import FromPath, FromQuery
+from litestar.response import File as FileResponse
+from litestar.response import Template
+
+from app.api.schemas import batch_object, to_builtins
+from app.batches.service import BatchService
+from app.errors import APIError
+from app.files.service import FileService
+from app.models import Batch, BatchStatus
+from app.services import Services
+from app.web import views
+
+PAGE_SIZE = 20
+FILES_PAGE_SIZE = 50
+RESULTS_SHOWN = 50
+
+
+def base_url(request: Request[Any, Any, Any]) -> str:
+    return str(request.base_url).rstrip("/")
+
+
+def batch_list_context(
+    request: Request[Any, Any, Any],
+    batches: NamedDependency[BatchService],
+    owner: NamedDependency[str],
+    after: str | None,
+) -> dict[str, Any]:
+    rows_, has_more = batches.list(owner, limit=PAGE_SIZE, after=after)
+    rows = [views.batch_row(b) for b in rows_]
+    return {
+        "rows": rows,
+        "has_more": has_more,
+        "next_after": rows_[-1].id if rows_ and has_more else None,
+        "after": after,
+        "live_ids": ",".join(r["id"] for r in rows if r["running"]),
+        "base_url": base_url(request),
+    }
+
+
+def summary_context(
+    batch: Batch, tracker: views.Throughput, now: float | None = None
+) -> dict[str, Any]:
+    """What batch_summary.html (and results.html's wording) needs."""
+    wire = to_builtins(batch_object(batch))
+    return {
+        "row": views.batch_row(batch, tracker, now),
+        "batch": wire,
+        "timeline": views.timeline(wire, now),
+        "live": batch.status not in BatchStatus.FINISHED,
+    }
+
+
+def results_rows(
+    batches: NamedDependency[BatchService], batch_id: FromPath[str], owner: NamedDependency[str]
+) -> list[dict[str, Any]]:
+    return [views.result_row(r) for r in batches.results(batch_id, owner, limit=RESULTS_SHOWN)]
+
+
+def batch_page_context(
+    services: NamedDependency[Services], batch_id: FromPath[str], owner: NamedDependency[str]
+) -> dict[str, Any]:
+    batch = services.batches.get(batch_id, owner)
+    tracker = views.Throughput()
+    if services.engine is not None and batch.status not in BatchStatus.FINISHED:
+        tracker.add(batch, engine_tps=services.engine.stats().tokens_per_second)
+    return {
+        **summary_context(batch, tracker),
+        "results": results_rows(services.batches, batch_id, owner),
+    }
+
+
+@get("/", name="web:home", sync_to_thread=True, include_in_schema=False)
+def home(
+    request: Request[Any, Any, Any],
+    batches: NamedDependency[BatchService],
+    owner: NamedDependency[str],
+    after: FromQuery[str | None] = None,
+) -> Template:
+    return Template(
+        template_name="home.html", context=batch_list_context(request, batches, owner, after)
+    )
+
+
+@get("/batches/{batch_id:str}", name="web:batch", sync_to_thread=True, include_in_schema=False)
+def batch_page(
+    services: NamedDependency[Services], owner: NamedDependency[str], batch_id: FromPath[str]
+) -> Template:
+    try:
+        context = batch_page_context(services, batch_id, owner)
+    except APIError as exc:
+        return Template(
+            template_name="error.html", context={"error": exc}, status_code=exc.status_code
+        )
+    return Template(template_name="batch.html", context=context)
+
+
+@get("/files", name="web:files", sync_to_thread=True, include_in_schema=False)
+def files_page(
+    request: Request[Any, Any, Any],
+    files: NamedDependency[FileService],
+    owner: NamedDependency[str],
+    after: FromQuery[str | None] = None,
+) -> Template:
+    rows, has_more = files.list(owner, limit=FILES_PAGE_SIZE, after=after)
+    return Template(
+        template_name="files.html",
+        context={
+            "files": [views.file_row(f) for f in rows],
+            "has_more": has_more,
+            "next_after": rows[-1].id if rows and has_more else None,
+            "base_url": base_url(request),
+        },
+    )
+
+
+@get("/models", name="web:models", include_in_schema=False)
+async def models_page(services: NamedDependency[Services]) -> Template:
+    engine = services.engine
+    if engine is None:  # the model is still loading (or failed to load: /health says why)
+        return Template(
+            template_name="models.html",
+            context={"info": None, "failure": services.engine_failure},
+        )
+    return Template(
+        template_name="models.html",
+        context={
+            "info": engine.info,
+            "size": views.size(engine.info.size_bytes),
+            "stats": engine.stats(),
+        },
+    )
+
+
+@get(
+    "/files/{file_id:str}/download",
+    name="web:download",
+    sync_to_thread=True,
+    include_in_schema=False,
+)
+def download(
+    files: NamedDependency[FileService], owner: NamedDependency[str], file_id: FromPath[str]
+) -> FileResponse:
+    row, path = files.content_path(file_id, owner)
+    return FileResponse(
+        path=path,
+        filename=row.filename,
+        media_type="application/jsonl"
+        if row.filename.endswith(".jsonl")
+        else "application/octet-stream",
+        content_disposition_type="attachment",
+    )
+
+
+ROUTES = [home, batch_page, files_page, models_page, download]

@@ -1,0 +1,160 @@
+"""Dashboard partials for htmx: upload and preview, start, list, cancel, delete.
+
+The upload takes the same streamed path as `POST /v1/files`, and starting a batch calls
+the same `BatchService.create` as `POST /v1/batches`.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import anyio.to_thread
+from litestar import Request, delete, get, post
+from litestar.di import NamedDependency
+from litestar.enums import RequestEncodingType
+from litestar.params import Body, FromPath, FromQuery
+from litestar.response import Response, Template
+
+from app.batches.service import BatchService
+from app.errors import APIError
+from app.files.service import FileService
+from app.files.upload import receive_upload
+from app.services import Services
+from app.web import views
+from app.web.pages import batch_list_context, batch_page_context
+from app.web.preview import preview_file
+
+
+def parse_metadata(text: str) -> dict[str, str] | None:
+    """'key: value' (or key=value) per line, as OpenAI's batch metadata."""
+    out: dict[str, str] = {}
+    for number, line in enumerate(text.splitlines(), start=1):
+        line = line.strip()
+        if not line:
+            continue
+        sep = ":" if ":" in line else "=" if "=" in line else None
+        if sep is None:
+            raise APIError(
+                400,
+                f"Metadata line {number} needs a key and a value: 'key: value'.",
+                param="metadata",
+            )
+        key, value = (part.strip() for part in line.split(sep, 1))
+        if not key:
+            raise APIError(400, f"Metadata line {number} has no key.", param="metadata")
+        out[key] = value
+    return out or None
+
+
+@get("/web/upload", name="web:upload_form", include_in_schema=False)
+async def upload_form() -> Template:
+    return Template(template_name="partials/upload_form.html")
+
+
+@post("/web/upload", name="web:upload", include_in_schema=False, request_max_body_size=None)
+async def upload(
+    request: Request[Any, Any, Any],
+    files: NamedDependency[FileService],
+    owner: NamedDependency[str],
+) -> Template:
+    """Store the dropped file through the same path as POST /v1/files, then preview it."""
+    try:
+        row = await receive_upload(
+            files,
+            owner,
+            content_type=request.headers.get("content-type", ""),
+            content_length=request.headers.get("content-length"),
+            body=request.stream(),
+        )
+        preview = await anyio.to_thread.run_sync(preview_file, files, row.id, owner)
+    except APIError as exc:
+        return Template(template_name="partials/upload_error.html", context={"error": exc})
+    return Template(
+        template_name="partials/preview.html", context={"preview": preview, "error": None}
+    )
+
+
+@post("/web/batches", name="web:create_batch", sync_to_thread=True, include_in_schema=False)
+def create_batch(
+    request: Request[Any, Any, Any],
+    data: Annotated[dict[str, str], Body(media_type=RequestEncodingType.URL_ENCODED)],
+    files: NamedDependency[FileService],
+    batches: NamedDependency[BatchService],
+    owner: NamedDependency[str],
+) -> Template:
+    """Start a batch from a previewed file; the upload zone resets and the list shows it."""
+    file_id = data.get("file_id", "")
+    try:
+        metadata = parse_metadata(data.get("metadata", ""))
+        batch = batches.create(
+            owner, file_id, data.get("endpoint", ""), completion_window="24h", metadata=metadata
+        )
+    except APIError as exc:
+        try:
+            preview = preview_file(files, file_id, owner)
+        except APIError:
+            return Template(template_name="partials/upload_error.html", context={"error": exc})
+        return Template(
+            template_name="partials/preview.html",
+            context={"preview": preview, "error": exc, "metadata": data.get("metadata", "")},
+        )
+    return Template(
+        template_name="partials/started.html",
+        context={"batch_id": batch.id, **batch_list_context(request, batches, owner, None)},
+    )
+
+
+@get("/web/batch-list", name="web:batch_list", sync_to_thread=True, include_in_schema=False)
+def batch_list(
+    request: Request[Any, Any, Any],
+    batches: NamedDependency[BatchService],
+    owner: NamedDependency[str],
+    after: FromQuery[str | None] = None,
+) -> Template:
+    return Template(
+        template_name="partials/batch_list.html",
+        context=batch_list_context(request, batches, owner, after),
+    )
+
+
+@post(
+    "/web/batches/{batch_id:str}/cancel",
+    name="web:cancel",
+    sync_to_thread=True,
+    include_in_schema=False,
+)
+def cancel(
+    services: NamedDependency[Services], owner: NamedDependency[str], batch_id: FromPath[str]
+) -> Template:
+    error = None
+    try:
+        services.batches.cancel(batch_id, owner)
+    except APIError as exc:
+        error = exc
+    context = batch_page_context(services, batch_id, owner)
+    return Template(
+        template_name="partials/batch_summary.html", context={**context, "error": error}
+    )
+
+
+@delete(
+    "/web/files/{file_id:str}",
+    name="web:delete_file",
+    sync_to_thread=True,
+    include_in_schema=False,
+    status_code=200,
+)
+def delete_file(
+    files: NamedDependency[FileService], owner: NamedDependency[str], file_id: FromPath[str]
+) -> Response[str] | Template:
+    try:
+        files.delete(file_id, owner)
+    except APIError as exc:
+        row = files.get(file_id, owner)
+        return Template(
+            template_name="partials/file_row.html", context={"f": views.file_row(row), "error": exc}
+        )
+    return Response("", media_type="text/html")
+
+
+ROUTES = [upload_form, upload, create_batch, batch_list, cancel, delete_file]
