@@ -20,7 +20,7 @@ from litestar.response import Response, Stream
 
 from app.api.errors import json_object_body
 from app.api.openapi import errors
-from app.api.schemas import (
+from app.api.schemas.inference import (
     ChatCompletion,
     ChatCompletionCreateParams,
     Completion,

@@ -21,7 +21,8 @@ from litestar.openapi.spec import OpenAPIMediaType, OpenAPIType, Operation, Requ
 from litestar.plugins import OpenAPISchemaPlugin
 from litestar.typing import FieldDefinition
 
-from app.api.schemas import EngineBody, ErrorBody
+from app.api.schemas.common import ErrorBody
+from app.api.schemas.inference import EngineBody
 
 if TYPE_CHECKING:
     from litestar._openapi.schema_generation import SchemaCreator

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from sqlmodel import col, select
 
-from app.api.schemas import batch_output_line, encode_line
+from app.api.schemas.batches import batch_output_line, encode_line
 from app.db import Database
 from app.files.storage import PartialWrite, Storage
 from app.models import Batch, File, Request, RequestStatus, new_id

@@ -14,7 +14,8 @@ from litestar.params import FromPath, FromQuery
 from litestar.response import File as FileResponse
 from litestar.response import Template
 
-from app.api.schemas import batch_object, to_builtins
+from app.api.schemas.batches import batch_object
+from app.api.schemas.common import to_builtins
 from app.batches.service import BatchService
 from app.errors import APIError
 from app.files.service import FileService

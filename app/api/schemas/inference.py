@@ -1,0 +1,237 @@
+"""Models, health, and the inference bodies: described here, validated by the engine."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
+
+from msgspec import Struct
+
+from app.api.schemas.common import doc
+from app.engine.base import ModelInfo
+
+# -- models ----------------------------------------------------------------------------------
+
+
+class Model(Struct, kw_only=True):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "batchyard"
+
+
+class ModelPage(Struct, kw_only=True):
+    """`/v1/models`: OpenAI's plain page (`SyncPage[Model]` in the SDK), no cursor."""
+
+    object: Literal["list"] = "list"
+    data: list[Model]
+
+
+def model_card(info: ModelInfo) -> Model:
+    return Model(id=info.id, created=info.created)
+
+
+class Health(Struct, kw_only=True):
+    """`/health`: ready with the model's figures, or starting / failed with the reason."""
+
+    status: Literal["ready", "starting", "failed"]
+    error: str | None = None
+    model: str | None = None
+    backend: str | None = None
+    slots: int | None = None
+    ctx_per_slot: int | None = None
+    n_gpu_layers: int | None = None
+
+
+# -- inference: described here, validated by the engine ---------------------------------------
+
+
+@dataclass(frozen=True)
+class EngineBody:
+    """Marks a `data: dict` the engine validates; /schema shows `params` for it."""
+
+    params: type[Struct]
+
+
+#: msgspec allows one array type per union, so the token forms are told in words.
+PROMPT_DOC = doc("A string, a list of strings, a list of token ids, or a list of token id lists.")
+
+
+class ChatCompletionMessageParam(Struct, kw_only=True):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[dict[str, Any]] | None = None
+    name: str | None = None
+
+
+class StreamOptions(Struct, kw_only=True):
+    include_usage: bool | None = None
+
+
+class ResponseFormat(Struct, kw_only=True):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: dict[str, Any] | None = None
+
+
+class SamplingParams(Struct, kw_only=True):
+    """The sampling fields chat and text completions share."""
+
+    model: str
+    max_tokens: int | None = None
+    n: Annotated[int | None, doc(minimum=1)] = None
+    temperature: Annotated[float | None, doc(minimum=0, maximum=2)] = None
+    top_p: Annotated[float | None, doc(minimum=0, maximum=1)] = None
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    presence_penalty: Annotated[float | None, doc(minimum=-2, maximum=2)] = None
+    frequency_penalty: Annotated[float | None, doc(minimum=-2, maximum=2)] = None
+    logit_bias: dict[str, float] | None = None
+    stream: bool | None = None
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+
+
+class ChatCompletionCreateParams(SamplingParams, kw_only=True):
+    messages: list[ChatCompletionMessageParam]
+    max_completion_tokens: int | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+    response_format: ResponseFormat | None = None
+
+
+class CompletionCreateParams(SamplingParams, kw_only=True):
+    prompt: Annotated[str | list[Any], PROMPT_DOC]
+    echo: bool | None = None
+    logprobs: int | None = None
+    suffix: str | None = None
+
+
+class EmbeddingCreateParams(Struct, kw_only=True):
+    model: str
+    input: Annotated[str | list[Any], PROMPT_DOC]
+    encoding_format: Literal["float", "base64"] | None = None
+    dimensions: int | None = None
+    user: str | None = None
+
+
+class PromptTokensDetails(Struct, kw_only=True):
+    cached_tokens: int | None = None
+
+
+class CompletionUsage(Struct, kw_only=True):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    prompt_tokens_details: PromptTokensDetails | None = None
+
+
+class TopLogprob(Struct, kw_only=True):
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+
+
+class ChatCompletionTokenLogprob(Struct, kw_only=True):
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+    top_logprobs: list[TopLogprob]
+
+
+class ChoiceLogprobs(Struct, kw_only=True):
+    content: list[ChatCompletionTokenLogprob] | None = None
+    refusal: list[ChatCompletionTokenLogprob] | None = None
+
+
+class ChatCompletionMessage(Struct, kw_only=True):
+    role: Literal["assistant"] = "assistant"
+    content: str | None = None
+    refusal: str | None = None
+
+
+FinishReason = Literal["stop", "length", "content_filter"]
+
+
+class ChatCompletionChoice(Struct, kw_only=True):
+    index: int
+    message: ChatCompletionMessage
+    logprobs: ChoiceLogprobs | None = None
+    finish_reason: FinishReason
+
+
+class ChatCompletion(Struct, kw_only=True):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatCompletionChoice]
+    usage: CompletionUsage | None = None
+    system_fingerprint: str | None = None
+
+
+class ChoiceDelta(Struct, kw_only=True):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+
+class ChatCompletionChunkChoice(Struct, kw_only=True):
+    index: int
+    delta: ChoiceDelta
+    logprobs: ChoiceLogprobs | None = None
+    finish_reason: FinishReason | None = None
+
+
+class ChatCompletionChunk(Struct, kw_only=True):
+    """One `data:` event of a streamed chat completion; with `stream_options.include_usage`
+    the last one before `[DONE]` has `choices: []` and the `usage`."""
+
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChatCompletionChunkChoice]
+    usage: CompletionUsage | None = None
+    system_fingerprint: str | None = None
+
+
+class CompletionLogprobs(Struct, kw_only=True):
+    text_offset: list[int] | None = None
+    token_logprobs: list[float] | None = None
+    tokens: list[str] | None = None
+    top_logprobs: list[dict[str, float]] | None = None
+
+
+class CompletionChoice(Struct, kw_only=True):
+    index: int
+    text: str
+    logprobs: CompletionLogprobs | None = None
+    finish_reason: FinishReason | None = None
+
+
+class Completion(Struct, kw_only=True):
+    """A text completion, and (with `stream`) each of its chunks."""
+
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: CompletionUsage | None = None
+    system_fingerprint: str | None = None
+
+
+class Embedding(Struct, kw_only=True):
+    object: Literal["embedding"] = "embedding"
+    index: int
+    embedding: list[float] | str
+
+
+class EmbeddingUsage(Struct, kw_only=True):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class CreateEmbeddingResponse(Struct, kw_only=True):
+    object: Literal["list"] = "list"
+    data: list[Embedding]
+    model: str
+    usage: EmbeddingUsage
