@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT))
 import httpx  # noqa: E402
 from openai import OpenAI  # noqa: E402
 
-from tests.conftest import start_server, stop_server  # noqa: E402
+from tests.live import start_server, stop_server  # noqa: E402
 
 QUESTION = [{"role": "user", "content": "Name a color."}]
 

@@ -1,21 +1,35 @@
 #!/usr/bin/env bash
 # Prints a wheelhouse that holds llama-cpp-python's wheel, built once per machine with
 # packaging/amx_tilecfg.h ahead of every source (ggml's AMX kernels are sound under GCC 12
-# then; see that file). pip prefers a wheel found with --find-links to the index's source
-# package, so `pip install --find-links "$(bash packaging/llama_wheel.sh PYTHON)" .` uses it.
+# then; see that file) and without the parts batchyard never loads. pip prefers a wheel found
+# with --find-links to the index's source package, so
+# `pip install --find-links "$(bash packaging/llama_wheel.sh PYTHON)" .` uses it.
 # Usage: bash packaging/llama_wheel.sh PYTHON     (the python whose pip builds the wheel)
 # BATCHYARD_WHEELHOUSE: where wheelhouses live (default ~/.cache/batchyard/wheels); each is
-# named after the header, so changing the header builds anew. Build output goes to stderr.
+# named after a hash of everything that shapes the build (the flags below, the files they
+# name, and CFLAGS, CXXFLAGS and CMAKE_ARGS from the environment), so a change to any of
+# them builds anew and a stale wheel is never reused. Build output goes to stderr.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PY=$1
 VERSION=$(sed -n 's/.*"llama-cpp-python==\([^"]*\)".*/\1/p' pyproject.toml)
-FIX="$PWD/packaging/amx_tilecfg.h"
-WHEELS="${BATCHYARD_WHEELHOUSE:-${XDG_CACHE_HOME:-$HOME/.cache}/batchyard/wheels}/$(sha256sum "$FIX" | cut -c1-12)"
+FIX=packaging/amx_tilecfg.h
+COMMON_OFF=packaging/llama_common_off.cmake
+# libllama and ggml only: no libmtmd (multimodal; llama_cpp loads it only for its image chat
+# handlers) and no llama.cpp common library (see $COMMON_OFF).
+CMAKE_FLAGS="-DLLAVA_BUILD=OFF -DCMAKE_PROJECT_llama_cpp_INCLUDE=$PWD/$COMMON_OFF"
+C_FLAGS="-include $PWD/$FIX"
+
+# Paths go into the hash as written here, not absolute, so every checkout shares the wheel.
+KEY=$(printf '%s\n' "$VERSION" "${CMAKE_FLAGS/"$PWD/"/}" "${C_FLAGS/"$PWD/"/}" \
+  "CFLAGS=${CFLAGS:-}" "CXXFLAGS=${CXXFLAGS:-}" "CMAKE_ARGS=${CMAKE_ARGS:-}" |
+  cat - "$FIX" "$COMMON_OFF" | sha256sum | cut -c1-12)
+WHEELS="${BATCHYARD_WHEELHOUSE:-${XDG_CACHE_HOME:-$HOME/.cache}/batchyard/wheels}/$KEY"
 if ! ls "$WHEELS/llama_cpp_python-$VERSION-"*.whl >/dev/null 2>&1; then
   echo "building llama-cpp-python $VERSION into $WHEELS (once; several minutes)" >&2
-  CFLAGS="${CFLAGS:-} -include $FIX" CXXFLAGS="${CXXFLAGS:-} -include $FIX" \
+  CFLAGS="${CFLAGS:-} $C_FLAGS" CXXFLAGS="${CXXFLAGS:-} $C_FLAGS" \
+    CMAKE_ARGS="${CMAKE_ARGS:-} $CMAKE_FLAGS" \
     "$PY" -m pip wheel -q --no-deps --no-cache-dir --no-binary llama-cpp-python \
     "llama-cpp-python==$VERSION" -w "$WHEELS" >&2
 fi

@@ -22,7 +22,15 @@ from app.engine.base import (
 )
 
 
+def prompt(endpoint: str, body: dict[str, Any]) -> str:
+    """The text a request asks about: its last message, or its prompt."""
+    return str(body["messages"][-1]["content"] if endpoint == CHAT else body.get("prompt"))
+
+
 class FakeEngine:
+    #: A prompt holding this word never finishes until cancelled (see HangingEngine).
+    hang_word: str | None = None
+
     def __init__(self, *, delay: float = 0.0, n_slots: int = 4) -> None:
         self.delay = delay
         self.info = ModelInfo(
@@ -41,6 +49,7 @@ class FakeEngine:
         )
         self.submitted: list[tuple[str, dict[str, Any], Priority]] = []
         self.cancelled = 0
+        self.hanging: list[Future[dict[str, Any]]] = []
         self._lock = threading.Lock()
         self._timers: list[threading.Timer] = []
 
@@ -55,6 +64,9 @@ class FakeEngine:
         fut: Future[dict[str, Any]] = Future()
         with self._lock:
             self.submitted.append((endpoint, body, priority))
+            if self.hang_word and self.hang_word in prompt(endpoint, body):
+                self.hanging.append(fut)
+                return fut
 
         def finish() -> None:
             if fut.done():
@@ -91,40 +103,25 @@ class FakeEngine:
                 code="context_length_exceeded",
                 param="messages",
             )
-        words = text.split()
+        words = len(text.split())
+        usage = {
+            "prompt_tokens": words,
+            "completion_tokens": words + 1,
+            "total_tokens": 2 * words + 1,
+        }
         if endpoint == CHAT:
-            return {
-                "id": "chatcmpl-fake",
-                "object": "chat.completion",
-                "created": int(time.time()),
-                "model": self.info.id,
-                "choices": [
-                    {
-                        "index": 0,
-                        "message": {"role": "assistant", "content": f"echo: {text}"},
-                        "logprobs": None,
-                        "finish_reason": "stop",
-                    }
-                ],
-                "usage": {
-                    "prompt_tokens": len(words),
-                    "completion_tokens": len(words) + 1,
-                    "total_tokens": 2 * len(words) + 1,
-                },
-            }
+            message = {"role": "assistant", "content": f"echo: {text}"}
+            choice: dict[str, Any] = {"index": 0, "message": message}
+            kind = {"id": "chatcmpl-fake", "object": "chat.completion"}
+        else:
+            choice = {"index": 0, "text": f"echo: {text}"}
+            kind = {"id": "cmpl-fake", "object": "text_completion"}
         return {
-            "id": "cmpl-fake",
-            "object": "text_completion",
+            **kind,
             "created": int(time.time()),
             "model": self.info.id,
-            "choices": [
-                {"index": 0, "text": f"echo: {text}", "logprobs": None, "finish_reason": "stop"}
-            ],
-            "usage": {
-                "prompt_tokens": len(words),
-                "completion_tokens": len(words) + 1,
-                "total_tokens": 2 * len(words) + 1,
-            },
+            "choices": [{**choice, "logprobs": None, "finish_reason": "stop"}],
+            "usage": usage,
         }
 
     def cancel(self, future: Future[dict[str, Any]]) -> None:
@@ -138,3 +135,9 @@ class FakeEngine:
     def close(self) -> None:
         for t in self._timers:
             t.cancel()
+
+
+class HangingEngine(FakeEngine):
+    """The fake engine, except that a prompt holding HANG never finishes until cancelled."""
+
+    hang_word = "HANG"

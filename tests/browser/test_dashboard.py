@@ -9,7 +9,8 @@ from pathlib import Path
 
 from playwright.sync_api import Browser, Page, expect
 
-from tests.browser.conftest import chat_lines, drop_file, new_context, shoot
+from tests.browser.pages import drop_file, new_context, shoot
+from tests.factories import batch_line, jsonl
 
 #: Generous: five short lines on two CPU cores take seconds, but the model may still be warming.
 RUN_TIMEOUT = 180_000
@@ -20,8 +21,20 @@ def model_id(base: str) -> str:
         return str(json.load(r)["data"][0]["id"])
 
 
-def lines_for(base: str, n: int, **kwargs: object) -> str:
-    return chat_lines(n, **kwargs).replace("SmolLM2-135M-Instruct", model_id(base))  # type: ignore[arg-type]
+def lines_for(base: str, n: int, *, max_tokens: int = 8) -> str:
+    """A file of n greedy lines req-1..req-n naming the server's own model."""
+    model = model_id(base)
+    lines = [
+        batch_line(
+            f"req-{i}",
+            f"Say a word about the number {i}.",
+            model=model,
+            max_tokens=max_tokens,
+            temperature=0,
+        )
+        for i in range(1, n + 1)
+    ]
+    return jsonl(*lines).decode()
 
 
 def start_from_drop(page: Page, base: str, name: str, text: str, expected_lines: int) -> str:

@@ -7,29 +7,15 @@ from __future__ import annotations
 
 import io
 import json
-import time
-from typing import Any
 
 from openai import OpenAI
 
-from tests.conftest import LiveServer
+from tests.factories import batch_line, jsonl
+from tests.http_helpers import FINISHED, wait_for_status
+from tests.live import LiveServer
 
-
-def line(cid: str, **params: Any) -> dict[str, Any]:
-    return {
-        "custom_id": cid,
-        "method": "POST",
-        "url": "/v1/chat/completions",
-        "body": {
-            "model": "m",
-            "messages": [{"role": "user", "content": "Say yes."}],
-            "max_tokens": 4,
-            "temperature": 0,
-            **params,
-        },
-    }
-
-
+#: Each line asks the same; the bad ones change one parameter.
+GOOD = {"max_tokens": 4, "temperature": 0}
 BAD = {
     "neg-max-tokens": ({"max_tokens": -1}, "max_tokens"),
     "zero-max-tokens": ({"max_tokens": 0}, "max_tokens"),
@@ -46,19 +32,16 @@ BAD = {
 
 def test_out_of_range_numbers_fail_their_line_alone(live_server: LiveServer) -> None:
     client = OpenAI(api_key="unused", base_url=live_server.api, max_retries=0)
-    lines = [line("fine")] + [line(cid, **params) for cid, (params, _) in BAD.items()]
-    buf = io.BytesIO("".join(json.dumps(x) + "\n" for x in lines).encode())
+    lines = [batch_line("fine", "Say yes.", **GOOD)] + [
+        batch_line(cid, "Say yes.", **{**GOOD, **params}) for cid, (params, _) in BAD.items()
+    ]
+    buf = io.BytesIO(jsonl(*lines))
     buf.name = "bad-params.jsonl"
     f = client.files.create(file=buf, purpose="batch")
     b = client.batches.create(
         input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h"
     )
-    deadline = time.time() + 180
-    while (
-        b.status not in ("completed", "failed", "expired", "cancelled") and time.time() < deadline
-    ):
-        time.sleep(0.25)
-        b = client.batches.retrieve(b.id)
+    b = wait_for_status(client.batches.retrieve, b.id, FINISHED, 180)
     assert b.status == "completed", b
     assert b.request_counts is not None
     assert (b.request_counts.total, b.request_counts.completed, b.request_counts.failed) == (

@@ -11,58 +11,20 @@ from __future__ import annotations
 import json
 import signal
 import sqlite3
-import time
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.conftest import OUTPUT, LiveServer, chat_line, jsonl_bytes, start_server, stop_server
+from tests.factories import batch_line, jsonl
+from tests.http_helpers import FINISHED, batch_getter, create_batch, upload, wait_for_status
+from tests.live import OUTPUT, LiveServer, start_server, stop_server
 
 pytestmark = pytest.mark.slow
 
 LINES = 24
 ENV = {"BATCHYARD_LEASE_SECONDS": "3"}
-
-
-def upload_and_create(server: LiveServer, lines: list[dict[str, Any]]) -> str:
-    data = jsonl_bytes(lines)
-    f = httpx.post(
-        server.api + "/files",
-        files={"file": ("crash.jsonl", data, "application/jsonl")},
-        data={"purpose": "batch"},
-        timeout=30,
-    )
-    assert f.status_code == 200, f.text
-    b = httpx.post(
-        server.api + "/batches",
-        json={
-            "input_file_id": f.json()["id"],
-            "endpoint": "/v1/chat/completions",
-            "completion_window": "24h",
-        },
-        timeout=30,
-    )
-    assert b.status_code == 200, b.text
-    return str(b.json()["id"])
-
-
-def get_batch(server: LiveServer, batch_id: str) -> dict[str, Any]:
-    r = httpx.get(f"{server.api}/batches/{batch_id}", timeout=10)
-    assert r.status_code == 200, r.text
-    return dict(r.json())
-
-
-def wait_until(server: LiveServer, batch_id: str, ok: Any, timeout: float) -> dict[str, Any]:
-    deadline = time.time() + timeout
-    b = get_batch(server, batch_id)
-    while time.time() < deadline:
-        b = get_batch(server, batch_id)
-        if ok(b):
-            return b
-        time.sleep(0.05)
-    raise AssertionError(f"batch {batch_id} never reached the state wanted: {b}")
 
 
 def rows(data_dir: Path, batch_id: str) -> dict[str, dict[str, Any]]:
@@ -84,10 +46,10 @@ def kill9(server: LiveServer) -> None:
     server.process.wait(10)
 
 
-def file_lines(server: LiveServer, file_id: str | None) -> list[dict[str, Any]]:
+def file_lines(http: httpx.Client, file_id: str | None) -> list[dict[str, Any]]:
     if file_id is None:
         return []
-    r = httpx.get(f"{server.api}/files/{file_id}/content", timeout=30)
+    r = http.get(f"/v1/files/{file_id}/content")
     assert r.status_code == 200, r.text
     return [json.loads(x) for x in r.text.splitlines() if x.strip()]
 
@@ -97,15 +59,20 @@ def test_kill_during_in_progress_resumes_without_running_lines_twice(tmp_path: P
     log = OUTPUT / "crash-in-progress.log"
     server = start_server(data, log, env=ENV)
     try:
-        lines = [chat_line(f"line-{i:02d}", f"Count from {i} to {i + 9}.") for i in range(LINES)]
-        batch_id = upload_and_create(server, lines)
-        # Kill once some lines are done but most are not.
-        before = wait_until(
-            server,
-            batch_id,
-            lambda b: b["status"] == "in_progress" and b["request_counts"]["completed"] >= 4,
-            timeout=240,
-        )
+        lines = [
+            batch_line(f"line-{i:02d}", f"Count from {i} to {i + 9}.", max_tokens=16, temperature=0)
+            for i in range(LINES)
+        ]
+        with server.http() as http:
+            f = upload(http, jsonl(*lines), name="crash.jsonl")
+            batch_id = str(create_batch(http, f["id"])["id"])
+            # Kill once some lines are done but most are not.
+            before = wait_for_status(
+                batch_getter(http),
+                batch_id,
+                lambda b: b["status"] == "in_progress" and b["request_counts"]["completed"] >= 4,
+                timeout=240,
+            )
         kill9(server)
     finally:
         stop_server(server)
@@ -120,14 +87,10 @@ def test_kill_during_in_progress_resumes_without_running_lines_twice(tmp_path: P
 
     server = start_server(data, log, env=ENV)
     try:
-        final = wait_until(
-            server,
-            batch_id,
-            lambda b: b["status"] in ("completed", "failed", "expired", "cancelled"),
-            timeout=300,
-        )
-        output = file_lines(server, final["output_file_id"])
-        errors = file_lines(server, final["error_file_id"])
+        with server.http() as http:
+            final = wait_for_status(batch_getter(http), batch_id, FINISHED, timeout=300)
+            output = file_lines(http, final["output_file_id"])
+            errors = file_lines(http, final["error_file_id"])
     finally:
         stop_server(server)
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.live import ROOT
 
 pytestmark = pytest.mark.slow
 

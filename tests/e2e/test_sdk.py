@@ -9,8 +9,11 @@ import time
 import openai
 import pytest
 from openai import OpenAI
+from openai.types import Batch
 
-from tests.conftest import LiveServer, chat_line, jsonl_bytes
+from tests.factories import CHAT, batch_line, jsonl
+from tests.http_helpers import FINISHED, wait_for_status
+from tests.live import LiveServer
 
 
 class OpenAIBatchProcessor:
@@ -46,27 +49,39 @@ def client(live_server: LiveServer) -> OpenAI:
 
 
 def to_file(lines: list[dict]) -> io.BytesIO:
-    buf = io.BytesIO(jsonl_bytes(lines))
+    buf = io.BytesIO(jsonl(*lines))
     buf.name = "input.jsonl"
     return buf
 
 
-def wait(
-    client: OpenAI,
-    batch_id: str,
-    done: tuple[str, ...] = ("completed", "failed", "cancelled", "expired"),
-    timeout: float = 300,
-):
-    seen = []
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        b = client.batches.retrieve(batch_id)
-        if not seen or seen[-1] != b.status:
-            seen.append(b.status)
-        if b.status in done:
-            return b, seen
-        time.sleep(0.25)
-    raise AssertionError(f"batch {batch_id} did not finish: {seen}")
+def run(
+    client: OpenAI, file_id: str, endpoint: str = CHAT, *, seen: list[str] | None = None
+) -> Batch:
+    """A batch for the file, created and waited on until it ends."""
+    b = client.batches.create(
+        input_file_id=file_id,
+        endpoint=endpoint,  # type: ignore[arg-type]
+        completion_window="24h",
+    )
+    return wait_for_status(client.batches.retrieve, b.id, FINISHED, 300, seen=seen)
+
+
+def start_long_batch(client: OpenAI, prefix: str, n: int, *, max_tokens: int) -> Batch:
+    """A batch of n long stories, created and waited on until it is in progress."""
+    lines = [
+        batch_line(
+            f"{prefix}{i}",
+            f"Write a long story about the number {i}.",
+            max_tokens=max_tokens,
+            temperature=0,
+        )
+        for i in range(n)
+    ]
+    f = client.files.create(file=to_file(lines), purpose="batch")
+    b = client.batches.create(
+        input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
+    return wait_for_status(client.batches.retrieve, b.id, ("in_progress",), 300)
 
 
 def test_mission_example_runs_unchanged(live_server: LiveServer, tmp_path) -> None:
@@ -116,7 +131,10 @@ def test_mission_example_runs_unchanged(live_server: LiveServer, tmp_path) -> No
 
 def test_all_three_endpoints_and_usage(client: OpenAI) -> None:
     cases = {
-        "/v1/chat/completions": [chat_line("c1", "Say hi.", 8), chat_line("c2", "Say bye.", 8)],
+        "/v1/chat/completions": [
+            batch_line("c1", "Say hi.", max_tokens=8, temperature=0),
+            batch_line("c2", "Say bye.", max_tokens=8, temperature=0),
+        ],
         "/v1/completions": [
             {
                 "custom_id": "p1",
@@ -147,8 +165,8 @@ def test_all_three_endpoints_and_usage(client: OpenAI) -> None:
     }
     for endpoint, lines in cases.items():
         f = client.files.create(file=to_file(lines), purpose="batch")
-        b = client.batches.create(input_file_id=f.id, endpoint=endpoint, completion_window="24h")  # type: ignore[arg-type]
-        b, seen = wait(client, b.id)
+        seen: list[str] = []
+        b = run(client, f.id, endpoint, seen=seen)
         assert b.status == "completed", (endpoint, b)
         assert seen[-1] == "completed"
         assert b.request_counts.completed == len(lines) and b.request_counts.failed == 0
@@ -171,17 +189,12 @@ def test_all_three_endpoints_and_usage(client: OpenAI) -> None:
 def test_error_line_does_not_stop_the_batch(client: OpenAI) -> None:
     long_prompt = "word " * 3000  # far beyond the 1024-token slot context
     lines = [
-        chat_line("ok-1", "Say yes.", 4),
-        chat_line("too-long", long_prompt, 4),
-        chat_line("ok-2", "Say no.", 4),
+        batch_line("ok-1", "Say yes.", max_tokens=4, temperature=0),
+        batch_line("too-long", long_prompt, max_tokens=4, temperature=0),
+        batch_line("ok-2", "Say no.", max_tokens=4, temperature=0),
     ]
     f = client.files.create(file=to_file(lines), purpose="batch")
-    b, _ = wait(
-        client,
-        client.batches.create(
-            input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h"
-        ).id,
-    )
+    b = run(client, f.id)
     assert b.status == "completed"
     assert (b.request_counts.completed, b.request_counts.failed, b.request_counts.total) == (
         2,
@@ -202,12 +215,7 @@ def test_validation_failure_names_lines(client: OpenAI) -> None:
     )
     raw.name = "bad.jsonl"
     f = client.files.create(file=raw, purpose="batch")
-    b, _ = wait(
-        client,
-        client.batches.create(
-            input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h"
-        ).id,
-    )
+    b = run(client, f.id)
     assert b.status == "failed" and b.failed_at
     assert b.errors is not None and [(e.line, e.code) for e in b.errors.data] == [
         (2, "invalid_json_line")
@@ -215,18 +223,11 @@ def test_validation_failure_names_lines(client: OpenAI) -> None:
 
 
 def test_cancel_running_batch(client: OpenAI) -> None:
-    lines = [
-        chat_line(f"c{i}", f"Write a long story about the number {i}.", 200) for i in range(40)
-    ]
-    f = client.files.create(file=to_file(lines), purpose="batch")
-    b = client.batches.create(
-        input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h"
-    )
-    wait(client, b.id, ("in_progress",))
+    b = start_long_batch(client, "c", 40, max_tokens=200)
     time.sleep(2)
     c = client.batches.cancel(b.id)
     assert c.status in ("cancelling", "cancelled") and c.cancelling_at
-    b, seen = wait(client, b.id, ("cancelled",), timeout=60)
+    b = wait_for_status(client.batches.retrieve, b.id, ("cancelled",), 60)
     assert b.cancelled_at and b.request_counts.total == 40
     done = b.request_counts.completed + b.request_counts.failed
     assert done < 40
@@ -235,13 +236,10 @@ def test_cancel_running_batch(client: OpenAI) -> None:
     assert (
         len(lines_out) == b.request_counts.completed and len(lines_err) == b.request_counts.failed
     )
-    small = client.files.create(file=to_file([chat_line("z", "hi", 2)]), purpose="batch")
-    finished, _ = wait(
-        client,
-        client.batches.create(
-            input_file_id=small.id, endpoint="/v1/chat/completions", completion_window="24h"
-        ).id,
+    small = client.files.create(
+        file=to_file([batch_line("z", "hi", max_tokens=2, temperature=0)]), purpose="batch"
     )
+    finished = run(client, small.id)
     assert finished.status == "completed"
     with pytest.raises(openai.BadRequestError) as exc:
         client.batches.cancel(finished.id)
@@ -250,7 +248,9 @@ def test_cancel_running_batch(client: OpenAI) -> None:
 
 def test_files_and_batches_pagination(client: OpenAI) -> None:
     ids = [
-        client.files.create(file=to_file([chat_line(f"p{i}", "hi", 2)]), purpose="batch").id
+        client.files.create(
+            file=to_file([batch_line(f"p{i}", "hi", max_tokens=2, temperature=0)]), purpose="batch"
+        ).id
         for i in range(3)
     ]
     page = client.files.list(limit=2, purpose="batch")
@@ -266,7 +266,7 @@ def test_files_and_batches_pagination(client: OpenAI) -> None:
     listed = [b.id for b in client.batches.list(limit=2)]
     assert listed[:3] == batches[::-1]
     for bid in batches:
-        wait(client, bid)
+        wait_for_status(client.batches.retrieve, bid, FINISHED, 300)
     with pytest.raises(openai.NotFoundError):
         client.batches.retrieve("batch_doesnotexist")
     with pytest.raises(openai.NotFoundError):
@@ -349,14 +349,7 @@ def test_streamed_usage_comes_once(client: OpenAI) -> None:
 
 
 def test_online_request_goes_ahead_of_a_running_batch(client: OpenAI) -> None:
-    lines = [
-        chat_line(f"bg{i}", f"Write a long story about the number {i}.", 128) for i in range(60)
-    ]
-    f = client.files.create(file=to_file(lines), purpose="batch")
-    b = client.batches.create(
-        input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h"
-    )
-    wait(client, b.id, ("in_progress",))
+    b = start_long_batch(client, "bg", 60, max_tokens=128)
     started = time.time()
     r = client.chat.completions.create(
         model="m",
@@ -372,4 +365,4 @@ def test_online_request_goes_ahead_of_a_running_batch(client: OpenAI) -> None:
     assert during.status == "in_progress", during.status
     assert during.request_counts is not None and during.request_counts.completed < 60
     print(f"online request during a 60-line batch: {took:.2f}s")
-    wait(client, b.id, ("cancelled",), timeout=60)
+    wait_for_status(client.batches.retrieve, b.id, ("cancelled",), 60)

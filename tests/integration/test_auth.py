@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import sqlite3
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
@@ -15,10 +13,22 @@ from litestar.testing import TestClient
 
 from app.api.auth import Keys, owner_id
 from app.config import Settings
+<<<<<<< HEAD
 from app.server import create_app, security_notes
 from app.web.auth import SESSION_COOKIE, Sessions
+=======
+from app.server import create_app
+from tests.factories import batch_line, jsonl
+>>>>>>> tests
 from tests.fakes import FakeEngine
-from tests.integration.conftest import wait_for_status
+from tests.http_helpers import (
+    MakeClient,
+    batch_getter,
+    post_batch,
+    post_file,
+    upload,
+    wait_for_status,
+)
 
 ALICE, BOB = "sk-alice-0123456789", "sk-bob-9876543210"
 
@@ -28,51 +38,11 @@ def bearer(key: str) -> dict[str, str]:
 
 
 @pytest.fixture
-def settings(tmp_path: Path) -> Settings:
-    keys = tmp_path / "keys.txt"
-    keys.write_text(f"# one key per line\n{BOB}\n\n")
-    return Settings(data_dir=str(tmp_path / "data"), api_keys=[ALICE], api_keys_file=str(keys))
-
-
-@pytest.fixture
-def client(settings: Settings) -> Iterator[TestClient]:
-    with TestClient(create_app(settings, engine=FakeEngine())) as c:
-        yield c
-
-
-def jsonl(*cids: str) -> bytes:
-    return "".join(
-        json.dumps(
-            {
-                "custom_id": c,
-                "method": "POST",
-                "url": "/v1/chat/completions",
-                "body": {"model": "m", "messages": [{"role": "user", "content": c}]},
-            }
-        )
-        + "\n"
-        for c in cids
-    ).encode()
-
-
-def upload(client: TestClient, key: str, data: bytes, name: str = "in.jsonl") -> dict[str, Any]:
-    r = client.post(
-        "/v1/files", files={"file": (name, data)}, data={"purpose": "batch"}, headers=bearer(key)
-    )
-    assert r.status_code == 200, r.text
-    return dict(r.json())
-
-
-def create_batch(client: TestClient, key: str, file_id: str) -> Any:
-    return client.post(
-        "/v1/batches",
-        json={
-            "input_file_id": file_id,
-            "endpoint": "/v1/chat/completions",
-            "completion_window": "24h",
-        },
-        headers=bearer(key),
-    )
+def keys(tmp_path: Path) -> dict[str, Any]:
+    """The settings of two owners: alice's key in the settings, bob's in a keys file."""
+    keys_file = tmp_path / "keys.txt"
+    keys_file.write_text(f"# one key per line\n{BOB}\n\n")
+    return {"api_keys": [ALICE], "api_keys_file": str(keys_file)}
 
 
 V1_ROUTES = [
@@ -94,7 +64,10 @@ V1_ROUTES = [
 
 
 @pytest.mark.parametrize(("method", "path"), V1_ROUTES)
-def test_every_v1_route_needs_a_valid_key(client: TestClient, method: str, path: str) -> None:
+def test_every_v1_route_needs_a_valid_key(
+    make_client: MakeClient, keys: dict[str, Any], method: str, path: str
+) -> None:
+    client = make_client(**keys)
     for headers in (
         {},
         bearer("sk-wrong-key-000000"),
@@ -112,22 +85,27 @@ def test_every_v1_route_needs_a_valid_key(client: TestClient, method: str, path:
     assert "sk-wrong-key-000000" not in wrong["message"]
 
 
-def test_health_stays_open(client: TestClient) -> None:
+def test_health_stays_open(make_client: MakeClient, keys: dict[str, Any]) -> None:
+    client = make_client(**keys)
     assert client.get("/health").status_code == 200
 
 
-def test_metrics_take_a_key_like_the_api(client: TestClient) -> None:
+def test_metrics_take_a_key_like_the_api(make_client: MakeClient, keys: dict[str, Any]) -> None:
+    client = make_client(**keys)
     r = client.get("/metrics")
     assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
     r = client.get("/metrics", headers=bearer(BOB))
     assert r.status_code == 200 and "batchyard_ready" in r.text
 
 
-def test_each_key_sees_only_its_own(client: TestClient, settings: Settings) -> None:
-    f = upload(client, ALICE, jsonl("a1", "a2"))
-    b = create_batch(client, ALICE, f["id"]).json()
-    done = wait_for_status(client_with(client, ALICE), b["id"], ("completed",))
-    bob_file = upload(client, BOB, jsonl("b1"))
+def test_each_key_sees_only_its_own(
+    make_client: MakeClient, keys: dict[str, Any], settings: Settings
+) -> None:
+    client = make_client(**keys)
+    f = upload(client, jsonl(batch_line("a1", "a1"), batch_line("a2", "a2")), headers=bearer(ALICE))
+    b = post_batch(client, f["id"], headers=bearer(ALICE)).json()
+    done = wait_for_status(batch_getter(client, bearer(ALICE)), b["id"], ("completed",))
+    bob_file = upload(client, jsonl(batch_line("b1", "b1")), headers=bearer(BOB))
 
     for path in (
         f"/v1/files/{f['id']}",
@@ -140,7 +118,7 @@ def test_each_key_sees_only_its_own(client: TestClient, settings: Settings) -> N
         assert r.json()["error"]["type"] == "invalid_request_error"
     assert client.delete(f"/v1/files/{f['id']}", headers=bearer(BOB)).status_code == 404
     assert client.post(f"/v1/batches/{b['id']}/cancel", headers=bearer(BOB)).status_code == 404
-    r = create_batch(client, BOB, f["id"])
+    r = post_batch(client, f["id"], headers=bearer(BOB))
     assert r.status_code == 400 and r.json()["error"]["code"] == "file_not_found"
     assert client.get(f"/v1/files?after={f['id']}", headers=bearer(BOB)).status_code == 404
 
@@ -162,17 +140,8 @@ def test_each_key_sees_only_its_own(client: TestClient, settings: Settings) -> N
     assert ALICE not in owners.values()
 
 
-class client_with:  # noqa: N801 - reads as a function at the call site
-    """A view of the test client that sends one key on every request (for wait_for_status)."""
-
-    def __init__(self, client: TestClient, key: str) -> None:
-        self.client, self.key = client, key
-
-    def get(self, path: str) -> Any:
-        return self.client.get(path, headers=bearer(self.key))
-
-
-def test_dashboard_login_and_session(client: TestClient, settings: Settings) -> None:
+def test_dashboard_login_and_session(make_client: MakeClient, keys: dict[str, Any]) -> None:
+    client = make_client(**keys)
     r = client.get("/", follow_redirects=False)
     assert r.status_code == 303 and r.headers["location"] == "/login?next=%2F"
     r = client.get("/?x=1", follow_redirects=False, headers={"HX-Request": "true"})
@@ -209,69 +178,58 @@ def test_dashboard_login_and_session(client: TestClient, settings: Settings) -> 
     assert r.status_code == 303 and "max-age=0" in r.headers["set-cookie"].lower()
 
 
-def test_login_never_redirects_off_site(client: TestClient) -> None:
+def test_login_never_redirects_off_site(make_client: MakeClient, keys: dict[str, Any]) -> None:
+    client = make_client(**keys)
     for target in ("//evil.example/x", "https://evil.example/", "\\\\evil", "javascript:alert(1)"):
         r = client.post("/login", data={"api_key": ALICE, "next": target}, follow_redirects=False)
         assert r.status_code == 303 and r.headers["location"] == "/", target
 
 
-def test_session_of_a_removed_key_ends(settings: Settings, tmp_path: Path) -> None:
+def test_session_of_a_removed_key_ends(
+    make_client: MakeClient, keys: dict[str, Any], settings: Settings
+) -> None:
     sessions = Sessions(settings.data_path)
     cookie = sessions.issue(owner_id(BOB))
     assert sessions.owner_of(cookie) == owner_id(BOB)
     assert sessions.owner_of(cookie, t=10**12) is None  # stale
-    Path(settings.api_keys_file).write_text("")  # bob's key is gone
-    with TestClient(create_app(settings, engine=FakeEngine())) as c:
-        r = c.get("/", headers={"cookie": f"{SESSION_COOKIE}={cookie}"}, follow_redirects=False)
-        assert r.status_code == 303
+    Path(keys["api_keys_file"]).write_text("")  # bob's key is gone
+    c = make_client(**keys)
+    r = c.get("/", headers={"cookie": f"{SESSION_COOKIE}={cookie}"}, follow_redirects=False)
+    assert r.status_code == 303
     # A second process on the same data dir signs with the same secret.
     assert Sessions(settings.data_path).owner_of(cookie) == owner_id(BOB)
     assert (settings.data_path / "session.key").stat().st_mode & 0o077 == 0
 
 
-def test_cross_site_posts_are_refused(client: TestClient) -> None:
+def test_cross_site_posts_are_refused(make_client: MakeClient, keys: dict[str, Any]) -> None:
+    client = make_client(**keys)
     evil = {"Origin": "http://evil.example"}
     r = client.post("/login", data={"api_key": ALICE}, headers=evil, follow_redirects=False)
     assert r.status_code == 403 and r.json()["error"]["code"] == "cross_site_request"
-    r = client.post(
-        "/login", data={"api_key": ALICE}, headers={"Origin": "null"}, follow_redirects=False
-    )
+    for headers, status in (
+        ({"Origin": "null"}, 403),
+        ({"Referer": "http://evil.example/page"}, 403),
+        ({"Origin": "http://testserver.local"}, 303),  # this site
+    ):
+        r = client.post("/login", data={"api_key": ALICE}, headers=headers, follow_redirects=False)
+        assert r.status_code == status, headers
+
+
+def test_without_keys_cross_site_posts_to_the_api_are_refused(make_client: MakeClient) -> None:
+    c = make_client()
+    data = jsonl(batch_line("a", "a"))
+    r = post_file(c, data, name="a", headers={"Origin": "http://evil.example"})
     assert r.status_code == 403
-    r = client.post(
-        "/login",
-        data={"api_key": ALICE},
-        headers={"Referer": "http://evil.example/page"},
-        follow_redirects=False,
-    )
-    assert r.status_code == 403
-    r = client.post(
-        "/login",
-        data={"api_key": ALICE},
-        headers={"Origin": "http://testserver.local"},
-        follow_redirects=False,
-    )
-    assert r.status_code == 303
+    assert c.get("/v1/files").json()["data"] == []
+    r = post_file(c, data, name="a")
+    assert r.status_code == 200
+    assert c.get("/login", follow_redirects=False).status_code == 303
 
 
-def test_without_keys_cross_site_posts_to_the_api_are_refused(tmp_path: Path) -> None:
-    settings = Settings(data_dir=str(tmp_path / "data"))
-    with TestClient(create_app(settings, engine=FakeEngine())) as c:
-        r = c.post(
-            "/v1/files",
-            files={"file": ("a", jsonl("a"))},
-            data={"purpose": "batch"},
-            headers={"Origin": "http://evil.example"},
-        )
-        assert r.status_code == 403
-        assert c.get("/v1/files").json()["data"] == []
-        r = c.post("/v1/files", files={"file": ("a", jsonl("a"))}, data={"purpose": "batch"})
-        assert r.status_code == 200
-        assert c.get("/login", follow_redirects=False).status_code == 303
-
-
-def test_download_names_are_safe(client: TestClient) -> None:
+def test_download_names_are_safe(make_client: MakeClient, keys: dict[str, Any]) -> None:
+    client = make_client(**keys)
     evil_name = 'we"ird\r\nX-Injected: 1; ü名前.jsonl'
-    f = upload(client, ALICE, jsonl("a"), name=evil_name)
+    f = upload(client, jsonl(batch_line("a", "a")), headers=bearer(ALICE), name=evil_name)
     r = client.get(f"/v1/files/{f['id']}/content", headers=bearer(ALICE))
     assert r.status_code == 200
     assert "x-injected" not in {k.lower() for k in r.headers}
@@ -283,7 +241,7 @@ def test_download_names_are_safe(client: TestClient) -> None:
     assert '"' not in shown and "\r" not in shown and "\n" not in shown
     assert shown == f["filename"] and "ü名前.jsonl" in shown
     # The bytes on disk are named by id, never by the uploaded name.
-    assert r.content == jsonl("a")
+    assert r.content == jsonl(batch_line("a", "a"))
 
 
 def test_startup_notes(tmp_path: Path) -> None:
@@ -314,9 +272,12 @@ def test_startup_notes(tmp_path: Path) -> None:
         create_app(missing)
 
 
-def test_dashboard_shows_only_the_logged_in_owners_files(client: TestClient) -> None:
-    upload(client, ALICE, jsonl("a"), name="alice-secret.jsonl")
-    upload(client, BOB, jsonl("b"), name="bob-private.jsonl")
+def test_dashboard_shows_only_the_logged_in_owners_files(
+    make_client: MakeClient, keys: dict[str, Any]
+) -> None:
+    client = make_client(**keys)
+    upload(client, jsonl(batch_line("a", "a")), headers=bearer(ALICE), name="alice-secret.jsonl")
+    upload(client, jsonl(batch_line("b", "b")), headers=bearer(BOB), name="bob-private.jsonl")
     r = client.post("/login", data={"api_key": BOB, "next": "/files"}, follow_redirects=False)
     assert r.status_code == 303
     page = client.get("/files")

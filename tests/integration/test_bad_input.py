@@ -7,73 +7,32 @@ The real app on a real SQLite file, driven by the test client; the engine is the
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 from litestar.testing import TestClient
 
 from app.config import Settings
-from app.server import create_app
-from tests.integration.conftest import create_batch, wait_for_status
-from tests.unit.helpers import HangingEngine
+from tests.factories import batch_line, jsonl
+from tests.fakes import HangingEngine
+from tests.http_helpers import (
+    FINISHED,
+    MakeClient,
+    batch_getter,
+    create_batch,
+    post_file,
+    upload,
+    wait_for_status,
+)
 
-CAP = 4 * 1024 * 1024  # the batch file cap in these tests
-
-
-@pytest.fixture
-def engine() -> HangingEngine:
-    return HangingEngine()
-
-
-@pytest.fixture
-def settings(tmp_path: Path) -> Settings:
-    return Settings(
-        data_dir=str(tmp_path / "data"),
-        max_batch_file_bytes=CAP,
-        max_file_bytes=2 * CAP,
-        lease_seconds=5,
-    )
-
-
-@pytest.fixture
-def client(settings: Settings, engine: HangingEngine) -> Iterator[TestClient]:
-    with TestClient(create_app(settings, engine=engine)) as c:
-        yield c
-
-
-def line(cid: str, text: str, **body: Any) -> dict[str, Any]:
-    return {
-        "custom_id": cid,
-        "method": "POST",
-        "url": "/v1/chat/completions",
-        "body": {"model": "m", "messages": [{"role": "user", "content": text}], **body},
-    }
-
-
-def jsonl(*lines: dict[str, Any]) -> bytes:
-    return "".join(json.dumps(x) + "\n" for x in lines).encode()
-
-
-def upload(client: TestClient, data: bytes, purpose: str | None = "batch", **fields: str) -> Any:
-    form = {"purpose": purpose, **fields} if purpose is not None else dict(fields)
-    return client.post("/v1/files", files={"file": ("in.jsonl", data)}, data=form)
+CAP = 4 * 1024 * 1024  # the batch file cap where a test needs big files
+CAPS = {"max_batch_file_bytes": CAP, "max_file_bytes": 2 * CAP}
 
 
 def run(client: TestClient, data: bytes) -> dict[str, Any]:
     f = upload(client, data)
-    assert f.status_code == 200, f.text
-    b = client.post(
-        "/v1/batches",
-        json={
-            "input_file_id": f.json()["id"],
-            "endpoint": "/v1/chat/completions",
-            "completion_window": "24h",
-        },
-    )
-    assert b.status_code == 200, b.text
-    return wait_for_status(client, b.json()["id"], ("completed", "failed", "expired", "cancelled"))
+    b = create_batch(client, f["id"])
+    return wait_for_status(batch_getter(client), b["id"], FINISHED)
 
 
 def content(client: TestClient, file_id: str | None) -> list[dict[str, Any]]:
@@ -103,10 +62,11 @@ def leftovers(settings: Settings) -> list[str]:
 
 
 def test_file_over_the_cap_is_413_and_leaves_nothing(
-    client: TestClient, settings: Settings
+    make_client: MakeClient, settings: Settings
 ) -> None:
+    client = make_client(**CAPS)
     big = b'{"x": "' + b"a" * CAP + b'"}\n'
-    assert_error(upload(client, big), 413, "file_too_large", "file")
+    assert_error(post_file(client, big), 413, "file_too_large", "file")
     assert leftovers(settings) == []
     # The purpose after the file: the bytes are taken under the general cap, then refused.
     boundary = "xyzBOUNDARY"
@@ -125,7 +85,8 @@ def test_file_over_the_cap_is_413_and_leaves_nothing(
     assert client.get("/v1/files").json()["data"] == []
 
 
-def test_declared_length_over_the_cap_is_refused_before_reading(client: TestClient) -> None:
+def test_declared_length_over_the_cap_is_refused_before_reading(make_client: MakeClient) -> None:
+    client = make_client(**CAPS)
     r = client.post(
         "/v1/files",
         content=b"--b--\r\n",
@@ -138,10 +99,10 @@ def test_declared_length_over_the_cap_is_refused_before_reading(client: TestClie
 
 
 def test_purpose_missing_unknown_and_not_multipart(client: TestClient, settings: Settings) -> None:
-    data = jsonl(line("a", "hi"))
-    assert_error(upload(client, data, None), 400, "missing_required_parameter", "purpose")
-    assert_error(upload(client, data, "batch_output"), 400, "invalid_value", "purpose")
-    assert_error(upload(client, data, "nonsense"), 400, "invalid_value", "purpose")
+    data = jsonl(batch_line("a", "hi"))
+    assert_error(post_file(client, data, None), 400, "missing_required_parameter", "purpose")
+    assert_error(post_file(client, data, "batch_output"), 400, "invalid_value", "purpose")
+    assert_error(post_file(client, data, "nonsense"), 400, "invalid_value", "purpose")
     r = client.post("/v1/files", json={"file": "x", "purpose": "batch"})
     assert_error(r, 400, "invalid_content_type", "file")
     r = client.post("/v1/files", data={"purpose": "batch"}, files={"other": ("x", b"1")})
@@ -154,24 +115,26 @@ def test_purpose_missing_unknown_and_not_multipart(client: TestClient, settings:
 
 
 def test_expires_after_fields(client: TestClient) -> None:
-    data = jsonl(line("a", "hi"))
-    f = upload(
+    data = jsonl(batch_line("a", "hi"))
+    f = post_file(
         client, data, **{"expires_after[anchor]": "created_at", "expires_after[seconds]": "3600"}
     )
     assert f.status_code == 200, f.text
     assert f.json()["expires_at"] == f.json()["created_at"] + 3600
-    r = upload(
+    r = post_file(
         client, data, **{"expires_after[anchor]": "created_at", "expires_after[seconds]": "10"}
     )
     assert_error(r, 400, "invalid_value", "expires_after[seconds]")
-    r = upload(client, data, **{"expires_after[anchor]": "now", "expires_after[seconds]": "3600"})
+    r = post_file(
+        client, data, **{"expires_after[anchor]": "now", "expires_after[seconds]": "3600"}
+    )
     assert_error(r, 400, "invalid_value", "expires_after[anchor]")
-    r = upload(
+    r = post_file(
         client, data, **{"expires_after[anchor]": "created_at", "expires_after[seconds]": "x"}
     )
     assert_error(r, 400, "invalid_value", "expires_after[seconds]")
     # OpenAI's default for batch files: 30 days.
-    plain = upload(client, data).json()
+    plain = post_file(client, data).json()
     assert plain["expires_at"] == plain["created_at"] + 30 * 24 * 3600
 
 
@@ -180,7 +143,9 @@ def test_expires_after_fields(client: TestClient) -> None:
 
 def test_not_utf8_fails_the_batch_naming_the_line(client: TestClient) -> None:
     data = (
-        jsonl(line("a", "hi")) + b'{"custom_id": "b", "x": "\xff\xfe"}\n' + jsonl(line("c", "yo"))
+        jsonl(batch_line("a", "hi"))
+        + b'{"custom_id": "b", "x": "\xff\xfe"}\n'
+        + jsonl(batch_line("c", "yo"))
     )
     b = run(client, data)
     assert b["status"] == "failed"
@@ -189,7 +154,11 @@ def test_not_utf8_fails_the_batch_naming_the_line(client: TestClient) -> None:
 
 
 def test_byte_order_mark_and_crlf_are_accepted(client: TestClient) -> None:
-    data = b"\xef\xbb\xbf" + jsonl(line("a", "hi")).replace(b"\n", b"\r\n") + jsonl(line("b", "yo"))
+    data = (
+        b"\xef\xbb\xbf"
+        + jsonl(batch_line("a", "hi")).replace(b"\n", b"\r\n")
+        + jsonl(batch_line("b", "yo"))
+    )
     b = run(client, data)
     assert b["status"] == "completed", b
     out = content(client, b["output_file_id"])
@@ -197,18 +166,20 @@ def test_byte_order_mark_and_crlf_are_accepted(client: TestClient) -> None:
     assert out[0]["response"]["body"]["choices"][0]["message"]["content"] == "echo: hi"
 
 
-def test_a_line_of_megabytes_is_run_like_any_other(client: TestClient) -> None:
+def test_a_line_of_megabytes_is_run_like_any_other(make_client: MakeClient) -> None:
+    client = make_client(**CAPS)
     text = "word " * (600 * 1024)  # 3 MB of prompt in one line
-    b = run(client, jsonl(line("big", text), line("small", "hi")))
+    b = run(client, jsonl(batch_line("big", text), batch_line("small", "hi")))
     assert b["status"] == "completed"
     assert b["request_counts"] == {"total": 2, "completed": 2, "failed": 0}
     out = {o["custom_id"]: o for o in content(client, b["output_file_id"])}
     assert out["big"]["response"]["body"]["choices"][0]["message"]["content"] == "echo: " + text
 
 
-def test_deeply_nested_json_is_a_line_error_and_a_body_error(client: TestClient) -> None:
+def test_deeply_nested_json_is_a_line_error_and_a_body_error(make_client: MakeClient) -> None:
+    client = make_client(**CAPS)  # the nested line is over the default 64 KiB
     deep = b'{"custom_id": "d", "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}\n"
-    b = run(client, jsonl(line("a", "hi")) + deep)
+    b = run(client, jsonl(batch_line("a", "hi")) + deep)
     assert b["status"] == "failed"
     (err,) = b["errors"]["data"]
     assert (err["code"], err["line"]) == ("invalid_json_line", 2)
@@ -226,14 +197,14 @@ def test_every_line_error_is_reported_with_its_line(client: TestClient) -> None:
         b"not json",
         b"[1, 2]",
         json.dumps({"method": "POST", "url": "/v1/chat/completions", "body": {}}).encode(),
-        json.dumps({**line("a", "x"), "custom_id": 5}).encode(),
-        json.dumps(line("ok", "fine")).encode(),
-        json.dumps(line("ok", "dupe")).encode(),
-        json.dumps({**line("g", "x"), "method": "GET"}).encode(),
-        json.dumps({**line("u", "x"), "url": "/v1/embeddings"}).encode(),
-        json.dumps({**line("s", "x", stream=True)}).encode(),
-        json.dumps({**line("m", "x"), "body": {"messages": []}}).encode(),
-        json.dumps({**line("n", "x"), "body": "text"}).encode(),
+        json.dumps({**batch_line("a", "x"), "custom_id": 5}).encode(),
+        json.dumps(batch_line("ok", "fine")).encode(),
+        json.dumps(batch_line("ok", "dupe")).encode(),
+        json.dumps({**batch_line("g", "x"), "method": "GET"}).encode(),
+        json.dumps({**batch_line("u", "x"), "url": "/v1/embeddings"}).encode(),
+        json.dumps({**batch_line("s", "x", stream=True)}).encode(),
+        json.dumps({**batch_line("m", "x"), "body": {"messages": []}}).encode(),
+        json.dumps({**batch_line("n", "x"), "body": "text"}).encode(),
     ]
     b = run(client, b"\n".join(bad) + b"\n")
     assert b["status"] == "failed"
@@ -294,7 +265,7 @@ def test_bad_limit(client: TestClient, route: str, value: str) -> None:
 
 
 def test_bad_batch_bodies(client: TestClient) -> None:
-    f = upload(client, jsonl(line("a", "hi"))).json()
+    f = upload(client, jsonl(batch_line("a", "hi")))
     good = {
         "input_file_id": f["id"],
         "endpoint": "/v1/chat/completions",
@@ -344,13 +315,13 @@ def test_bad_batch_bodies(client: TestClient) -> None:
         "invalid_json",
     )
     assert_error(client.post("/v1/batches", content=b""), 400, "invalid_json")
-    upload_other = upload(client, b"hello", "user_data").json()
+    upload_other = upload(client, b"hello", "user_data")
     r = client.post("/v1/batches", json={**good, "input_file_id": upload_other["id"]})
     assert_error(r, 400, "invalid_value", "input_file_id")
 
 
 def test_cancel_of_a_finished_batch_is_400(client: TestClient) -> None:
-    b = run(client, jsonl(line("a", "hi")))
+    b = run(client, jsonl(batch_line("a", "hi")))
     r = client.post(f"/v1/batches/{b['id']}/cancel")
     assert_error(r, 400, "batch_not_cancellable", "batch_id")
 
@@ -359,11 +330,12 @@ def test_cancel_of_a_finished_batch_is_400(client: TestClient) -> None:
 
 
 def test_deleting_the_input_of_a_running_batch_is_409(
-    client: TestClient, settings: Settings, engine: HangingEngine
+    make_client: MakeClient, settings: Settings
 ) -> None:
-    f = upload(client, jsonl(line("a", "HANG"), line("b", "hi"))).json()
+    client = make_client(HangingEngine())
+    f = upload(client, jsonl(batch_line("a", "HANG"), batch_line("b", "hi")))
     b = create_batch(client, f["id"])
-    wait_for_status(client, b["id"], ("in_progress",))
+    wait_for_status(batch_getter(client), b["id"], ("in_progress",))
     r = client.delete(f"/v1/files/{f['id']}")
     assert_error(r, 409, "file_in_use", "file_id")
     assert b["id"] in r.json()["error"]["message"]
@@ -372,7 +344,7 @@ def test_deleting_the_input_of_a_running_batch_is_409(
     assert stored.is_file()
 
     client.post(f"/v1/batches/{b['id']}/cancel")
-    done = wait_for_status(client, b["id"], ("cancelled",))
+    done = wait_for_status(batch_getter(client), b["id"], ("cancelled",))
     assert done["request_counts"]["completed"] + done["request_counts"]["failed"] <= 2
     r = client.delete(f"/v1/files/{f['id']}")
     assert r.status_code == 200 and r.json() == {"id": f["id"], "object": "file", "deleted": True}
@@ -387,7 +359,7 @@ def test_deleting_the_input_of_a_running_batch_is_409(
 
 
 def test_deleting_an_output_file_removes_its_bytes(client: TestClient, settings: Settings) -> None:
-    b = run(client, jsonl(line("a", "hi")))
+    b = run(client, jsonl(batch_line("a", "hi")))
     out = b["output_file_id"]
     assert (settings.data_path / "files" / out).is_file()
     assert client.delete(f"/v1/files/{out}").json()["deleted"] is True

@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import errno
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from litestar.testing import TestClient
 
+<<<<<<< HEAD
 from app.files.storage import PartialWrite
 from tests.conftest import ROOT
+=======
+from app.storage import PartialWrite
+from tests.live import batchyard
+>>>>>>> tests
 
 
 def test_upload_onto_a_full_disk_is_507_and_leaves_nothing(
@@ -48,15 +51,8 @@ def test_upload_hitting_another_disk_error_is_500(
 
 
 def serve(data_dir: Path, *extra: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "app.cli", "serve", "--no-browser", "--port", "0"]
-        + ["--data-dir", str(data_dir), *extra],
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    args = ("serve", "--no-browser", "--port", "0", "--data-dir", str(data_dir), *extra)
+    return batchyard(*args, timeout=60)
 
 
 def test_serve_on_an_unusable_data_dir_exits_with_a_message(tmp_path: Path) -> None:

@@ -6,36 +6,15 @@ import json
 
 from litestar.testing import TestClient
 
-from tests.integration.conftest import create_batch, wait_for_status
+from tests.factories import batch_line, jsonl
+from tests.http_helpers import batch_getter, create_batch, upload, wait_for_status
 
-
-def jsonl(*lines: object) -> bytes:
-    return "".join((json.dumps(x) if not isinstance(x, str) else x) + "\n" for x in lines).encode()
-
-
-def chat_line(cid: str, text: str, url: str = "/v1/chat/completions") -> dict:
-    return {
-        "custom_id": cid,
-        "method": "POST",
-        "url": url,
-        "body": {
-            "model": "gpt-4o-mini",
-            "messages": [{"role": "user", "content": text}],
-            "max_tokens": 8,
-        },
-    }
-
-
-def upload(client: TestClient, data: bytes, purpose: str = "batch", name: str = "in.jsonl") -> dict:
-    r = client.post(
-        "/v1/files", files={"file": (name, data, "application/jsonl")}, data={"purpose": purpose}
-    )
-    assert r.status_code == 200, r.text
-    return r.json()
+# The batch's model is the lines' model, as OpenAI reports it.
+LINE = {"model": "gpt-4o-mini", "max_tokens": 8}
 
 
 def test_upload_retrieve_content_delete(client: TestClient) -> None:
-    data = jsonl(chat_line("a", "hello"))
+    data = jsonl(batch_line("a", "hello", **LINE))
     f = upload(client, data)
     assert f["object"] == "file" and f["bytes"] == len(data) and f["purpose"] == "batch"
     assert (
@@ -54,7 +33,10 @@ def test_upload_retrieve_content_delete(client: TestClient) -> None:
 
 
 def test_file_list_pagination(client: TestClient) -> None:
-    ids = [upload(client, jsonl(chat_line(str(i), "x")), name=f"{i}.jsonl")["id"] for i in range(5)]
+    ids = [
+        upload(client, jsonl(batch_line(str(i), "x", **LINE)), name=f"{i}.jsonl")["id"]
+        for i in range(5)
+    ]
     page = client.get("/v1/files", params={"limit": 2}).json()
     assert page["object"] == "list" and page["has_more"] is True
     assert [f["id"] for f in page["data"]] == ids[::-1][:2]
@@ -95,23 +77,15 @@ def test_upload_refusals(client: TestClient) -> None:
 def test_batch_runs_to_completed(client: TestClient) -> None:
     f = upload(
         client,
-        jsonl(chat_line("one", "first question"), "", chat_line("two", "FAIL please")).replace(
-            b"\n", b"\r\n"
-        ),
+        jsonl(
+            batch_line("one", "first question", **LINE),
+            "",
+            batch_line("two", "FAIL please", **LINE),
+        ).replace(b"\n", b"\r\n"),
     )
-    r = client.post(
-        "/v1/batches",
-        json={
-            "input_file_id": f["id"],
-            "endpoint": "/v1/chat/completions",
-            "completion_window": "24h",
-            "metadata": {"job": "t"},
-        },
-    )
-    assert r.status_code == 200, r.text
-    b = r.json()
+    b = create_batch(client, f["id"], metadata={"job": "t"})
     assert b["status"] == "validating" and b["object"] == "batch" and b["metadata"] == {"job": "t"}
-    b = wait_for_status(client, b["id"], ("completed", "failed"))
+    b = wait_for_status(batch_getter(client), b["id"], ("completed", "failed"))
     assert b["status"] == "completed", b
     assert b["request_counts"] == {"total": 2, "completed": 1, "failed": 1}
     for stamp in ("created_at", "in_progress_at", "finalizing_at", "completed_at", "expires_at"):
@@ -138,7 +112,7 @@ def test_batch_runs_to_completed(client: TestClient) -> None:
 
 
 def test_batch_create_refusals(client: TestClient) -> None:
-    f = upload(client, jsonl(chat_line("a", "x")))
+    f = upload(client, jsonl(batch_line("a", "x", **LINE)))
     base = {
         "input_file_id": f["id"],
         "endpoint": "/v1/chat/completions",
@@ -169,12 +143,12 @@ def test_batch_create_refusals(client: TestClient) -> None:
 
 def test_validation_names_every_bad_line(client: TestClient) -> None:
     lines = [
-        chat_line("ok", "fine"),
+        batch_line("ok", "fine", **LINE),
         "{not json",
         {"method": "POST", "url": "/v1/chat/completions", "body": {"model": "m"}},
-        chat_line("ok", "dup"),
-        {**chat_line("g", "x"), "method": "GET"},
-        chat_line("u", "x", url="/v1/completions"),
+        batch_line("ok", "dup", **LINE),
+        {**batch_line("g", "x", **LINE), "method": "GET"},
+        batch_line("u", "x", url="/v1/completions", **LINE),
         {"custom_id": "b", "method": "POST", "url": "/v1/chat/completions", "body": "text"},
         {
             "custom_id": "m",
@@ -197,7 +171,7 @@ def test_validation_names_every_bad_line(client: TestClient) -> None:
     ]
     f = upload(client, jsonl(*lines))
     b = create_batch(client, f["id"])
-    b = wait_for_status(client, b["id"], ("failed",))
+    b = wait_for_status(batch_getter(client), b["id"], ("failed",))
     errs = b["errors"]["data"]
     assert [(e["line"], e["code"]) for e in errs] == [
         (2, "invalid_json_line"),
@@ -214,15 +188,15 @@ def test_validation_names_every_bad_line(client: TestClient) -> None:
 
 
 def test_cancel_finished_batch_is_400(client: TestClient) -> None:
-    f = upload(client, jsonl(chat_line("a", "x")))
+    f = upload(client, jsonl(batch_line("a", "x", **LINE)))
     b = create_batch(client, f["id"])
-    wait_for_status(client, b["id"], ("completed",))
+    wait_for_status(batch_getter(client), b["id"], ("completed",))
     r = client.post(f"/v1/batches/{b['id']}/cancel")
     assert r.status_code == 400 and "completed" in r.json()["error"]["message"]
 
 
 def test_batch_list_pagination(client: TestClient) -> None:
-    f = upload(client, jsonl(chat_line("a", "x")))
+    f = upload(client, jsonl(batch_line("a", "x", **LINE)))
     ids = [create_batch(client, f["id"])["id"] for _ in range(3)]
     p = client.get("/v1/batches", params={"limit": 2}).json()
     assert p["has_more"] is True and [b["id"] for b in p["data"]] == ids[::-1][:2]

@@ -2,32 +2,20 @@
 
 from __future__ import annotations
 
-import json
-
 from litestar.testing import TestClient
 from openai.pagination import SyncCursorPage
 from openai.types import Batch, FileDeleted, FileObject
 
-from tests.integration.conftest import create_batch, wait_for_status
+from tests.factories import batch_line, jsonl
+from tests.http_helpers import batch_getter, create_batch, upload, wait_for_status
 
 
 def test_wire_shapes_match_the_sdk_types(client: TestClient) -> None:
-    line = {
-        "custom_id": "a",
-        "method": "POST",
-        "url": "/v1/chat/completions",
-        "body": {"model": "m", "messages": [{"role": "user", "content": "hi"}]},
-    }
-    r = client.post(
-        "/v1/files",
-        files={"file": ("in.jsonl", json.dumps(line).encode(), "application/jsonl")},
-        data={"purpose": "batch"},
-    )
-    f = r.json()
+    f = upload(client, jsonl(batch_line("a", "hi")))
     assert set(FileObject.model_fields) <= set(f)
     FileObject.model_validate(f, strict=False)
     b = create_batch(client, f["id"])
-    b = wait_for_status(client, b["id"], ("completed",))
+    b = wait_for_status(batch_getter(client), b["id"], ("completed",))
     assert set(Batch.model_fields) <= set(b)
     parsed = Batch.model_validate(b)
     assert parsed.request_counts is not None and parsed.request_counts.total == 1

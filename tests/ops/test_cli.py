@@ -8,7 +8,6 @@ import re
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -17,18 +16,7 @@ from gguf import GGUFReader
 from app.cli import build_parser
 from app.config import Settings, default_model_path
 from app.model_files import FILE_TYPES, describe, read_gguf_metadata
-from tests.conftest import ROOT, free_port
-
-
-def batchyard(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "app.cli", *args],
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "100", **(env or {})},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+from tests.live import ROOT, batchyard, start_server, stop_process
 
 
 def serve_options() -> list[tuple[str, str]]:
@@ -39,7 +27,7 @@ def serve_options() -> list[tuple[str, str]]:
 
 
 def test_serve_help_lists_every_flag_with_its_env_variable_and_default() -> None:
-    r = batchyard("serve", "--help")
+    r = batchyard("serve", "--help", env={"COLUMNS": "100"})
     assert r.returncode == 0
     text = " ".join(r.stdout.split())  # undo argparse's line wrapping
     text = text[text.index("options:") :]  # past the usage summary
@@ -131,31 +119,18 @@ def test_version() -> None:
 
 
 def test_log_level_warning_drops_the_request_lines(tmp_path: Path) -> None:
-    port = free_port()
     log = tmp_path / "serve.log"
-    with open(log, "wb") as fh:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "app.cli", "serve", "--no-browser", "--port", str(port),
-             "--data-dir", str(tmp_path / "d"), "--parallel", "1", "--ctx-size", "256"],
-            cwd=ROOT,
-            env={**os.environ, "PYTHONPATH": str(ROOT), "BATCHYARD_LOG_LEVEL": "warning"},
-            stdout=fh,
-            stderr=subprocess.STDOUT,
-        )  # fmt: skip
+    server = start_server(
+        tmp_path / "d",
+        log,
+        env={"BATCHYARD_LOG_LEVEL": "warning"},
+        args=["--parallel", "1", "--ctx-size", "256"],
+        timeout=60,
+    )
     try:
-        deadline = time.time() + 60
-        while True:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.time() < deadline and proc.poll() is None, log.read_text()
-            time.sleep(0.2)
-        assert httpx.get(f"http://127.0.0.1:{port}/v1/models").status_code == 200
+        assert httpx.get(server.api + "/models").status_code == 200
     finally:
-        proc.terminate()
-        proc.wait(20)
+        stop_process(server.process, timeout=20)
     text = log.read_text()
     assert "method=GET" not in text
     assert " INFO " not in text

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import io
-import json
 import re
 import threading
 import time
@@ -16,7 +14,9 @@ from litestar.testing import TestClient
 import app.engine.llama as llama
 from app.config import Settings
 from app.server import create_app
-from tests.conftest import LiveServer
+from tests.factories import batch_line, jsonl
+from tests.http_helpers import batch_getter, create_batch, upload, wait_for_status
+from tests.live import LiveServer
 
 SAMPLE = re.compile(r"^([a-z_]+)(\{(.*)\})? (\S+)$")
 
@@ -46,39 +46,11 @@ def value(samples: list, name: str, **labels: str) -> float:
 
 
 def run_batch(server: LiveServer, n: int) -> dict:
-    lines = [
-        {
-            "custom_id": f"m-{i}",
-            "method": "POST",
-            "url": "/v1/chat/completions",
-            "body": {
-                "model": "x",
-                "messages": [{"role": "user", "content": "Hi"}],
-                "max_tokens": 4,
-            },
-        }
-        for i in range(n)
-    ]
-    data = "\n".join(json.dumps(x) for x in lines).encode()
-    f = httpx.post(
-        server.api + "/files",
-        files={"file": ("m.jsonl", io.BytesIO(data))},
-        data={"purpose": "batch"},
-    ).json()
-    b = httpx.post(
-        server.api + "/batches",
-        json={
-            "input_file_id": f["id"],
-            "endpoint": "/v1/chat/completions",
-            "completion_window": "24h",
-        },
-    ).json()
-    deadline = time.time() + 180
-    while b["status"] not in ("completed", "failed"):
-        assert time.time() < deadline
-        time.sleep(0.3)
-        b = httpx.get(f"{server.api}/batches/{b['id']}").json()
-    return b
+    lines = [batch_line(f"m-{i}", "Hi", model="x", max_tokens=4) for i in range(n)]
+    with server.http() as http:
+        f = upload(http, jsonl(*lines), name="m.jsonl")
+        b = create_batch(http, f["id"])
+        return wait_for_status(batch_getter(http), b["id"], ("completed", "failed"), 180)
 
 
 def test_metrics_report_lines_tokens_slots_batches_and_latency(live_server: LiveServer) -> None:

@@ -10,44 +10,22 @@ import re
 import signal
 import sqlite3
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from app.offline import Progress
-from tests.conftest import ROOT
+from tests.factories import CHAT, batch_line, jsonl
+from tests.live import batchyard, start_batchyard
 
-CHAT = "/v1/chat/completions"
-
-
-def chat_line(custom_id: str, text: str, max_tokens: int = 8) -> str:
-    body = {
-        "model": "any",
-        "messages": [{"role": "user", "content": text}],
-        "max_tokens": max_tokens,
-    }
-    return json.dumps({"custom_id": custom_id, "method": "POST", "url": CHAT, "body": body})
+# Two slots of 256 tokens: enough for these lines, quick to load.
+SMALL = ("--parallel", "2", "--ctx-size", "256")
 
 
-def batchyard(*args: str, **kw: object) -> subprocess.Popen[str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen(
-        [sys.executable, "-m", "app.cli", *args],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        **kw,  # type: ignore[call-overload]
-    )
-
-
-def run_to_end(*args: str, timeout: float = 300) -> tuple[int, str]:
-    proc = batchyard(*args)
-    out, err = proc.communicate(timeout=timeout)
-    return proc.returncode, out + err
+def run_to_end(*args: str) -> tuple[int, str]:
+    done = batchyard(*args, timeout=300)
+    return done.returncode, done.stdout + done.stderr
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -57,26 +35,15 @@ def read_jsonl(path: Path) -> list[dict]:
 def test_run_writes_one_output_line_per_input_line(tmp_path: Path) -> None:
     src = tmp_path / "in.jsonl"
     lines = [
-        chat_line(f"req-{i}", text)
+        batch_line(f"req-{i}", text, max_tokens=8)
         for i, text in enumerate(["Say hi", "Count to 3", "Name a colour"])
     ]
     # A prompt longer than the context fails on its own, as a line of the error file.
-    lines.append(chat_line("too-long", "word " * 400))
-    src.write_text("\n".join(lines) + "\n")
+    lines.append(batch_line("too-long", "word " * 400, max_tokens=8))
+    src.write_bytes(jsonl(*lines))
     out, errors = tmp_path / "out.jsonl", tmp_path / "errors.jsonl"
 
-    rc, log = run_to_end(
-        "run",
-        str(src),
-        "-o",
-        str(out),
-        "--errors",
-        str(errors),
-        "--parallel",
-        "2",
-        "--ctx-size",
-        "256",
-    )
+    rc, log = run_to_end("run", str(src), "-o", str(out), "--errors", str(errors), *SMALL)
 
     assert rc == 3, log  # done, but one line failed
     results = read_jsonl(out)
@@ -99,13 +66,13 @@ def test_run_writes_one_output_line_per_input_line(tmp_path: Path) -> None:
 
 def test_run_reports_every_bad_line_and_exits_non_zero(tmp_path: Path) -> None:
     src = tmp_path / "bad.jsonl"
-    src.write_text(
-        chat_line("ok-1", "hi")
-        + "\n{not json\n"
-        + json.dumps({"method": "POST", "url": CHAT, "body": {"messages": []}})
-        + "\n"
-        + chat_line("ok-1", "duplicate id")
-        + "\n"
+    src.write_bytes(
+        jsonl(
+            batch_line("ok-1", "hi", max_tokens=8),
+            "{not json",
+            {"method": "POST", "url": CHAT, "body": {"messages": []}},
+            batch_line("ok-1", "duplicate id", max_tokens=8),
+        )
     )
     out = tmp_path / "out.jsonl"
 
@@ -146,18 +113,19 @@ def test_interrupted_run_resumes_without_redoing_lines(tmp_path: Path) -> None:
     src = tmp_path / "in.jsonl"
     ids = [f"line-{i:02d}" for i in range(20)]
     # The first lines are short so that some finish early; the rest keep the run going.
-    src.write_text(
-        "\n".join(
-            chat_line(c, f"Write a word about the number {i}", max_tokens=4 if i < 3 else 16)
-            for i, c in enumerate(ids)
+    src.write_bytes(
+        jsonl(
+            *(
+                batch_line(c, f"Write a word about the number {i}", max_tokens=4 if i < 3 else 16)
+                for i, c in enumerate(ids)
+            )
         )
-        + "\n"
     )
     out = tmp_path / "out.jsonl"
     db = tmp_path / "out.jsonl.batchyard-state" / "batchyard.db"
-    args = ("run", str(src), "-o", str(out), "--parallel", "2", "--ctx-size", "256")
+    args = ("run", str(src), "-o", str(out), *SMALL)
 
-    proc = batchyard(*args)
+    proc = start_batchyard(*args)
     deadline = time.time() + 240
     while len(_succeeded(db)) < 3:
         assert proc.poll() is None, proc.communicate()
@@ -220,14 +188,12 @@ def test_progress_draws_a_bar_on_a_terminal_and_lines_otherwise() -> None:
 
 def test_run_draws_a_progress_bar_when_stderr_is_a_terminal(tmp_path: Path) -> None:
     src = tmp_path / "in.jsonl"
-    src.write_text(
-        chat_line("t-1", "Hi", max_tokens=4) + "\n" + chat_line("t-2", "Yo", max_tokens=4)
+    src.write_bytes(
+        jsonl(batch_line("t-1", "Hi", max_tokens=4), batch_line("t-2", "Yo", max_tokens=4))
     )
     primary, secondary = pty.openpty()
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    cmd = [sys.executable, "-m", "app.cli", "run", str(src), "-o", str(tmp_path / "o.jsonl")]
-    proc = subprocess.Popen([*cmd, "--parallel", "2", "--ctx-size", "256"], cwd=ROOT, env=env,
-                            stdout=subprocess.DEVNULL, stderr=secondary)  # fmt: skip
+    args = ("run", str(src), "-o", str(tmp_path / "o.jsonl"), *SMALL)
+    proc = start_batchyard(*args, stdout=subprocess.DEVNULL, stderr=secondary)
     os.close(secondary)
     seen = b""
     while True:

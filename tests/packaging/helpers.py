@@ -7,12 +7,13 @@ import re
 import shutil
 import subprocess
 import time
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 
-from tests.conftest import ROOT, free_port, stop_process
+from tests.live import ROOT, free_port, stop_process
 
 
 def clean_copy(dest: Path) -> Path:
@@ -47,6 +48,36 @@ def outside_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
     env.update(extra)
     return env
+
+
+def assert_llama_cpp_from(wheelhouse: Path, python: Path) -> None:
+    """The llama_cpp that `python` imports is the wheelhouse's build, byte for byte: pip took
+    the sound wheel instead of compiling the index's source package again."""
+    probe = (
+        "import importlib.metadata as m, importlib.util as u; "
+        "print(m.version('llama-cpp-python')); "
+        "print(u.find_spec('llama_cpp').submodule_search_locations[0])"
+    )
+    out = subprocess.run([str(python), "-c", probe], capture_output=True, text=True, check=True)
+    version, package = out.stdout.split()
+    (wheel,) = wheelhouse.glob(f"llama_cpp_python-{version}-*.whl")
+    with zipfile.ZipFile(wheel) as z:
+        libs = [n for n in z.namelist() if n.startswith("llama_cpp/lib/lib")]
+        assert libs, z.namelist()
+        for name in libs:
+            installed = Path(package) / name.removeprefix("llama_cpp/")
+            assert installed.read_bytes() == z.read(name), f"{installed} is not {wheel}'s"
+
+
+def assert_cpu_check_passed(log: Path) -> None:
+    """The server's CPU check passed on the installed build (the sound wheel's promise), unless
+    the user's environment sets the answer itself."""
+    text = log.read_text(errors="replace")
+    found = re.search(r"cpu extra buffer types: .*", text)
+    assert found, text
+    print(found.group(0))
+    if "BATCHYARD_CPU_EXTRA_BUFFERS" not in os.environ:
+        assert found.group(0).startswith("cpu extra buffer types: on (the check passed"), text
 
 
 @dataclass

@@ -12,14 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.packaging.helpers import check_dashboard, clean_copy, outside_env, start, static_files
+from tests.factories import batch_line, jsonl
+from tests.packaging.helpers import check_dashboard, outside_env, start, static_files
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def source(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return clean_copy(tmp_path_factory.mktemp("clone"))
 
 
 @pytest.fixture(scope="module")
@@ -56,15 +52,10 @@ def test_binary_prints_its_version(binary: Path, tmp_path: Path) -> None:
 
 def test_binary_runs_a_batch_file_on_the_bundled_model(binary: Path, tmp_path: Path) -> None:
     lines = [
-        {
-            "custom_id": f"bin-{i}",
-            "method": "POST",
-            "url": "/v1/chat/completions",
-            "body": {"model": "x", "messages": [{"role": "user", "content": q}], "max_tokens": 8},
-        }
+        batch_line(f"bin-{i}", q, model="x", max_tokens=8)
         for i, q in enumerate(["Say hello", "Name a fruit"])
     ]
-    (tmp_path / "in.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    (tmp_path / "in.jsonl").write_bytes(jsonl(*lines))
     r = subprocess.run(
         [str(binary), "run", "in.jsonl", "-o", "out.jsonl", "--parallel", "2", "--ctx-size", "256"],
         cwd=tmp_path,

@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 import zipfile
 from pathlib import Path
 
 import pytest
 
 from tests.packaging.helpers import (
+    assert_cpu_check_passed,
+    assert_llama_cpp_from,
     check_dashboard,
-    clean_copy,
     files_under,
     outside_env,
     start,
@@ -20,11 +22,6 @@ from tests.packaging.helpers import (
 )
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def source(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return clean_copy(tmp_path_factory.mktemp("clone"))
 
 
 @pytest.fixture(scope="module")
@@ -58,30 +55,43 @@ def test_wheel_contains_templates_static_files_and_vendored_js(wheel: Path, sour
     assert not any(n.startswith(("tests/", "app/tests/")) for n in names)
 
 
-def test_pip_install_into_a_fresh_venv_serves_the_dashboard(
-    wheel: Path, source: Path, tmp_path: Path
-) -> None:
-    venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    # llama-cpp-python comes from pip's wheel cache (built once by tests/run.sh's install).
-    subprocess.run(
-        [str(venv / "bin/python"), "-m", "pip", "install", "-q", str(wheel)],
-        check=True,
-        env=outside_env(),
-        timeout=600,
-    )
+def serve_from_elsewhere(exe: Path, source: Path, tmp_path: Path) -> Path:
+    """The installed `exe serve`, started outside the checkout, serves the dashboard and found
+    the sound build's CPU check passed; returns the folder it ran in."""
     away = tmp_path / "elsewhere"
     away.mkdir()
-    server = start([str(venv / "bin/batchyard")], away, tmp_path / "serve.log")
+    server = start([str(exe)], away, tmp_path / "serve.log")
     try:
         check_dashboard(server.url, static_files(source))
     finally:
         server.stop()
+    assert_cpu_check_passed(server.log)
+    return away
+
+
+def test_pip_install_into_a_fresh_venv_serves_the_dashboard(
+    wheel: Path, wheelhouse: Path, source: Path, tmp_path: Path
+) -> None:
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    # llama-cpp-python from the wheelhouse tests/run.sh built, not compiled again.
+    t0 = time.monotonic()
+    subprocess.run(
+        [str(venv / "bin/python"), "-m", "pip", "install", "-q", str(wheel)],
+        check=True,
+        env=outside_env(PIP_FIND_LINKS=str(wheelhouse)),
+        timeout=600,
+    )
+    print(f"\npip install of the wheel and its dependencies: {time.monotonic() - t0:.0f}s")
+    assert_llama_cpp_from(wheelhouse, venv / "bin/python")
+    away = serve_from_elsewhere(venv / "bin/batchyard", source, tmp_path)
     # It ran the installed package, not the checkout.
     assert (away / "batchyard-data" / "batchyard.db").is_file()
 
 
-def test_pipx_install_of_the_checkout_serves_the_dashboard(source: Path, tmp_path: Path) -> None:
+def test_pipx_install_of_the_checkout_serves_the_dashboard(
+    source: Path, wheelhouse: Path, tmp_path: Path
+) -> None:
     tools = tmp_path / "tools"
     subprocess.run([sys.executable, "-m", "venv", str(tools)], check=True)
     subprocess.run(
@@ -94,8 +104,11 @@ def test_pipx_install_of_the_checkout_serves_the_dashboard(source: Path, tmp_pat
         "PIPX_HOME": str(tmp_path / "pipx"),
         "PIPX_BIN_DIR": str(tmp_path / "bin"),
         "PIPX_MAN_DIR": str(tmp_path / "man"),
+        # The pip inside pipx's venv finds the sound wheel there, as a user's pip.conf would.
+        "PIP_FIND_LINKS": str(wheelhouse),
     }
     # The README's command, run in the clean clone: `pipx install .`
+    t0 = time.monotonic()
     subprocess.run(
         [str(tools / "bin/pipx"), "install", "."],
         cwd=source,
@@ -104,14 +117,10 @@ def test_pipx_install_of_the_checkout_serves_the_dashboard(source: Path, tmp_pat
         timeout=600,
         capture_output=True,
     )
+    print(f"\npipx install .: {time.monotonic() - t0:.0f}s")
     exe = tmp_path / "bin" / "batchyard"
     assert exe.exists()
+    assert_llama_cpp_from(wheelhouse, tmp_path / "pipx" / "venvs" / "batchyard" / "bin" / "python")
     version = subprocess.run([str(exe), "--version"], capture_output=True, text=True, cwd=tmp_path)
     assert version.returncode == 0 and version.stdout.startswith("batchyard ")
-    away = tmp_path / "elsewhere"
-    away.mkdir()
-    server = start([str(exe)], away, tmp_path / "serve.log")
-    try:
-        check_dashboard(server.url, static_files(source))
-    finally:
-        server.stop()
+    serve_from_elsewhere(exe, source, tmp_path)

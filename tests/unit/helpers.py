@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import json
 import time
-from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
 from app.config import Settings
-from app.engine.base import CHAT, Priority, RequestCancelled
 from app.models import Batch, BatchStatus, File, Request
+<<<<<<< HEAD
 from app.services import Services, build_services
 from tests.fakes import FakeEngine
 
@@ -43,25 +42,18 @@ class HangingEngine(FakeEngine):
         if not future.done():
             self.cancelled += 1
             future.set_exception(RequestCancelled())
+=======
+from app.server import build_services
+from tests.factories import CHAT, jsonl
+>>>>>>> tests
 
 
 def services(data_dir: Path, engine: Any, **settings: Any) -> Services:
     return build_services(Settings(data_dir=str(data_dir), **settings), engine)
 
 
-def chat(cid: str, content: str) -> dict[str, Any]:
-    return {
-        "custom_id": cid,
-        "method": "POST",
-        "url": CHAT,
-        "body": {"model": "m", "messages": [{"role": "user", "content": content}]},
-    }
-
-
 def make_batch(svc: Services, lines: list[dict[str, Any]] | bytes, owner: str = "") -> str:
-    data = (
-        lines if isinstance(lines, bytes) else "".join(json.dumps(x) + "\n" for x in lines).encode()
-    )
+    data = lines if isinstance(lines, bytes) else jsonl(*lines)
     partial = svc.storage.begin_write(len(data) + 1)
     partial.write(data)
     f = svc.files.create(partial=partial, filename="in.jsonl", purpose="batch", owner=owner)

@@ -4,14 +4,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
+<<<<<<< HEAD
 from app.config import Settings
 from app.engine.base import CHAT
 from app.models import BatchStatus, File, RequestStatus, now
 from app.services import Services, build_services
+=======
+from app.models import BatchStatus, File, RequestStatus, now
+from tests.factories import CHAT, batch_line
+from tests.fakes import HangingEngine
+>>>>>>> tests
 from tests.unit.helpers import (
-    HangingEngine,
     batch,
-    chat,
     drive,
     file_lines,
     file_rows,
@@ -26,12 +30,12 @@ def test_window_running_out_expires_the_batch(tmp_path: Path) -> None:
     engine = HangingEngine(n_slots=1)
     svc = services(tmp_path, engine, batch_window_seconds=2)
     lines = [
-        chat("q0", "hi"),
-        chat("h1", "HANG"),
-        chat("q2", "yo"),
-        chat("h3", "HANG"),
-        chat("q4", "late"),
-        chat("q5", "later"),
+        batch_line("q0", "hi"),
+        batch_line("h1", "HANG"),
+        batch_line("q2", "yo"),
+        batch_line("h3", "HANG"),
+        batch_line("q4", "late"),
+        batch_line("q5", "later"),
     ]
     batch_id = make_batch(svc, lines)
     b = drive(svc, batch_id, timeout=15)
@@ -69,14 +73,14 @@ def test_window_running_out_expires_the_batch(tmp_path: Path) -> None:
 
 def test_batch_inside_its_window_completes(tmp_path: Path) -> None:
     svc = services(tmp_path, HangingEngine(), batch_window_seconds=3600)
-    b = drive(svc, make_batch(svc, [chat("a", "hi")]))
+    b = drive(svc, make_batch(svc, [batch_line("a", "hi")]))
     assert b.status == BatchStatus.COMPLETED and b.expired_at is None
     assert b.expires_at == b.created_at + 3600
 
 
 def test_output_expires_after_is_anchored_on_the_output_file(tmp_path: Path) -> None:
     svc = services(tmp_path, HangingEngine())
-    inp = make_batch(svc, [chat("a", "hi")])
+    inp = make_batch(svc, [batch_line("a", "hi")])
     input_file = batch(svc, inp).input_file_id
     b = svc.batches.create(
         "",
@@ -100,7 +104,7 @@ def test_output_expires_after_is_anchored_on_the_output_file(tmp_path: Path) -> 
 
 def test_expired_input_of_a_running_batch_waits_for_the_batch(tmp_path: Path) -> None:
     svc = services(tmp_path, HangingEngine())
-    batch_id = make_batch(svc, [chat("h", "HANG")])
+    batch_id = make_batch(svc, [batch_line("h", "HANG")])
     svc.runner.step()
     input_file = batch(svc, batch_id).input_file_id
     later = now() + 31 * 24 * 3600
@@ -113,6 +117,7 @@ def test_expired_input_of_a_running_batch_waits_for_the_batch(tmp_path: Path) ->
 
 
 def test_runner_sweeps_on_its_interval(tmp_path: Path) -> None:
+<<<<<<< HEAD
     def expired_output(svc: Services) -> str:
         """Run a batch (its first step sweeps), then let its output file expire."""
         b = drive(svc, make_batch(svc, [chat("a", "hi")]))
@@ -136,3 +141,18 @@ def test_runner_sweeps_on_its_interval(tmp_path: Path) -> None:
     out = expired_output(always)
     assert not always.storage.path(out).is_file()
     assert out not in {f.id for f in file_rows(always)}
+=======
+    svc = services(tmp_path, HangingEngine())
+    b = drive(svc, make_batch(svc, [batch_line("a", "hi")]))
+    with svc.db.write() as s:
+        row = s.get(File, b.output_file_id)
+        assert row is not None
+        row.expires_at = now() - 1
+        s.add(row)
+    svc.runner.step()  # the interval has not passed since the last sweep
+    assert svc.storage.exists(b.output_file_id)
+    svc.runner.sweep_interval = 0.0
+    svc.runner.step()
+    assert not svc.storage.exists(b.output_file_id)
+    assert b.output_file_id not in {f.id for f in file_rows(svc)}
+>>>>>>> tests

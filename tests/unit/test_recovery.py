@@ -15,11 +15,10 @@ import pytest
 import app.batches.runner as runner_module
 from app.batches.runner import MAX_ATTEMPTS
 from app.models import BatchStatus, RequestStatus
-from tests.fakes import FakeEngine
+from tests.factories import batch_line
+from tests.fakes import FakeEngine, HangingEngine
 from tests.unit.helpers import (
-    HangingEngine,
     batch,
-    chat,
     drive,
     file_lines,
     file_rows,
@@ -40,7 +39,7 @@ def test_crash_during_validation_leaves_nothing_and_validation_starts_over(
     # Several insert statements, so the crash lands between two of them.
     monkeypatch.setattr(runner_module, "INSERT_CHUNK", 100)
     svc = services(tmp_path, FakeEngine(n_slots=64))
-    batch_id = make_batch(svc, [chat(f"c{i}", f"line {i}") for i in range(n)])
+    batch_id = make_batch(svc, [batch_line(f"c{i}", f"line {i}") for i in range(n)])
     real_insert = runner_module.insert
     calls = 0
 
@@ -75,7 +74,7 @@ def test_crash_between_output_bytes_and_commit_finishes_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     svc = services(tmp_path, FakeEngine())
-    lines = [chat(f"c{i}", "FAIL please" if i % 4 == 0 else f"hello {i}") for i in range(12)]
+    lines = [batch_line(f"c{i}", "FAIL please" if i % 4 == 0 else f"hello {i}") for i in range(12)]
     batch_id = make_batch(svc, lines)
     real_write = runner_module.write_results
 
@@ -123,7 +122,7 @@ def test_crash_between_output_bytes_and_commit_finishes_once(
 def test_dead_runners_claims_are_taken_over_and_its_late_results_ignored(tmp_path: Path) -> None:
     dead_engine = HangingEngine()
     dead = services(tmp_path, dead_engine, lease_seconds=1)
-    lines = [chat(f"c{i}", f"HANG {i}" if i < 3 else f"hi {i}") for i in range(6)]
+    lines = [batch_line(f"c{i}", f"HANG {i}" if i < 3 else f"hi {i}") for i in range(6)]
     batch_id = make_batch(dead, lines)
     dead.runner.step()  # validate, claim all six: three hang in the "dead" runner's engine
     dead.runner.step()  # record the three that finished
@@ -149,7 +148,7 @@ def test_dead_runners_claims_are_taken_over_and_its_late_results_ignored(tmp_pat
 
 def test_line_that_keeps_killing_the_server_fails_alone(tmp_path: Path) -> None:
     svc = services(tmp_path, FakeEngine(), lease_seconds=1)
-    batch_id = make_batch(svc, [chat("poison", "boom"), chat("fine", "hi")])
+    batch_id = make_batch(svc, [batch_line("poison", "boom"), batch_line("fine", "hi")])
     svc.runner._validate_next()  # only validate: step() would also claim and run
     with svc.db.write() as s:
         # As if the server had died MAX_ATTEMPTS times while running this line.

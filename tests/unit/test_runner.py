@@ -11,13 +11,19 @@ from sqlmodel import select
 
 from app.batches.runner import MAX_ATTEMPTS
 from app.models import Request, RequestStatus
+<<<<<<< HEAD
 from app.services import Services
+=======
+from tests.factories import batch_line
+>>>>>>> tests
 from tests.fakes import FakeEngine
-from tests.unit.helpers import chat, drive, file_lines, make_batch, request_rows, services
+from tests.unit.helpers import drive, file_lines, make_batch, request_rows, services
 
 
 def add_batch(svc: Services, n: int, fail: tuple[int, ...] = ()) -> str:
-    return make_batch(svc, [chat(f"c{i}", "FAIL" if i in fail else f"q {i}") for i in range(n)])
+    return make_batch(
+        svc, [batch_line(f"c{i}", "FAIL" if i in fail else f"q {i}") for i in range(n)]
+    )
 
 
 def output_ids(svc: Services, file_id: str | None) -> list[str]:

@@ -6,14 +6,12 @@ import io
 import json
 
 from app.batches import validate as v
+from tests.factories import CHAT, batch_line
 
-CHAT = "/v1/chat/completions"
 
-
-def line(cid: str, model: str = "m", url: str = CHAT) -> bytes:
-    return json.dumps(
-        {"custom_id": cid, "method": "POST", "url": url, "body": {"model": model, "messages": []}}
-    ).encode()
+def line(cid: str) -> bytes:
+    """One batch line's bytes, without its line break (the tests place their own)."""
+    return json.dumps(batch_line(cid, "hi")).encode()
 
 
 def run(data: bytes, **kw: int) -> v.Validation:

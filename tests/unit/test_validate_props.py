@@ -9,20 +9,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from app.batches.validate import MAX_LINE_BYTES, raw_lines, validate_jsonl
-
-CHAT = "/v1/chat/completions"
+from tests.factories import CHAT, batch_line
 
 
 def good_line(cid: str) -> bytes:
-    return json.dumps(
-        {
-            "custom_id": cid,
-            "method": "POST",
-            "url": CHAT,
-            "body": {"model": "m", "messages": [{"role": "user", "content": cid}]},
-        },
-        ensure_ascii=False,
-    ).encode()
+    """A valid line's bytes, any non-ASCII id as UTF-8 (not escaped), without a line break."""
+    return json.dumps(batch_line(cid, cid), ensure_ascii=False).encode()
 
 
 # Lines drawn from a mix: valid requests, near misses, JSON of other shapes, raw noise.

@@ -1,0 +1,50 @@
+"""Driving the dashboard in Debian's chromium: browser contexts, a real file drop, screenshots."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from playwright.sync_api import Browser, BrowserContext, Page
+
+from tests.live import OUTPUT
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--no-first-run",
+]
+
+
+def new_context(browser: Browser, scheme: str = "light", width: int = 1280) -> BrowserContext:
+    return browser.new_context(
+        color_scheme=scheme,  # type: ignore[arg-type]
+        viewport={"width": width, "height": 900},
+        accept_downloads=True,
+    )
+
+
+def drop_file(page: Page, name: str, text: str) -> None:
+    """A real drop: a DataTransfer holding a File, dispatched as dragenter, dragover, drop."""
+    page.evaluate(
+        """([name, text]) => {
+            const dt = new DataTransfer();
+            dt.items.add(new File([text], name, {type: "application/jsonl"}));
+            const target = document.querySelector("main");
+            for (const type of ["dragenter", "dragover", "drop"]) {
+                target.dispatchEvent(new DragEvent(type, {dataTransfer: dt, bubbles: true, cancelable: true}));
+            }
+        }""",
+        [name, text],
+    )
+
+
+def shoot(page: Page, name: str, **kwargs: Any) -> Path:
+    shots = OUTPUT / "screenshots"
+    shots.mkdir(parents=True, exist_ok=True)
+    path = shots / f"{name}.png"
+    page.screenshot(path=str(path), full_page=True, **kwargs)
+    return path

@@ -1,0 +1,31 @@
+"""Builders of batch input, as an OpenAI script writes it: a chat body, a batch line, JSONL."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+CHAT = "/v1/chat/completions"
+
+
+def chat_body(text: str, *, model: str = "m", **body: Any) -> dict[str, Any]:
+    """A /v1/chat/completions body with one user message; `body` adds or replaces fields."""
+    return {"model": model, "messages": [{"role": "user", "content": text}], **body}
+
+
+def batch_line(
+    cid: str, text: str, *, url: str = CHAT, model: str = "m", **body: Any
+) -> dict[str, Any]:
+    """One line of a batch input file: a POST of a chat body to `url` (a chat URL by default;
+    another URL keeps the chat body, which is how tests send a line to the wrong endpoint)."""
+    return {
+        "custom_id": cid,
+        "method": "POST",
+        "url": url,
+        "body": chat_body(text, model=model, **body),
+    }
+
+
+def jsonl(*lines: dict[str, Any] | str) -> bytes:
+    """A JSONL file: each dict as one JSON line, each str as it is (a broken or blank line)."""
+    return "".join((x if isinstance(x, str) else json.dumps(x)) + "\n" for x in lines).encode()

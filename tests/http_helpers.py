@@ -1,0 +1,110 @@
+"""The Files and Batch API as a script calls it over HTTP, for any client with httpx's interface
+(Litestar's TestClient, or an httpx.Client on a live server's root), and a waiter for any
+`get(batch_id)`: those clients through `batch_getter`, or the openai SDK's `batches.retrieve`."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Collection
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from tests.factories import CHAT
+
+if TYPE_CHECKING:
+    from litestar.testing import TestClient
+
+#: The statuses a batch ends in.
+FINISHED = ("completed", "failed", "expired", "cancelled")
+
+B = TypeVar("B")
+
+#: The type of tests/integration/conftest.py's make_client fixture.
+MakeClient = Callable[..., "TestClient"]
+
+
+def post_file(
+    client: Any,
+    data: bytes,
+    purpose: str | None = "batch",
+    *,
+    name: str = "in.jsonl",
+    headers: dict[str, str] | None = None,
+    **fields: str,
+) -> Any:
+    """POST /v1/files as multipart (no `purpose` field if None; `fields` are more form fields);
+    the response as it came."""
+    form = {"purpose": purpose, **fields} if purpose is not None else dict(fields)
+    return client.post(
+        "/v1/files",
+        files={"file": (name, data, "application/jsonl")},
+        data=form,
+        headers=headers,
+    )
+
+
+def upload(client: Any, data: bytes, purpose: str = "batch", **kw: Any) -> dict[str, Any]:
+    """post_file, which must succeed; the File object."""
+    r = post_file(client, data, purpose, **kw)
+    assert r.status_code == 200, r.text
+    return dict(r.json())
+
+
+def post_batch(
+    client: Any,
+    file_id: str,
+    endpoint: str = CHAT,
+    *,
+    headers: dict[str, str] | None = None,
+    **fields: Any,
+) -> Any:
+    """POST /v1/batches for a file with a 24h window (`fields` add to the body); the response."""
+    body = {"input_file_id": file_id, "endpoint": endpoint, "completion_window": "24h", **fields}
+    return client.post("/v1/batches", json=body, headers=headers)
+
+
+def create_batch(client: Any, file_id: str, endpoint: str = CHAT, **kw: Any) -> dict[str, Any]:
+    """post_batch, which must succeed; the Batch object."""
+    r = post_batch(client, file_id, endpoint, **kw)
+    assert r.status_code == 200, r.text
+    return dict(r.json())
+
+
+def batch_getter(
+    client: Any, headers: dict[str, str] | None = None
+) -> Callable[[str], dict[str, Any]]:
+    """get(batch_id) -> the Batch object from GET /v1/batches/{batch_id}, for wait_for_status."""
+
+    def get(batch_id: str) -> dict[str, Any]:
+        r = client.get(f"/v1/batches/{batch_id}", headers=headers)
+        assert r.status_code == 200, r.text
+        return dict(r.json())
+
+    return get
+
+
+def status_of(batch: Any) -> str:
+    return str(batch["status"] if isinstance(batch, dict) else batch.status)
+
+
+def wait_for_status(
+    get: Callable[[str], B],
+    batch_id: str,
+    statuses: Collection[str] | Callable[[B], bool] = FINISHED,
+    timeout: float = 15,
+    *,
+    seen: list[str] | None = None,
+    poll: float = 0.1,
+) -> B:
+    """Poll get(batch_id) until the batch's status is one of `statuses` (or, given a function,
+    until it says yes to the batch); returns that batch. Each new status is added to `seen`."""
+    wanted = statuses if callable(statuses) else (lambda b: status_of(b) in statuses)
+    deadline = time.time() + timeout
+    while True:
+        b = get(batch_id)
+        if seen is not None and (not seen or seen[-1] != status_of(b)):
+            seen.append(status_of(b))
+        if wanted(b):
+            return b
+        if time.time() > deadline:
+            raise AssertionError(f"batch {batch_id} stayed {status_of(b)} for {timeout}s: {b}")
+        time.sleep(poll)

@@ -1,0 +1,32 @@
+"""Packaging fixtures: a clean copy of the checkout, and the sound llama-cpp-python wheel."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.live import ROOT
+from tests.packaging.helpers import clean_copy
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return clean_copy(tmp_path_factory.mktemp("clone"))
+
+
+@pytest.fixture(scope="session")
+def wheelhouse() -> Path:
+    """packaging/llama_wheel.sh's wheelhouse: tests/run.sh built the wheel there before the
+    tests, so this only finds it (and builds it, once, where pytest runs on its own)."""
+    found = subprocess.run(
+        ["bash", "packaging/llama_wheel.sh", sys.executable],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+        check=True,
+        timeout=1800,
+    )
+    return Path(found.stdout.strip())
