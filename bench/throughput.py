@@ -1,14 +1,27 @@
-"""Throughput benchmark: batchyard's continuous batching against a sequential llama-cpp-python loop.
+"""Throughput benchmark: batchyard against llama.cpp's own llama-server on batch workloads.
 
-The same N chat lines (temperature 0) run through
-  (a)  batchyard end to end: `python -m app.cli serve` as a subprocess, the openai SDK
-       uploads a batch file, creates a batch and polls it to completion;
-  (a') the LlamaEngine directly: every line submitted at once, batch priority;
-  (b)  a sequential loop of llama-cpp-python's high-level `Llama.create_chat_completion`.
-(a or a') and (b) alternate in one run, so machine noise hits both alike. Then a table of
-generated tokens/s by --parallel, through the engine directly.
+Three workloads (--workload), each a list of batch lines:
+  short  chat lines of about 45 prompt tokens, 48 tokens out (256 lines)
+  long   chat lines of about 320-token distinct prompts, 16 tokens out (128 lines)
+  embed  embedding lines of about 43 tokens each (512 lines)
+run side by side, in alternating rounds (A, B, A, B) so machine noise hits both alike, through
+  (a)  batchyard end to end: `python -m app.cli serve` as a subprocess, the openai SDK uploads
+       a batch file, creates a batch and polls it to completion (`--batchyard engine`: the
+       LlamaEngine directly instead, every line submitted at once);
+  (b)  llama-server (bench/build_llama_server.sh: the same llama.cpp sources, the same header
+       fix) with the same slot count, tuned (`-fa on -ctk q8_0 -ctv q8_0`; embeddings
+       `--embeddings --pooling mean` with --server-ub), every line its own HTTP request,
+       `2 x slots` of them in flight;
+  (c)  optionally (--old SRC) batchyard from another checkout, e.g. the commit before a change;
+  (d)  optionally (--sequential) a sequential llama-cpp-python loop (`Llama`, one line after
+       another), the baseline this script always had;
+then `llama-batched-bench` at the same batch size, whose prompt (S_PP) and generation (S_TG)
+tokens/s are the ceiling: the time the workload's prompt and output tokens take at those
+rates. Ratios are llama-server's time over batchyard's (above 1: batchyard is faster),
+the median over rounds of each round's ratio.
 
-    python bench/throughput.py --lines 32 --max-tokens 32 --parallel-list 1,8,16
+    bash bench/build_llama_server.sh            # once; prints the binary dir
+    python bench/throughput.py --workload long --lines 64 --rounds 2
 """
 
 from __future__ import annotations
@@ -18,6 +31,7 @@ import contextlib
 import io
 import json
 import os
+import random
 import socket
 import statistics
 import subprocess
@@ -26,6 +40,8 @@ import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -66,25 +82,249 @@ QUESTIONS = [
     "Explain recursion to a child.",
     "What are clouds made of?",
 ]
+WORDS = (
+    "river market winter engine garden letter signal harbor planet village copper meadow "
+    "lantern journey battery canyon orchard bridge compass thunder marble festival library "
+    "island pepper tunnel violin glacier harvest rocket castle forest museum ladder candle "
+    "desert falcon silver anchor blanket cotton dragon ember feather galaxy hammer jungle"
+).split()
 
 
-def lines(n: int, max_tokens: int) -> list[dict[str, Any]]:
-    """N distinct chat bodies: the questions cycle, each repeat with its own variant tag."""
-    bodies = []
+@dataclass(frozen=True)
+class Workload:
+    endpoint: str
+    lines: int
+    max_tokens: int  # 0 for embeddings
+
+
+WORKLOADS = {
+    "short": Workload("/v1/chat/completions", 256, 48),
+    "long": Workload("/v1/chat/completions", 128, 16),
+    "embed": Workload("/v1/embeddings", 512, 0),
+}
+
+
+def _words(rng: random.Random, n: int) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(n))
+
+
+def bodies_for(workload: str, n: int, max_tokens: int) -> list[dict[str, Any]]:
+    """N distinct request bodies of the workload (deterministic)."""
+    out: list[dict[str, Any]] = []
     for i in range(n):
-        q = QUESTIONS[i % len(QUESTIONS)]
-        variant = i // len(QUESTIONS)
-        text = q if variant == 0 else f"{q} (variant {variant})"
-        bodies.append(
+        rng = random.Random(i)
+        if workload == "embed":
+            # About 43 tokens: an id and 39 words, distinct from the first token on.
+            out.append({"model": "text-embedding-3-small", "input": f"{i}: {_words(rng, 39)}"})
+            continue
+        if workload == "short":
+            q = QUESTIONS[i % len(QUESTIONS)]
+            variant = i // len(QUESTIONS)
+            text = q if variant == 0 else f"{q} (variant {variant})"
+        else:  # long: about 320 prompt tokens with the chat template, distinct from the start
+            text = f"Note {i}. {_words(rng, 270)}\nWhich word comes up most often above?"
+        out.append(
             {
-                # Any name: batchyard serves its own model, as an OpenAI script expects.
-                "model": "gpt-4o-mini",
+                "model": "gpt-4o-mini",  # any name: both servers serve their one model
                 "messages": [{"role": "user", "content": text}],
                 "max_tokens": max_tokens,
                 "temperature": 0,
             }
         )
-    return bodies
+    return out
+
+
+@dataclass
+class Result:
+    seconds: float
+    prompt_tokens: int
+    completion_tokens: int
+
+
+def _usage(body: dict[str, Any]) -> tuple[int, int]:
+    usage = body.get("usage") or {}
+    return int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
+
+
+# ------------------------------------------------------------------------------ batchyard
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_up(url: str, proc: subprocess.Popen[bytes], what: str, timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"{what} did not come up")
+        time.sleep(0.3)
+
+
+def run_batchyard(
+    src: Path, model: Path, endpoint: str, bodies: list[dict[str, Any]], args: argparse.Namespace
+) -> Result:
+    """(a)/(c): `batchyard serve` from checkout `src`, end to end through the openai SDK."""
+    from openai import OpenAI
+
+    port = free_port()
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [sys.executable, "-m", "app.cli", "serve", "--no-browser", "--port", str(port),
+               "--data-dir", tmp, "--parallel", str(args.parallel), "--ctx-size",
+               str(args.ctx_size), "--model", str(model), "--kv-cache-type", args.kv_cache_type,
+               "--threads", str(args.threads)]  # fmt: skip
+        env = {**os.environ, "PYTHONPATH": str(src)}
+        with open(Path(tmp) / "serve.log", "wb") as logf:
+            server = subprocess.Popen(cmd, cwd=src, env=env, stdout=logf, stderr=logf)
+        try:
+            base = f"http://127.0.0.1:{port}/v1"
+            wait_up(f"{base}/models", server, "batchyard serve")
+            client = OpenAI(base_url=base, api_key=os.environ.get("BATCHYARD_BENCH_KEY", "bench"))
+            jsonl = "".join(
+                json.dumps({"custom_id": f"line-{i}", "method": "POST", "url": endpoint, "body": b})
+                + "\n"
+                for i, b in enumerate(bodies)
+            )
+            upload = client.files.create(
+                file=("bench.jsonl", io.BytesIO(jsonl.encode())), purpose="batch"
+            )
+            start = time.perf_counter()
+            batch = client.batches.create(
+                input_file_id=upload.id,
+                endpoint=endpoint,  # type: ignore[arg-type]
+                completion_window="24h",
+            )
+            while batch.status not in ("completed", "failed", "expired", "cancelled"):
+                time.sleep(0.1)
+                batch = client.batches.retrieve(batch.id)
+            elapsed = time.perf_counter() - start
+            if batch.status != "completed" or not batch.output_file_id:
+                errors = batch.errors.data[:3] if batch.errors and batch.errors.data else None
+                raise RuntimeError(f"batch ended {batch.status}: {errors}")
+            if batch.request_counts and batch.request_counts.failed:
+                raise RuntimeError(f"{batch.request_counts.failed} lines failed")
+            output = client.files.content(batch.output_file_id).text
+            prompt = completion = 0
+            for line in output.splitlines():
+                if line.strip():
+                    p, c = _usage(json.loads(line)["response"]["body"])
+                    prompt, completion = prompt + p, completion + c
+            return Result(elapsed, prompt, completion)
+        finally:
+            server.terminate()
+            server.wait(timeout=30)
+
+
+def run_engine(
+    model: Path, endpoint: str, bodies: list[dict[str, Any]], args: argparse.Namespace
+) -> Result:
+    """(a'): every line submitted at once to the LlamaEngine, in this (worker) process."""
+    from app.config import Settings
+    from app.engine.base import Priority
+    from app.engine.llama import load_engine
+
+    # Settings.load, so BATCHYARD_* variables (BATCHYARD_CPU_EXTRA_BUFFERS) apply as in a server.
+    engine = load_engine(
+        Settings.load(
+            {
+                "model": str(model),
+                "parallel": args.parallel,
+                "ctx_size": args.ctx_size,
+                "threads": args.threads,
+                "kv_cache_type": args.kv_cache_type,
+            }
+        )
+    )
+    try:
+        start = time.perf_counter()
+        futures = [engine.submit(endpoint, body, priority=Priority.BATCH) for body in bodies]
+        usages = [_usage(f.result()) for f in futures]
+        elapsed = time.perf_counter() - start
+        return Result(elapsed, sum(p for p, _ in usages), sum(c for _, c in usages))
+    finally:
+        engine.close()
+
+
+# --------------------------------------------------------------------------- llama-server
+
+
+def server_command(binary_dir: Path, model: Path, workload: str, args: argparse.Namespace) -> list[str]:
+    cmd = [str(binary_dir / "llama-server"), "-m", str(model), "--host", "127.0.0.1",
+           "-np", str(args.parallel), "-c", str(args.parallel * args.ctx_size),
+           "-t", str(args.threads), "-tb", str(args.threads), "--no-webui"]  # fmt: skip
+    if workload == "embed":
+        ub = str(args.server_ub)
+        cmd += ["--embeddings", "--pooling", "mean", "-ub", ub, "-b", ub]
+    else:
+        cmd += ["-fa", "on", "-ctk", args.kv_cache_type, "-ctv", args.kv_cache_type]
+    return cmd
+
+
+def _post(url: str, body: dict[str, Any]) -> dict[str, Any]:
+    req = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(req, timeout=600) as r:
+        return json.loads(r.read())
+
+
+def run_llama_server(
+    binary_dir: Path,
+    model: Path,
+    workload: str,
+    endpoint: str,
+    bodies: list[dict[str, Any]],
+    args: argparse.Namespace,
+) -> Result:
+    """(b): llama-server with the same slots; each line one request, 2 x slots in flight."""
+    port = free_port()
+    cmd = server_command(binary_dir, model, workload, args) + ["--port", str(port)]
+    with tempfile.TemporaryFile() as logf:
+        server = subprocess.Popen(cmd, stdout=logf, stderr=logf)
+        try:
+            try:
+                wait_up(f"http://127.0.0.1:{port}/health", server, "llama-server")
+            except RuntimeError:
+                logf.seek(0)
+                raise RuntimeError(logf.read()[-3000:].decode(errors="replace")) from None
+            url = f"http://127.0.0.1:{port}{endpoint}"
+            start = time.perf_counter()
+            with ThreadPoolExecutor(2 * args.parallel) as pool:
+                outs = list(pool.map(lambda b: _post(url, b), bodies))
+            elapsed = time.perf_counter() - start
+            usages = [_usage(o) for o in outs]
+            return Result(elapsed, sum(p for p, _ in usages), sum(c for _, c in usages))
+        finally:
+            server.terminate()
+            server.wait(timeout=30)
+
+
+def batched_bench(
+    binary_dir: Path, model: Path, prompt: int, gen: int, args: argparse.Namespace
+) -> dict[str, float]:
+    """llama-batched-bench at B = slots: its prompt and generation tokens/s (the ceiling)."""
+    gen = max(gen, 1)
+    cmd = [str(binary_dir / "llama-batched-bench"), "-m", str(model), "-c",
+           str(args.parallel * (prompt + gen + 8)), "-b", "2048", "-ub", str(args.bench_ub),
+           "-npp", str(prompt), "-ntg", str(gen), "-npl", str(args.parallel), "-t",
+           str(args.threads), "-fa", "on", "-ctk", args.kv_cache_type, "-ctv",
+           args.kv_cache_type, "--output-format", "jsonl"]  # fmt: skip
+    out = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    rows = [json.loads(x) for x in out.stdout.splitlines() if x.startswith("{")]
+    if not rows:
+        raise RuntimeError(f"llama-batched-bench failed:\n{out.stderr[-2000:]}")
+    return rows[-1]
+
+
+# ----------------------------------------------------------------------------- sequential
 
 
 @contextlib.contextmanager
@@ -111,262 +351,186 @@ def same_cpu_buffers(model: Path, threads: int) -> Iterator[None]:
         bindings.llama_model_default_params = original
 
 
-def threads_for(requested: int) -> int:
-    """What the engine will use for 0 (all cores), computed without importing llama_cpp here."""
-    if requested > 0:
-        return requested
-    return max(1, len(os.sched_getaffinity(0)))
+def run_sequential(
+    model: Path, endpoint: str, bodies: list[dict[str, Any]], args: argparse.Namespace
+) -> Result:
+    """(d): one line after another through llama-cpp-python's high-level API."""
+    from llama_cpp import Llama
+
+    from app.engine.native import KV_GGML_TYPES, kv_needs_flash_attention
+
+    kv_type = KV_GGML_TYPES[args.kv_cache_type]
+    embed = endpoint == "/v1/embeddings"
+    with same_cpu_buffers(model, args.threads):
+        # The engine's llama.cpp settings: KV cache type, and flash attention where it needs it.
+        llm = Llama(
+            str(model),
+            n_ctx=args.ctx_size,
+            n_threads=args.threads,
+            n_threads_batch=args.threads,
+            type_k=kv_type,
+            type_v=kv_type,
+            flash_attn=kv_needs_flash_attention(args.kv_cache_type),
+            embedding=embed,
+            pooling_type=1 if embed else -1,  # LLAMA_POOLING_TYPE_MEAN
+            verbose=False,
+        )
+    prompt = completion = 0
+    start = time.perf_counter()
+    for body in bodies:
+        if embed:
+            out: Any = llm.create_embedding(body["input"])
+        else:
+            out = llm.create_chat_completion(
+                messages=body["messages"], max_tokens=body["max_tokens"], temperature=0.0
+            )
+        p, c = _usage(out)
+        prompt, completion = prompt + p, completion + c
+    elapsed = time.perf_counter() - start
+    llm.close()
+    return Result(elapsed, prompt, completion)
 
 
-def isolated(
-    kind: str, args: argparse.Namespace, parallel: int = 1, prefix_cache: bool = True
-) -> tuple[int, float]:
-    """Run one measurement in a fresh process.
+def isolated(kind: str, argv: list[str]) -> Result:
+    """One in-process measurement (engine, sequential) in a fresh process.
 
     Two llama.cpp users in one process share libgomp, which then counts more threads than
     cores and throttles its spinning: an engine measured after the high-level Llama ran
     3x slower (34 vs 97 tok/s at parallel 1). A process each keeps them apart.
     """
-    cmd = [sys.executable, __file__, "--worker", kind, "--lines", str(args.lines),
-           "--max-tokens", str(args.max_tokens), "--ctx-size", str(args.ctx_size),
-           "--threads", str(args.threads), "--parallel", str(parallel),
-           "--prefix-cache", "1" if prefix_cache else "0", "--kv-cache-type", args.kv_cache_type]  # fmt: skip
-    if args.model:
-        cmd += ["--model", args.model]
+    cmd = [sys.executable, __file__, *argv, "--worker", kind]
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=False)
     result = [line for line in out.stdout.splitlines() if line.startswith("RESULT ")]
     if out.returncode != 0 or not result:
-        raise RuntimeError(f"{kind} measurement failed:\n{out.stdout}\n{out.stderr}")
-    _, tokens, seconds = result[-1].split()
-    return int(tokens), float(seconds)
+        raise RuntimeError(f"{kind} measurement failed:\n{out.stdout}\n{out.stderr[-3000:]}")
+    _, seconds, prompt, completion = result[-1].split()
+    return Result(float(seconds), int(prompt), int(completion))
 
 
-def run_sequential(
-    model: Path, bodies: list[dict[str, Any]], ctx: int, threads: int, kv: str
-) -> tuple[int, float]:
-    """(b): one request after another through the high-level API."""
-    from llama_cpp import Llama
-
-    from app.engine.native import KV_GGML_TYPES, kv_needs_flash_attention
-
-    kv_type = KV_GGML_TYPES[kv]
-    with same_cpu_buffers(model, threads):
-        # The engine's llama.cpp settings: KV cache type, and flash attention where it needs it.
-        llm = Llama(
-            str(model),
-            n_ctx=ctx,
-            n_threads=threads,
-            n_threads_batch=threads,
-            type_k=kv_type,
-            type_v=kv_type,
-            flash_attn=kv_needs_flash_attention(kv),
-            verbose=False,
-        )
-    tokens = 0
-    start = time.perf_counter()
-    for body in bodies:
-        out = llm.create_chat_completion(
-            messages=body["messages"], max_tokens=body["max_tokens"], temperature=0.0
-        )
-        tokens += out["usage"]["completion_tokens"]
-    elapsed = time.perf_counter() - start
-    llm.close()
-    return tokens, elapsed
+# ------------------------------------------------------------------------------------ main
 
 
-def run_engine(
-    model: Path,
-    bodies: list[dict[str, Any]],
-    parallel: int,
-    ctx: int,
-    threads: int,
-    kv: str,
-    prefix_cache: bool = True,
-) -> tuple[int, float]:
-    """(a'): every line submitted at once to the LlamaEngine."""
+def parse(argv: list[str] | None) -> argparse.Namespace:
     from app.config import Settings
-    from app.engine.base import CHAT, Priority
-    from app.engine.llama import load_engine
-
-    # Settings.load, so BATCHYARD_* variables (BATCHYARD_CPU_EXTRA_BUFFERS) apply as in a server.
-    engine = load_engine(
-        Settings.load(
-            {
-                "model": str(model),
-                "parallel": parallel,
-                "ctx_size": ctx,
-                "threads": threads,
-                "kv_cache_type": kv,
-                "prefix_cache": prefix_cache,
-            }
-        )
-    )
-    try:
-        start = time.perf_counter()
-        futures = [engine.submit(CHAT, body, priority=Priority.BATCH) for body in bodies]
-        tokens = sum(f.result()["usage"]["completion_tokens"] for f in futures)
-        return tokens, time.perf_counter() - start
-    finally:
-        engine.close()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def run_server(
-    model: Path, bodies: list[dict[str, Any]], parallel: int, ctx: int, threads: int, kv: str
-) -> tuple[int, float]:
-    """(a): batchyard end to end through the openai SDK's Files and Batch calls."""
-    from openai import OpenAI
-
-    port = free_port()
-    with tempfile.TemporaryDirectory() as tmp:
-        cmd = [sys.executable, "-m", "app.cli", "serve", "--no-browser", "--port", str(port), "--data-dir", tmp,
-               "--parallel", str(parallel), "--ctx-size", str(ctx), "--model", str(model),
-               "--kv-cache-type", kv]  # fmt: skip
-        if threads:
-            cmd += ["--threads", str(threads)]
-        server = subprocess.Popen(
-            cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-        )
-        try:
-            base = f"http://127.0.0.1:{port}/v1"
-            deadline = time.monotonic() + 120
-            while True:
-                try:
-                    urllib.request.urlopen(f"{base}/models", timeout=2)
-                    break
-                except OSError:
-                    if server.poll() is not None or time.monotonic() > deadline:
-                        raise RuntimeError("batchyard serve did not come up") from None
-                    time.sleep(0.3)
-            client = OpenAI(base_url=base, api_key=os.environ.get("BATCHYARD_BENCH_KEY", "bench"))
-            jsonl = "".join(
-                json.dumps(
-                    {
-                        "custom_id": f"line-{i}",
-                        "method": "POST",
-                        "url": "/v1/chat/completions",
-                        "body": b,
-                    }
-                )
-                + "\n"
-                for i, b in enumerate(bodies)
-            )
-            upload = client.files.create(
-                file=("bench.jsonl", io.BytesIO(jsonl.encode())), purpose="batch"
-            )
-            start = time.perf_counter()
-            batch = client.batches.create(
-                input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h"
-            )
-            while batch.status not in ("completed", "failed", "expired", "cancelled"):
-                time.sleep(0.2)
-                batch = client.batches.retrieve(batch.id)
-            elapsed = time.perf_counter() - start
-            if batch.status != "completed" or not batch.output_file_id:
-                errors = batch.errors.data[:3] if batch.errors and batch.errors.data else None
-                raise RuntimeError(f"batch ended {batch.status}: {errors}")
-            output = client.files.content(batch.output_file_id).text
-            tokens = sum(
-                json.loads(line)["response"]["body"]["usage"]["completion_tokens"]
-                for line in output.splitlines()
-                if line.strip()
-            )
-            return tokens, elapsed
-        finally:
-            server.terminate()
-            server.wait(timeout=30)
-
-
-def main(argv: list[str] | None = None) -> int:
-    from app.config import Settings, default_model_path
-    from app.engine.cpu_check import extra_buffers
 
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--lines", type=int, default=256, help="chat lines per run (default 256)")
-    parser.add_argument(
-        "--max-tokens", type=int, default=64, help="max_tokens per line (default 64)"
-    )
-    parser.add_argument(
-        "--parallel", type=int, default=32, help="slots for (a)/(a') (default 32, the CPU default)"
-    )
-    parser.add_argument(
-        "--parallel-list", default="1,4,8,16,32", help="slots for the table (default 1,4,8,16,32)"
-    )
-    parser.add_argument(
-        "--rounds", type=int, default=1, help="alternating a/b rounds; medians are reported"
-    )
-    parser.add_argument("--mode", choices=("engine", "server"), default="engine",
-                        help="(a') the engine directly (default) or (a) `batchyard serve` end to end")  # fmt: skip
-    parser.add_argument("--ctx-size", type=int, default=512, help="context per slot (default 512)")
+    parser.add_argument("--workload", choices=sorted(WORKLOADS), default="short")
+    parser.add_argument("--lines", type=int, default=0, help="lines (default: the workload's)")
+    parser.add_argument("--max-tokens", type=int, default=-1, help="default: the workload's")
+    parser.add_argument("--rounds", type=int, default=1, help="alternating rounds (default 1)")
+    parser.add_argument("--parallel", type=int, default=32, help="slots on both sides (32)")
+    parser.add_argument("--ctx-size", type=int, default=512, help="context per slot (512)")
     parser.add_argument("--threads", type=int, default=0, help="CPU threads, 0 = all cores")
     parser.add_argument("--kv-cache-type", default=Settings.kv_cache_type,
                         help=f"KV cache type for both sides (default {Settings.kv_cache_type})")  # fmt: skip
     parser.add_argument("--model", default="", help="a .gguf; default the embedded SmolLM2")
-    parser.add_argument(
-        "--no-table", action="store_true", help="skip the tokens/s by parallel table"
-    )
+    parser.add_argument("--batchyard", choices=("serve", "engine"), default="serve",
+                        help="(a) end to end (default) or (a') the LlamaEngine directly")  # fmt: skip
+    parser.add_argument("--old", default="", help="(c) also run batchyard from this checkout")
+    parser.add_argument("--sequential", action="store_true", help="(d) also the sequential loop")
+    parser.add_argument("--no-server", action="store_true", help="skip (b) llama-server")
+    parser.add_argument("--no-ceiling", action="store_true", help="skip llama-batched-bench")
+    parser.add_argument("--server-bin", default="", help="llama-server's dir (default: build)")
+    parser.add_argument("--server-ub", type=int, default=2048,
+                        help="llama-server's -ub/-b for embeddings (default 2048)")  # fmt: skip
+    parser.add_argument("--bench-ub", type=int, default=512, help="batched-bench -ub (512)")
     parser.add_argument("--worker", choices=("engine", "sequential"), help=argparse.SUPPRESS)
-    parser.add_argument("--prefix-cache", type=int, default=1, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    spec = WORKLOADS[args.workload]
+    args.lines = args.lines or spec.lines
+    args.max_tokens = spec.max_tokens if args.max_tokens < 0 else args.max_tokens
+    args.threads = args.threads or max(1, len(os.sched_getaffinity(0)))
+    return args
 
+
+def binaries(args: argparse.Namespace) -> Path:
+    if args.server_bin:
+        return Path(args.server_bin)
+    out = subprocess.run(
+        ["bash", str(ROOT / "bench" / "build_llama_server.sh"), sys.executable],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    return Path(out.stdout.strip().splitlines()[-1])
+
+
+def main(argv: list[str] | None = None) -> int:
+    from app.config import default_model_path
+
+    raw = list(sys.argv[1:] if argv is None else argv)
+    args = parse(raw)
     model = Path(args.model) if args.model else default_model_path()
-    threads = threads_for(args.threads)
-    bodies = lines(args.lines, args.max_tokens)
+    spec = WORKLOADS[args.workload]
+    bodies = bodies_for(args.workload, args.lines, args.max_tokens)
     if args.worker:  # one measurement, in this fresh process
-        if args.worker == "engine":
-            tok, sec = run_engine(
-                model, bodies, args.parallel, args.ctx_size, threads, args.kv_cache_type,
-                bool(args.prefix_cache),
-            )  # fmt: skip
-        else:
-            tok, sec = run_sequential(model, bodies, args.ctx_size, threads, args.kv_cache_type)
-        print(f"RESULT {tok} {sec}")
+        run = run_engine if args.worker == "engine" else run_sequential
+        r = run(model, spec.endpoint, bodies, args)
+        print(f"RESULT {r.seconds} {r.prompt_tokens} {r.completion_tokens}")
         return 0
-    label = "a  batchyard serve" if args.mode == "server" else "a' LlamaEngine"
-    settings = Settings.load()
-    extra, _ = extra_buffers(model, threads, settings.cpu_extra_buffers, settings.cache_path)
+
+    bin_dir = None if args.no_server and args.no_ceiling else binaries(args)
     print(
-        f"model={model.name} lines={args.lines} max_tokens={args.max_tokens} threads={threads} "
-        f"ctx/slot={args.ctx_size} kv={args.kv_cache_type} "
-        f"cpu_extra_buffers={'on' if extra else 'off'}"
+        f"workload={args.workload} lines={args.lines} max_tokens={args.max_tokens} "
+        f"model={model.name} slots={args.parallel} ctx/slot={args.ctx_size} "
+        f"threads={args.threads} kv={args.kv_cache_type}",
+        flush=True,
     )
+    sides: dict[str, Any] = {}
+    if args.batchyard == "serve":
+        sides["batchyard"] = lambda: run_batchyard(ROOT, model, spec.endpoint, bodies, args)
+    else:
+        sides["batchyard"] = lambda: isolated("engine", raw)
+    if not args.no_server:
+        assert bin_dir is not None
+        sides["llama-server"] = lambda: run_llama_server(
+            bin_dir, model, args.workload, spec.endpoint, bodies, args
+        )
+    if args.old:
+        sides["batchyard-old"] = lambda: run_batchyard(
+            Path(args.old).resolve(), model, spec.endpoint, bodies, args
+        )
+    if args.sequential:
+        sides["sequential"] = lambda: isolated("sequential", raw)
 
-    rates_a, rates_b = [], []
+    results: dict[str, list[Result]] = {name: [] for name in sides}
     for r in range(args.rounds):
-        if args.mode == "server":
-            tok, sec = run_server(
-                model, bodies, args.parallel, args.ctx_size, threads, args.kv_cache_type
+        for name, run in sides.items():
+            res = run()
+            results[name].append(res)
+            rate = res.completion_tokens if spec.max_tokens else res.prompt_tokens
+            print(
+                f"round {r + 1}: {name:<13} {res.seconds:7.1f} s  prompt {res.prompt_tokens:>7}"
+                f"  out {res.completion_tokens:>6}  {rate / res.seconds:7.1f} "
+                f"{'out' if spec.max_tokens else 'in'} tok/s",
+                flush=True,
             )
-        else:
-            tok, sec = isolated("engine", args, args.parallel)
-        rates_a.append(tok / sec)
-        print(
-            f"round {r + 1}: ({label}, parallel {args.parallel}) {tok} tokens in {sec:.1f}s = {tok / sec:.1f} tok/s",
-            flush=True,
-        )
-        tok, sec = isolated("sequential", args)
-        rates_b.append(tok / sec)
-        print(
-            f"round {r + 1}: (b  sequential Llama)        {tok} tokens in {sec:.1f}s = {tok / sec:.1f} tok/s",
-            flush=True,
-        )
-    a, b = statistics.median(rates_a), statistics.median(rates_b)
-    print(f"\nmedian tok/s: a={a:.1f}  b={b:.1f}  ratio a/b = {a / b:.2f}")
 
-    if not args.no_table:
-        # Prefix cache on and off side by side: the gain of not recomputing shared prefixes.
-        print("\nparallel  tokens  tok/s cache on  tok/s cache off   (LlamaEngine directly)")
-        for p in [int(x) for x in args.parallel_list.split(",") if x.strip()]:
-            tok, sec = isolated("engine", args, p, True)
-            _, sec_off = isolated("engine", args, p, False)
-            print(f"{p:>8}  {tok:>6}  {tok / sec:>14.1f}  {tok / sec_off:>15.1f}", flush=True)
+    ceiling = ""
+    if not args.no_ceiling:
+        assert bin_dir is not None
+        first = results["batchyard"][0]
+        mean_prompt = max(1, round(first.prompt_tokens / args.lines))
+        row = batched_bench(bin_dir, model, mean_prompt, args.max_tokens, args)
+        pp, tg = float(row["speed_pp"]), float(row["speed_tg"])
+        ideal = first.prompt_tokens / pp + (first.completion_tokens / tg if spec.max_tokens else 0)
+        print(
+            f"\nllama-batched-bench B={args.parallel} PP={mean_prompt} TG={max(args.max_tokens, 1)}"
+            f": S_PP {pp:.0f} tok/s, S_TG {tg:.0f} tok/s -> ceiling {ideal:.1f} s for this workload"
+        )
+        ceiling = f"{ideal:.1f} s ({pp:.0f} pp / {tg:.0f} tg tok/s)"
+
+    print("\n| workload | side | median s | ratio to batchyard (their s / batchyard s) |")
+    print("|---|---|---|---|")
+    mine = [x.seconds for x in results["batchyard"]]
+    for name, rs in results.items():
+        ratios = [o.seconds / m for o, m in zip(rs, mine, strict=True)]
+        print(
+            f"| {args.workload} ({args.lines} lines) | {name} | "
+            f"{statistics.median(x.seconds for x in rs):.1f} | {statistics.median(ratios):.2f}x |"
+        )
+    if ceiling:
+        print(f"| {args.workload} | ceiling (batched-bench) | {ceiling} | |")
     return 0
 
 

@@ -2,6 +2,8 @@
 
 The generation context keeps per-sequence KV streams and no pooling; embeddings need pooled
 output and no cache between requests, so they get their own context, made on first use.
+Inputs of many requests share each decode, each its own sequence, up to EMBED_BATCH tokens
+(the engine's scheduler hands over as many queued requests as fill one; slots.py).
 """
 
 from __future__ import annotations
@@ -14,8 +16,11 @@ import numpy as np
 from app.engine.base import EngineError
 from app.engine.native import batch_add
 
-#: Inputs embedded per llama_decode.
-EMBED_SEQS = 32
+#: Inputs embedded per llama_decode at most (each its own sequence).
+EMBED_SEQS = 128
+#: Tokens per llama_decode of the embeddings context (its n_batch = n_ubatch: a pooled input
+#: must fit one micro-batch). Measured on 2 cores with ~43-token inputs (bench/README.md).
+EMBED_BATCH = 2048
 
 
 def _unavailable(message: str) -> EngineError:
@@ -27,7 +32,8 @@ class Embedder:
 
     def __init__(self, model: Any, *, ctx_size: int, threads: int, dim: int) -> None:
         self._model = model
-        self.ctx_size = ctx_size  # tokens per decode, and the longest input
+        self.ctx_size = ctx_size  # the longest input
+        self.batch_tokens = max(ctx_size, EMBED_BATCH)  # tokens per decode
         self.threads = threads
         self.dim = dim
         self._ctx: Any = None
@@ -39,8 +45,8 @@ class Embedder:
             params = lc.llama_context_default_params()
             params.embeddings = True
             params.pooling_type = pooling
-            params.n_ctx = self.ctx_size
-            params.n_batch = params.n_ubatch = self.ctx_size  # a pooled input must fit one ubatch
+            params.n_ctx = self.batch_tokens
+            params.n_batch = params.n_ubatch = self.batch_tokens  # a pooled input fits one ubatch
             params.n_seq_max = EMBED_SEQS
             params.kv_unified = True  # inputs share one buffer; each decode starts empty
             params.n_threads = params.n_threads_batch = self.threads
@@ -59,14 +65,16 @@ class Embedder:
         """One normalised float32 vector per prompt, as many prompts per decode as fit."""
         ctx = self._context()
         mem = lc.llama_get_memory(ctx)
-        batch = lc.llama_batch_init(self.ctx_size, 0, 1)
+        batch = lc.llama_batch_init(self.batch_tokens, 0, 1)
         vectors: list[np.ndarray] = []
         try:
             pending = list(prompts)
             while pending:
                 group, used = [], 0
                 while (
-                    pending and len(group) < EMBED_SEQS and used + len(pending[0]) <= self.ctx_size
+                    pending
+                    and len(group) < EMBED_SEQS
+                    and used + len(pending[0]) <= self.batch_tokens
                 ):
                     used += len(pending[0])
                     group.append(pending.pop(0))

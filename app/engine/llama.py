@@ -37,10 +37,17 @@ from app.engine.base import (
     RequestCancelled,
 )
 from app.engine.chat import ChatTemplate
-from app.engine.embed import Embedder
+from app.engine.embed import EMBED_SEQS, Embedder
 from app.engine.prepare import Preparer
 from app.engine.sampling import build_sampler, free_sampler, top_logprobs_of
-from app.engine.slots import PROMPT_TOKENS_PER_STEP, Choice, Job, Scheduler, Slot, Task
+from app.engine.slots import (
+    BATCH_PROMPT_TOKENS_PER_STEP,
+    Choice,
+    Job,
+    Scheduler,
+    Slot,
+    Task,
+)
 
 log = logging.getLogger("batchyard.engine")
 
@@ -92,7 +99,12 @@ class LlamaEngine:
         self._embedder = Embedder(
             model.model, ctx_size=self.ctx_per_slot, threads=model.threads, dim=model.n_embd
         )
-        self._scheduler = Scheduler(self.n_slots, prefix_cache=settings.prefix_cache)
+        self._scheduler = Scheduler(
+            self.n_slots,
+            prefix_cache=settings.prefix_cache,
+            embed_tokens=self._embedder.batch_tokens,
+            embed_seqs=EMBED_SEQS,
+        )
 
         self._cond = threading.Condition()
         self._prepare_lock = threading.Lock()
@@ -210,8 +222,8 @@ class LlamaEngine:
                     if self._closing:
                         break
                     embeds = self._admit()
-                for job in embeds:
-                    self._embed(job)
+                if embeds:
+                    self._embed(embeds)
                 if any(s.busy for s in self._slots):
                     self._step()
         except Exception:  # a broken context is not a request error: fail everything, loudly
@@ -285,8 +297,7 @@ class LlamaEngine:
         """This step's rows: a token per generating slot, then prompt chunks; returns the count."""
         batch, add = self._batch, native.batch_add
         n = 0
-        generating = sum(1 for s in self._slots if s.generating)
-        budget = min(self.n_batch - generating, PROMPT_TOKENS_PER_STEP)
+        budget = self._scheduler.prompt_budget(self._slots, self.n_batch)
         held = self._scheduler.held_back(self._slots)
         # Sequences go in seq_id order: llama.cpp splits a multi-stream batch into ubatches of
         # consecutive sequence ids, so order keeps a step to as few ubatches as possible.
@@ -443,22 +454,28 @@ class LlamaEngine:
         except Exception:  # a broken stream consumer must not stop the other sequences
             log.exception("on_chunk callback failed for %s", job.id)
 
-    def _embed(self, job: Job) -> None:
-        if job.cancelled or job.future.done():
+    def _embed(self, jobs: list[Job]) -> None:
+        """Embed the inputs of several requests together (as few decodes as they fill)."""
+        jobs = [j for j in jobs if not j.cancelled and not j.future.done()]
+        if not jobs:
             return
         try:
-            vectors = self._embedder.embed(job.prompts)
+            vectors = self._embedder.embed([p for job in jobs for p in job.prompts])
         except EngineError as exc:
-            self._fail_job(job, exc)
+            for job in jobs:
+                self._fail_job(job, exc)
             return
-        tokens = sum(len(p) for p in job.prompts)
-        with self._stats_lock:
-            self._stats.prompt_tokens_total += tokens
-        body = responses.embedding_list(
-            vectors, tokens, self.info.id, base64_out=job.body.get("encoding_format") == "base64"
-        )
-        if self._settle(job, result=body):
-            self._count("succeeded")
+        at = 0
+        for job in jobs:
+            mine, at = vectors[at : at + len(job.prompts)], at + len(job.prompts)
+            tokens = sum(len(p) for p in job.prompts)
+            with self._stats_lock:
+                self._stats.prompt_tokens_total += tokens
+            body = responses.embedding_list(
+                mine, tokens, self.info.id, base64_out=job.body.get("encoding_format") == "base64"
+            )
+            if self._settle(job, result=body):
+                self._count("succeeded")
 
     # ----------------------------------------------------------------------- bookkeeping
 
@@ -507,7 +524,7 @@ class LlamaEngine:
 def load_engine(settings: Settings) -> LlamaEngine:
     """Load the configured model and start its owner thread."""
     engine = LlamaEngine(
-        settings, native.load(settings, prompt_tokens_per_step=PROMPT_TOKENS_PER_STEP)
+        settings, native.load(settings, prompt_tokens_per_step=BATCH_PROMPT_TOKENS_PER_STEP)
     )
     engine.start()
     return engine

@@ -21,9 +21,13 @@ from typing import Any
 from app.engine.base import CHAT, COMPLETIONS, EMBEDDINGS, ChunkCallback, Priority
 from app.engine.sampling import SamplingParams, StopMatcher
 
-#: Prompt tokens admitted per step. Bounded so that a long new prompt delays the tokens of
-#: the sequences already generating by one ubatch at most, not by its whole length.
+#: Prompt tokens admitted per step while an online request decodes. Bounded so that a long
+#: new prompt delays the online tokens by one ubatch at most, not by its whole length.
 PROMPT_TOKENS_PER_STEP = 512
+#: Prompt tokens admitted per step when only batch lines run: the prompts of many new lines
+#: go into one step, and llama.cpp cuts runs of them into full micro-batches (equal chunks of
+#: consecutive sequences), rather than a prompt or two a step (bench/README.md).
+BATCH_PROMPT_TOKENS_PER_STEP = 2048
 #: Slots batch lines may not take: they stay free for online requests.
 ONLINE_RESERVED_SLOTS = 1
 #: While an online request decodes, each step takes at most this many batch sequences, in
@@ -179,9 +183,21 @@ class Admission:
 class Scheduler:
     """The loop's decisions: admission, the online window, and where a prompt's KV comes from."""
 
-    def __init__(self, n_slots: int, *, prefix_cache: bool = True) -> None:
+    def __init__(
+        self,
+        n_slots: int,
+        *,
+        prefix_cache: bool = True,
+        embed_tokens: int = 0,
+        embed_seqs: int = 0,
+    ) -> None:
         self.n_slots = n_slots
         self.prefix_cache = prefix_cache
+        # One embeddings decode's worth of inputs (0: no bound): each admission round hands
+        # over the queued embedding requests that fill one decode together, so a batch's
+        # lines share decodes instead of taking one each.
+        self.embed_tokens = embed_tokens
+        self.embed_seqs = embed_seqs
         # One slot is kept from batch lines, so an online request never waits for a batch
         # line to finish (they run to max_tokens); with a single slot nothing is kept.
         self.batch_room = n_slots - ONLINE_RESERVED_SLOTS if n_slots > 1 else 1
@@ -192,12 +208,21 @@ class Scheduler:
         out = Admission()
         free = [s for s in slots if not s.busy]
         batch_busy = sum(1 for s in slots if s.job is not None and s.job.priority == Priority.BATCH)
+        embed_tokens = embed_seqs = 0
         while queue:
             task = queue[0]
             if task.job.cancelled:
                 heapq.heappop(queue)
                 continue
             if task.job.endpoint == EMBEDDINGS:
+                prompts = task.job.prompts
+                embed_tokens += sum(len(p) for p in prompts)
+                embed_seqs += len(prompts)
+                if out.embeds and (
+                    (self.embed_tokens and embed_tokens > self.embed_tokens)
+                    or (self.embed_seqs and embed_seqs > self.embed_seqs)
+                ):
+                    break  # the next round's decode takes it
                 heapq.heappop(queue)
                 out.embeds.append(task.job)
                 continue
@@ -229,6 +254,13 @@ class Scheduler:
                 free.remove(slot)
             out.starts.append((task, group))
         return out
+
+    def prompt_budget(self, slots: list[Slot], n_batch: int) -> int:
+        """Prompt tokens this step may take, besides one row per generating slot."""
+        generating = sum(1 for s in slots if s.generating)
+        online = any(s.job is not None and s.job.priority == Priority.ONLINE for s in slots)
+        cap = PROMPT_TOKENS_PER_STEP if online else BATCH_PROMPT_TOKENS_PER_STEP
+        return max(0, min(n_batch - generating, cap))
 
     def held_back(self, slots: list[Slot]) -> set[int]:
         """The batch slots that sit this step out so that an online request decodes quickly."""

@@ -466,3 +466,30 @@ def test_prefix_reuse_keeps_greedy_output_and_counts_cached_tokens(engine: Llama
     # Several at once, each starting from some slot's cache.
     futures = [engine.submit(CHAT, body) for body in (red, yellow, red, yellow)]
     assert [content(f.result(timeout=120)) for f in futures] == [fresh_red, fresh_yellow] * 2
+
+
+def test_batch_prompts_prefilled_together_answer_as_in_small_steps(
+    engine: LlamaEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Batch lines' prompts go into a step together, up to BATCH_PROMPT_TOKENS_PER_STEP, so
+    llama.cpp cuts them into full micro-batches; greedy answers stay those of small steps."""
+    from app.engine import slots
+
+    words = "river market winter engine garden letter signal harbor planet village".split()
+    bodies = [
+        chat(f"Note {i}. " + " ".join(words[(i + k) % 10] for k in range(120))
+             + " Which word comes first above?", max_tokens=8)
+        for i in range(6)
+    ]  # fmt: skip
+
+    def answers() -> list[str]:
+        futures = [engine.submit(CHAT, b, priority=Priority.BATCH) for b in bodies]
+        return [content(f.result(timeout=120)) for f in futures]
+
+    # Without the prefix cache, the second round evaluates every prompt again.
+    monkeypatch.setattr(engine._scheduler, "prefix_cache", False)
+    together = answers()  # about 6 x 140 prompt tokens: one step
+    monkeypatch.setattr(slots, "BATCH_PROMPT_TOKENS_PER_STEP", slots.PROMPT_TOKENS_PER_STEP)
+    small = answers()  # 512 prompt tokens a step: prompts cut across steps
+    assert all(together) and len(set(together)) > 1
+    assert small == together

@@ -9,8 +9,10 @@ import sys
 
 from app.engine.base import CHAT, EMBEDDINGS, Priority
 from app.engine.slots import (
+    BATCH_PROMPT_TOKENS_PER_STEP,
     MIN_COPY_TOKENS,
     ONLINE_BATCH_WINDOW,
+    PROMPT_TOKENS_PER_STEP,
     Choice,
     Job,
     Scheduler,
@@ -213,3 +215,35 @@ def test_the_model_free_rooms_do_not_load_llama_cpp() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def embedding(n_inputs: int, tokens: int) -> Task:
+    j = Job(EMBEDDINGS, {}, Priority.BATCH, None)
+    j.prompts = [[1] * tokens for _ in range(n_inputs)]
+    return Task(int(j.priority), next(_seq), j)
+
+
+def test_embedding_requests_share_one_decode_up_to_its_tokens_and_sequences() -> None:
+    slots = [Slot(i) for i in range(2)]
+    q = queue_of(*(embedding(1, 40) for _ in range(10)))
+    by_tokens = Scheduler(2, embed_tokens=130, embed_seqs=64)
+    assert len(by_tokens.admit(q, slots).embeds) == 3  # 120 tokens; a fourth would pass 130
+    assert len(q) == 7
+    by_seqs = Scheduler(2, embed_tokens=10_000, embed_seqs=4)
+    assert len(by_seqs.admit(q, slots).embeds) == 4
+    # One request bigger than a decode still goes (the embedder splits it); none is stuck.
+    big = queue_of(embedding(8, 40))
+    assert len(Scheduler(2, embed_tokens=100, embed_seqs=4).admit(big, slots).embeds) == 1
+
+
+def test_prompt_budget_fills_the_batch_unless_an_online_request_decodes() -> None:
+    assert BATCH_PROMPT_TOKENS_PER_STEP > PROMPT_TOKENS_PER_STEP
+    slots = [Slot(i) for i in range(4)]
+    scheduler = Scheduler(4)
+    for slot in slots[:2]:
+        occupy(slot)
+        slot.generate(7)
+    assert scheduler.prompt_budget(slots, 4096) == BATCH_PROMPT_TOKENS_PER_STEP
+    assert scheduler.prompt_budget(slots, 1000) == 998  # the generating rows come first
+    occupy(slots[3], Priority.ONLINE)
+    assert scheduler.prompt_budget(slots, 4096) == PROMPT_TOKENS_PER_STEP
