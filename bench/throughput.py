@@ -139,6 +139,17 @@ class Result:
     seconds: float
     prompt_tokens: int
     completion_tokens: int
+    cpu_seconds: float = 0.0  # the server process's user + system time over the run
+
+
+def cpu_seconds(pid: int) -> float:
+    """A process's user + system CPU time so far (Linux). On a loaded machine the wall time
+    swings with the neighbours; the CPU time a side spends on the same work swings less."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _usage(body: dict[str, Any]) -> tuple[int, int]:
@@ -196,7 +207,7 @@ def run_batchyard(
             upload = client.files.create(
                 file=("bench.jsonl", io.BytesIO(jsonl.encode())), purpose="batch"
             )
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), cpu_seconds(server.pid)
             batch = client.batches.create(
                 input_file_id=upload.id,
                 endpoint=endpoint,  # type: ignore[arg-type]
@@ -205,7 +216,7 @@ def run_batchyard(
             while batch.status not in ("completed", "failed", "expired", "cancelled"):
                 time.sleep(0.1)
                 batch = client.batches.retrieve(batch.id)
-            elapsed = time.perf_counter() - start
+            elapsed, cpu = time.perf_counter() - start, cpu_seconds(server.pid) - cpu
             if batch.status != "completed" or not batch.output_file_id:
                 errors = batch.errors.data[:3] if batch.errors and batch.errors.data else None
                 raise RuntimeError(f"batch ended {batch.status}: {errors}")
@@ -217,7 +228,7 @@ def run_batchyard(
                 if line.strip():
                     p, c = _usage(json.loads(line)["response"]["body"])
                     prompt, completion = prompt + p, completion + c
-            return Result(elapsed, prompt, completion)
+            return Result(elapsed, prompt, completion, cpu)
         finally:
             server.terminate()
             server.wait(timeout=30)
@@ -244,11 +255,11 @@ def run_engine(
         )
     )
     try:
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         futures = [engine.submit(endpoint, body, priority=Priority.BATCH) for body in bodies]
         usages = [_usage(f.result()) for f in futures]
-        elapsed = time.perf_counter() - start
-        return Result(elapsed, sum(p for p, _ in usages), sum(c for _, c in usages))
+        elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
+        return Result(elapsed, sum(p for p, _ in usages), sum(c for _, c in usages), cpu)
     finally:
         engine.close()
 
@@ -256,7 +267,9 @@ def run_engine(
 # --------------------------------------------------------------------------- llama-server
 
 
-def server_command(binary_dir: Path, model: Path, workload: str, args: argparse.Namespace) -> list[str]:
+def server_command(
+    binary_dir: Path, model: Path, workload: str, args: argparse.Namespace
+) -> list[str]:
     cmd = [str(binary_dir / "llama-server"), "-m", str(model), "--host", "127.0.0.1",
            "-np", str(args.parallel), "-c", str(args.parallel * args.ctx_size),
            "-t", str(args.threads), "-tb", str(args.threads), "--no-webui"]  # fmt: skip
@@ -296,12 +309,12 @@ def run_llama_server(
                 logf.seek(0)
                 raise RuntimeError(logf.read()[-3000:].decode(errors="replace")) from None
             url = f"http://127.0.0.1:{port}{endpoint}"
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), cpu_seconds(server.pid)
             with ThreadPoolExecutor(2 * args.parallel) as pool:
                 outs = list(pool.map(lambda b: _post(url, b), bodies))
-            elapsed = time.perf_counter() - start
+            elapsed, cpu = time.perf_counter() - start, cpu_seconds(server.pid) - cpu
             usages = [_usage(o) for o in outs]
-            return Result(elapsed, sum(p for p, _ in usages), sum(c for _, c in usages))
+            return Result(elapsed, sum(p for p, _ in usages), sum(c for _, c in usages), cpu)
         finally:
             server.terminate()
             server.wait(timeout=30)
@@ -376,7 +389,7 @@ def run_sequential(
             verbose=False,
         )
     prompt = completion = 0
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     for body in bodies:
         if embed:
             out: Any = llm.create_embedding(body["input"])
@@ -386,9 +399,9 @@ def run_sequential(
             )
         p, c = _usage(out)
         prompt, completion = prompt + p, completion + c
-    elapsed = time.perf_counter() - start
+    elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
     llm.close()
-    return Result(elapsed, prompt, completion)
+    return Result(elapsed, prompt, completion, cpu)
 
 
 def isolated(kind: str, argv: list[str]) -> Result:
@@ -403,8 +416,8 @@ def isolated(kind: str, argv: list[str]) -> Result:
     result = [line for line in out.stdout.splitlines() if line.startswith("RESULT ")]
     if out.returncode != 0 or not result:
         raise RuntimeError(f"{kind} measurement failed:\n{out.stdout}\n{out.stderr[-3000:]}")
-    _, seconds, prompt, completion = result[-1].split()
-    return Result(float(seconds), int(prompt), int(completion))
+    _, seconds, prompt, completion, cpu = result[-1].split()
+    return Result(float(seconds), int(prompt), int(completion), float(cpu))
 
 
 # ------------------------------------------------------------------------------------ main
@@ -428,7 +441,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--model", default="", help="a .gguf; default the embedded SmolLM2")
     parser.add_argument("--batchyard", choices=("serve", "engine"), default="serve",
                         help="(a) end to end (default) or (a') the LlamaEngine directly")  # fmt: skip
-    parser.add_argument("--old", default="", help="(c) also run batchyard from this checkout")
+    parser.add_argument("--old", action="append", default=[],
+                        help="(c) also run batchyard from this checkout (repeatable)")  # fmt: skip
     parser.add_argument("--sequential", action="store_true", help="(d) also the sequential loop")
     parser.add_argument("--no-server", action="store_true", help="skip (b) llama-server")
     parser.add_argument("--no-ceiling", action="store_true", help="skip llama-batched-bench")
@@ -466,7 +480,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker:  # one measurement, in this fresh process
         run = run_engine if args.worker == "engine" else run_sequential
         r = run(model, spec.endpoint, bodies, args)
-        print(f"RESULT {r.seconds} {r.prompt_tokens} {r.completion_tokens}")
+        print(f"RESULT {r.seconds} {r.prompt_tokens} {r.completion_tokens} {r.cpu_seconds}")
         return 0
 
     bin_dir = None if args.no_server and args.no_ceiling else binaries(args)
@@ -486,9 +500,10 @@ def main(argv: list[str] | None = None) -> int:
         sides["llama-server"] = lambda: run_llama_server(
             bin_dir, model, args.workload, spec.endpoint, bodies, args
         )
-    if args.old:
-        sides["batchyard-old"] = lambda: run_batchyard(
-            Path(args.old).resolve(), model, spec.endpoint, bodies, args
+    for old in args.old:
+        src = Path(old).resolve()
+        sides[f"old:{src.name}"] = lambda src=src: run_batchyard(
+            src, model, spec.endpoint, bodies, args
         )
     if args.sequential:
         sides["sequential"] = lambda: isolated("sequential", raw)
@@ -500,9 +515,9 @@ def main(argv: list[str] | None = None) -> int:
             results[name].append(res)
             rate = res.completion_tokens if spec.max_tokens else res.prompt_tokens
             print(
-                f"round {r + 1}: {name:<13} {res.seconds:7.1f} s  prompt {res.prompt_tokens:>7}"
+                f"round {r + 1}: {name:<16} {res.seconds:7.1f} s  prompt {res.prompt_tokens:>7}"
                 f"  out {res.completion_tokens:>6}  {rate / res.seconds:7.1f} "
-                f"{'out' if spec.max_tokens else 'in'} tok/s",
+                f"{'out' if spec.max_tokens else 'in'} tok/s  cpu {res.cpu_seconds:6.1f} s",
                 flush=True,
             )
 
@@ -520,17 +535,27 @@ def main(argv: list[str] | None = None) -> int:
         )
         ceiling = f"{ideal:.1f} s ({pp:.0f} pp / {tg:.0f} tg tok/s)"
 
-    print("\n| workload | side | median s | ratio to batchyard (their s / batchyard s) |")
-    print("|---|---|---|---|")
-    mine = [x.seconds for x in results["batchyard"]]
+    print(
+        "\n| workload | side | median wall s | wall ratio | median CPU s | CPU ratio |"
+        "\n|---|---|---|---|---|---|"
+    )
+    mine = results["batchyard"]
+
+    def ratio(rs: list[Result], key: str) -> str:
+        pairs = [(getattr(o, key), getattr(m, key)) for o, m in zip(rs, mine, strict=True)]
+        if not all(b > 0 for _, b in pairs):
+            return "-"
+        return f"{statistics.median(a / b for a, b in pairs):.2f}x"
+
     for name, rs in results.items():
-        ratios = [o.seconds / m for o, m in zip(rs, mine, strict=True)]
         print(
-            f"| {args.workload} ({args.lines} lines) | {name} | "
-            f"{statistics.median(x.seconds for x in rs):.1f} | {statistics.median(ratios):.2f}x |"
+            f"| {args.workload} ({args.lines} lines) | {name} "
+            f"| {statistics.median(x.seconds for x in rs):.1f} | {ratio(rs, 'seconds')} "
+            f"| {statistics.median(x.cpu_seconds for x in rs):.1f} | {ratio(rs, 'cpu_seconds')} |"
         )
     if ceiling:
-        print(f"| {args.workload} | ceiling (batched-bench) | {ceiling} | |")
+        print(f"| {args.workload} | ceiling (batched-bench) | {ceiling} | | | |")
+    print("ratios: the other side's seconds over batchyard's, the median of the rounds' ratios")
     return 0
 
 

@@ -20,7 +20,7 @@ from app.engine.native import batch_add
 EMBED_SEQS = 128
 #: Tokens per llama_decode of the embeddings context (its n_batch = n_ubatch: a pooled input
 #: must fit one micro-batch). Measured on 2 cores with ~43-token inputs (bench/README.md).
-EMBED_BATCH = 2048
+EMBED_BATCH = 512
 
 
 def _unavailable(message: str) -> EngineError:

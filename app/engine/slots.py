@@ -244,8 +244,13 @@ class Scheduler:
             heapq.heappop(queue)
             prompt = task.job.prompts[task.prompt_index]
             # The leader lands in the free slot that already holds the longest prefix of the
-            # prompt; ties go to the slot with the least cached, so longer caches survive.
-            leader = max(pool, key=lambda s: (common_prefix(s.cached, prompt), -len(s.cached)))
+            # prompt; ties go to the slot with the least cached, so longer caches survive, and
+            # for batch lines to the lowest slot: lines admitted together then sit in a run of
+            # consecutive sequences, whose prompts llama.cpp cuts into full micro-batches.
+            if task.job.priority == Priority.BATCH:
+                leader = max(pool, key=lambda s: (common_prefix(s.cached, prompt), -s.seq_id))
+            else:
+                leader = max(pool, key=lambda s: (common_prefix(s.cached, prompt), -len(s.cached)))
             pool.remove(leader)
             # Siblings (n > 1) get a full copy of the leader's stream, so their caches go.
             pool.sort(key=lambda s: len(s.cached))

@@ -493,3 +493,22 @@ def test_batch_prompts_prefilled_together_answer_as_in_small_steps(
     small = answers()  # 512 prompt tokens a step: prompts cut across steps
     assert all(together) and len(set(together)) > 1
     assert small == together
+
+
+def test_embedding_requests_packed_into_one_decode_keep_their_vectors(
+    engine: LlamaEngine,
+) -> None:
+    texts = [
+        f"Sentence number {i} is about a {w}." for i, w in enumerate("cat dog sea sun".split())
+    ]
+    alone = [
+        engine.submit(EMBEDDINGS, {"input": t}).result(timeout=60)["data"][0]["embedding"]
+        for t in texts
+    ]
+    # Submitted together, the scheduler hands them to the embedder as one group.
+    futures = [engine.submit(EMBEDDINGS, {"input": t}, priority=Priority.BATCH) for t in texts]
+    together = [f.result(timeout=60) for f in futures]
+    for body, vector in zip(together, alone, strict=True):
+        assert len(body["data"]) == 1 and body["data"][0]["index"] == 0
+        assert body["data"][0]["embedding"] == pytest.approx(vector, abs=1e-4)
+        assert body["usage"]["prompt_tokens"] > 0

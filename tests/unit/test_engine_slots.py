@@ -127,9 +127,12 @@ def test_the_leader_lands_where_the_longest_prefix_is_cached_and_siblings_where_
     # Slot 2 shares [1, 2, 3]; the siblings take the emptiest caches, which they overwrite.
     assert [s.seq_id for s in group] == [2, 4, 5]
     # No shared prefix in a batch line's slots (0 and 1, below the reserved one): the tie
-    # goes to the slot with the least cached, so longer caches survive.
+    # goes to the lowest slot, so lines admitted together decode as one run of sequences.
     slots = [Slot(i) for i in range(3)]
     slots[0].cached, slots[1].cached, slots[2].cached = [5, 5, 5], [6], []
+    (_, group), *_ = Scheduler(3).admit(queue_of(task(job([1, 2]))), slots).starts
+    assert [s.seq_id for s in group] == [0]
+    slots[1].cached = [1, 7]  # a shared prefix still wins
     (_, group), *_ = Scheduler(3).admit(queue_of(task(job([1, 2]))), slots).starts
     assert [s.seq_id for s in group] == [1]
 
