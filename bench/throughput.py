@@ -447,8 +447,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--no-server", action="store_true", help="skip (b) llama-server")
     parser.add_argument("--no-ceiling", action="store_true", help="skip llama-batched-bench")
     parser.add_argument("--server-bin", default="", help="llama-server's dir (default: build)")
-    parser.add_argument("--server-ub", type=int, default=2048,
-                        help="llama-server's -ub/-b for embeddings (default 2048)")  # fmt: skip
+    parser.add_argument("--server-ub", type=int, default=512,
+                        help="llama-server's -ub/-b for embeddings (default 512, its best here)")  # fmt: skip
     parser.add_argument("--bench-ub", type=int, default=512, help="batched-bench -ub (512)")
     parser.add_argument("--worker", choices=("engine", "sequential"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
