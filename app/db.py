@@ -50,7 +50,11 @@ class Database:
         if self._sqlite_file is not None:
             hold_sqlite_file(self._sqlite_file)
         connect_args = {"check_same_thread": False, "timeout": 30} if self.is_sqlite else {}
-        self.engine: SAEngine = create_engine(url, connect_args=connect_args, pool_pre_ping=True)
+        # PostgreSQL: API threads, the runner and the dashboard each hold a connection briefly.
+        pool = {} if self.is_sqlite else {"pool_size": 5, "max_overflow": 15}
+        self.engine: SAEngine = create_engine(
+            url, connect_args=connect_args, pool_pre_ping=True, **pool
+        )
         if self.is_sqlite:
             self._install_sqlite_hooks()
         self._writer = self.engine.execution_options(batchyard_immediate=True)

@@ -2,13 +2,14 @@
 
 Each round starts the node(s) on a fresh database and a fresh files location, waits for
 them to be ready (model loaded), then times one batch of the same lines from creation to
-completed. Rounds alternate one node, two nodes, one node, two nodes, ...; the figure is
-the ratio of the medians (two nodes' lines/s over one node's), measured side by side.
+completed. Three set-ups run in turn, round after round, and the figures are ratios of
+their medians, measured side by side:
 
-On one machine both set-ups get the same cores: one node all of --threads, two nodes half
-each. So the ratio here measures what sharing one queue costs (claims, leases, a finalize
-that only one node does), not what a second machine would add; with a second machine each
-node has its own cores and the lines spread the same way (tests/e2e/test_nodes.py).
+  one      one node with --threads-per-node threads;
+  two      two nodes, each with --threads-per-node threads: what a second machine adds
+           (ideal 2.0 while the cores are free; two_over_one);
+  one-big  one node with both nodes' threads: the same CPU as `two` in one process, so
+           two_over_one_big is what sharing one queue between processes costs.
 
     python bench/nodes.py --help
     python bench/nodes.py --lines 64 --max-tokens 16 --rounds 2 --json nodes.json
@@ -55,12 +56,13 @@ class Database:
         self.admin.dispose()
 
 
-def one_round(args: argparse.Namespace, nodes: int, lines: list[str]) -> dict[str, Any]:
+def one_round(
+    args: argparse.Namespace, setup: str, nodes: int, threads: int, lines: list[str]
+) -> dict[str, Any]:
     db = Database(args.server)
     tmp = tempfile.TemporaryDirectory(prefix="batchyard-nodes-")
     data = Path(tmp.name) / "shared"
     data.mkdir()
-    threads = max(1, args.threads // nodes)
     procs: list[subprocess.Popen[bytes]] = []
     try:
         urls = []
@@ -93,6 +95,7 @@ def one_round(args: argparse.Namespace, nodes: int, lines: list[str]) -> dict[st
             )
         engine.dispose()
         return {
+            "setup": setup,
             "nodes": nodes,
             "threads_per_node": threads,
             "status": b["status"],
@@ -128,10 +131,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-tokens", type=int, default=16, help="max_tokens of each line")
     p.add_argument("--parallel", type=int, default=4, help="engine slots per node")
     p.add_argument(
-        "--threads",
+        "--threads-per-node",
         type=int,
-        default=os.cpu_count() or 2,
-        help="CPU threads in all: one node gets them all, two nodes half each",
+        default=max(1, (os.cpu_count() or 2) // 2),
+        help="CPU threads of each node in `one` and `two` (default: half the cores)",
     )
     p.add_argument("--rounds", type=int, default=2, help="rounds of each set-up, interleaved")
     p.add_argument("--json", type=Path, default=None, help="also write the figures here")
@@ -141,25 +144,34 @@ def main(argv: list[str] | None = None) -> int:
         chat_line(f"l{i}", f"Write a line about the number {i}.", args.max_tokens)
         for i in range(args.lines)
     ]
+    setups = {
+        "one": (1, args.threads_per_node),
+        "two": (2, args.threads_per_node),
+        "one-big": (1, 2 * args.threads_per_node),
+    }
     rounds: list[dict[str, Any]] = []
     for r in range(args.rounds):
-        for nodes in (1, 2):
-            result = one_round(args, nodes, lines)
+        for setup, (nodes, threads) in setups.items():
+            result = one_round(args, setup, nodes, threads, lines)
             rounds.append(result)
             print(f"round {r + 1}: {json.dumps(result)}", flush=True)
-    one = statistics.median(x["lines_per_s"] for x in rounds if x["nodes"] == 1)
-    two = statistics.median(x["lines_per_s"] for x in rounds if x["nodes"] == 2)
+    medians = {
+        s: round(statistics.median(x["lines_per_s"] for x in rounds if x["setup"] == s), 2)
+        for s in setups
+    }
     summary = {
         "lines": args.lines,
         "max_tokens": args.max_tokens,
-        "one_node_lines_per_s": one,
-        "two_nodes_lines_per_s": two,
-        "ratio_two_over_one": round(two / one, 3),
+        "threads_per_node": args.threads_per_node,
+        "median_lines_per_s": medians,
+        "two_over_one": round(medians["two"] / medians["one"], 3),
+        "two_over_one_big": round(medians["two"] / medians["one-big"], 3),
         "rounds": rounds,
     }
     print(
-        f"one node: {one} lines/s; two nodes on one PostgreSQL: {two} lines/s; "
-        f"ratio {summary['ratio_two_over_one']} (medians of {args.rounds} interleaved rounds)"
+        f"lines/s (medians of {args.rounds} interleaved rounds): one node {medians['one']}, "
+        f"two nodes {medians['two']}, one node with both nodes' threads {medians['one-big']}; "
+        f"two/one {summary['two_over_one']}, two/one-big {summary['two_over_one_big']}"
     )
     if args.json:
         args.json.write_text(json.dumps(summary, indent=2))
