@@ -27,7 +27,7 @@ from schemathesis.specs.openapi.checks import response_schema_conformance
 from tests.conftest import OUTPUT, LiveServer, chat_line, jsonl_bytes, start_server, stop_server
 
 #: Operations that would run the model for every example.
-GENERATION = r"^/v1/(chat/completions|completions|embeddings)$"
+GENERATION = r"^/v1/(chat/completions|completions|embeddings|responses)$"
 EXAMPLES = 25
 CHECKS = [not_a_server_error, response_schema_conformance]
 
