@@ -27,13 +27,15 @@ from app.api.schemas.inference import (
     CompletionCreateParams,
     CreateEmbeddingResponse,
     EmbeddingCreateParams,
-    Response as ResponseObject,
-    ResponseCreateParams,
     EngineBody,
     Health,
     Model,
     ModelPage,
+    ResponseCreateParams,
     model_card,
+)
+from app.api.schemas.inference import (
+    Response as ResponseObject,
 )
 from app.engine.base import CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES, Engine, Priority
 from app.errors import APIError, error_body
