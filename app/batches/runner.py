@@ -426,8 +426,11 @@ class Runner:
         req.request_id = new_id("req_")
         req.body_json = json.dumps(body)
         req.finished_at = int(t)
-        req.prompt_tokens = int(usage.get("prompt_tokens") or 0)
-        req.completion_tokens = int(usage.get("completion_tokens") or 0)
+        # Chat and completions count prompt/completion tokens, a `response` input/output.
+        req.prompt_tokens = int(usage.get("prompt_tokens") or usage.get("input_tokens") or 0)
+        req.completion_tokens = int(
+            usage.get("completion_tokens") or usage.get("output_tokens") or 0
+        )
         s.add(req)
         s.exec(
             update(Batch)
