@@ -18,7 +18,7 @@ from app.errors import APIError
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
 EMBEDDINGS = "/v1/embeddings"
-#: Runs on the chat path (engine/responses_api.py translates both ways).
+#: Runs on the chat path (engine/response_request.py and response_object.py translate).
 RESPONSES = "/v1/responses"
 ENDPOINTS = (CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES)
 

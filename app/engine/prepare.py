@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any, Protocol
 
-from app.engine import responses_api, tools
+from app.engine import response_request, tools
 from app.engine.base import CHAT, EMBEDDINGS, RESPONSES, EngineError
 from app.engine.sampling import parse_sampling
 from app.engine.slots import Choice, Job, Task
@@ -94,11 +94,11 @@ class Preparer:
         if job.endpoint == RESPONSES:
             # A Responses body runs as the chat body it translates to; the chat path's
             # errors are told back in the Responses names.
-            body, job.response = responses_api.to_chat(body)
+            body, job.response = response_request.to_chat(body)
             try:
                 return self._prepare_generation(job, body, seq)
             except EngineError as exc:
-                raise responses_api.renamed(exc) from None
+                raise response_request.renamed(exc) from None
         return self._prepare_generation(job, body, seq)
 
     def _prepare_generation(self, job: Job, body: dict[str, Any], seq: Iterator[int]) -> list[Task]:

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from app.engine import responses_api, tools
+from app.engine import response_object, tools
 from app.engine.base import CHAT, RESPONSES
 from app.engine.slots import Choice, Job
 
@@ -22,7 +22,7 @@ def usage(job: Job) -> dict[str, Any]:
     """Token counts. OpenAI counts every prompt token, cached or not, and reports the cached
     part apart (chat only; a `response` has its own usage shape)."""
     if job.endpoint == RESPONSES:
-        return responses_api.usage(job)
+        return response_object.usage(job)
     prompt = sum(len(p) for p in job.prompts)
     completion = sum(c.completion_tokens for c in job.choices)
     out: dict[str, Any] = {
@@ -93,7 +93,7 @@ def completion(job: Job, model: str, fingerprint: str) -> dict[str, Any]:
     """The whole response: a `chat.completion`, a `text_completion` or a `response`, by the
     job's endpoint."""
     if job.endpoint == RESPONSES:
-        return responses_api.response_object(job, model)
+        return response_object.body(job, model)
     chat = job.endpoint == CHAT
     choice = _chat_choice if chat else _text_choice
     return {
@@ -124,10 +124,10 @@ def choice_chunks(
     """The stream chunks for one delta (`text`) or the closing chunk (None) of a choice.
 
     A chat choice's first delta is preceded by its role chunk (until `choice.started`).
-    A `response` streams its own events (responses_api.stream_events).
+    A `response` streams its own events (response_object.stream_events).
     """
     if job.endpoint == RESPONSES:
-        return responses_api.stream_events(job, choice, text, model)
+        return response_object.stream_events(job, choice, text, model)
     if job.tools is not None and job.tools.active:
         return _tool_choice_chunks(job, choice, text, model, fingerprint)
     finish = None if text is not None else choice.finish_reason

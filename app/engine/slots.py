@@ -86,7 +86,7 @@ class Job:
         self.echo = False
         self.include_usage = False
         self.tools: Any = None  # engine/tools.py's ToolPlan when the request has tools
-        self.response: Any = None  # engine/responses_api.py's ResponseRequest for RESPONSES
+        self.response: Any = None  # engine/response_request.py's ResponseRequest for RESPONSES
 
 
 @dataclass(order=True)

@@ -11,7 +11,7 @@ import pytest
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 
-from app.engine import responses, responses_api
+from app.engine import response_request, responses
 from app.engine.base import RESPONSES, EngineError, Priority
 from app.engine.chat import ChatTemplate
 from app.engine.prepare import Preparer
@@ -32,7 +32,7 @@ EVENTS: TypeAdapter[Any] = TypeAdapter(ResponseStreamEvent)
 
 
 def test_a_string_input_with_instructions_becomes_system_and_user() -> None:
-    chat, state = responses_api.to_chat(
+    chat, state = response_request.to_chat(
         {
             "model": "m",
             "input": "Hi",
@@ -57,7 +57,7 @@ def test_a_string_input_with_instructions_becomes_system_and_user() -> None:
 
 
 def test_items_with_calls_and_results_become_the_chat_turns() -> None:
-    chat, _ = responses_api.to_chat(
+    chat, _ = response_request.to_chat(
         {
             "model": "m",
             "input": [
@@ -140,7 +140,7 @@ def test_what_cannot_be_honoured_is_a_400_naming_the_parameter(
     extra: dict[str, Any], param: str
 ) -> None:
     with pytest.raises(EngineError) as caught:
-        responses_api.to_chat({"model": "m", "input": "Hi", **extra})
+        response_request.to_chat({"model": "m", "input": "Hi", **extra})
     assert caught.value.status_code == 400 and caught.value.param == param
 
 
