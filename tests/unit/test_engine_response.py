@@ -264,3 +264,17 @@ def test_a_streamed_call_is_the_function_call_events() -> None:
     assert events[5].item.call_id == events[-1].response.output[0].call_id
     cut = finish(prepared({"input": "Hi", "max_output_tokens": 2}), "Hey", "length")
     assert events_of(cut, ["Hey"])[-1].type == "response.incomplete"
+
+
+def test_the_dashboard_preview_shows_a_response_text_and_calls() -> None:
+    from app.web.views import answer_text
+
+    said = finish(prepared({"input": "Hi"}), "Hello")
+    assert answer_text(responses.completion(said, "m", "fp")) == "Hello"
+    called = finish(prepared({"input": "Weather?", "tools": [WEATHER]}), CALL)
+    assert answer_text(responses.completion(called, "m", "fp")) == 'get_weather({"city": "Paris"})'
+    chat = {"choices": [{"message": {"content": None, "tool_calls": [
+        {"id": "call_1", "type": "function",
+         "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}},
+    ]}}]}  # fmt: skip
+    assert answer_text(chat) == 'get_weather({"city": "Oslo"})'
