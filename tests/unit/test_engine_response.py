@@ -16,6 +16,7 @@ from app.engine.base import RESPONSES, EngineError, Priority
 from app.engine.chat import ChatTemplate
 from app.engine.prepare import Preparer
 from app.engine.slots import Choice, Job
+from app.web.views import answer_text
 from tests.unit.test_engine_prepare import Letters
 
 WEATHER = {
@@ -267,8 +268,6 @@ def test_a_streamed_call_is_the_function_call_events() -> None:
 
 
 def test_the_dashboard_preview_shows_a_response_text_and_calls() -> None:
-    from app.web.views import answer_text
-
     said = finish(prepared({"input": "Hi"}), "Hello")
     assert answer_text(responses.completion(said, "m", "fp")) == "Hello"
     called = finish(prepared({"input": "Weather?", "tools": [WEATHER]}), CALL)
