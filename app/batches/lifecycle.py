@@ -58,8 +58,9 @@ def record(s: Session, req: Request, outcome: tuple[int, dict[str, Any]], t: flo
     req.request_id = new_id("req_")
     req.body_json = json.dumps(body)
     req.finished_at = int(t)
-    req.prompt_tokens = int(usage.get("prompt_tokens") or 0)
-    req.completion_tokens = int(usage.get("completion_tokens") or 0)
+    # Chat and completions count prompt/completion tokens, a `response` input/output.
+    req.prompt_tokens = int(usage.get("prompt_tokens") or usage.get("input_tokens") or 0)
+    req.completion_tokens = int(usage.get("completion_tokens") or usage.get("output_tokens") or 0)
     s.add(req)
     s.exec(
         update(Batch)
