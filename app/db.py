@@ -127,6 +127,30 @@ class Database:
         return make_url(self.url).render_as_string(hide_password=True)
 
     @contextmanager
+    def exclusive(self, name: str) -> Iterator[bool]:
+        """Whether this process may do the work called `name` alone, for the block.
+
+        On PostgreSQL a session advisory lock, tried without waiting: one node gets True,
+        the others False until the block ends (or the node dies, closing its connection).
+        On SQLite always True: one process owns the file (hold_sqlite_file).
+        """
+        if self.is_sqlite:
+            yield True
+            return
+        key = {"name": name}
+        with self.engine.connect() as conn:
+            got = bool(
+                conn.execute(text("SELECT pg_try_advisory_lock(hashtext(:name))"), key).scalar()
+            )
+            conn.commit()  # the lock belongs to the session: no transaction stays open
+            try:
+                yield got
+            finally:
+                if got:
+                    conn.execute(text("SELECT pg_advisory_unlock(hashtext(:name))"), key)
+                    conn.commit()
+
+    @contextmanager
     def read(self) -> Iterator[Session]:
         with Session(self.engine, expire_on_commit=False) as session:
             yield session
