@@ -84,6 +84,8 @@ class Batch(SQLModel, table=True):
     failed: int = 0
     input_tokens: int = 0
     output_tokens: int = 0
+    # The sum of the lines' usage.prompt_tokens_details.cached_tokens (prefix-cache hits).
+    cached_tokens: int = 0
 
 
 class RequestStatus:
@@ -125,3 +127,5 @@ class Request(SQLModel, table=True):
     error_json: str | None = Field(default=None, sa_column=Column("error", Text))
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    # Prompt tokens the engine took from its prefix cache (usage.prompt_tokens_details).
+    cached_tokens: int = 0

@@ -222,6 +222,7 @@ class Runner:
                 "attempts": 0,
                 "prompt_tokens": 0,
                 "completion_tokens": 0,
+                "cached_tokens": 0,
             }
             for line in result.lines
         ]
@@ -426,8 +427,7 @@ class Runner:
         req.request_id = new_id("req_")
         req.body_json = json.dumps(body)
         req.finished_at = int(t)
-        req.prompt_tokens = int(usage.get("prompt_tokens") or 0)
-        req.completion_tokens = int(usage.get("completion_tokens") or 0)
+        req.prompt_tokens, req.completion_tokens, req.cached_tokens = usage_counts(usage)
         s.add(req)
         s.exec(
             update(Batch)
@@ -437,6 +437,7 @@ class Runner:
                 failed=Batch.failed + (0 if ok else 1),
                 input_tokens=Batch.input_tokens + req.prompt_tokens,
                 output_tokens=Batch.output_tokens + req.completion_tokens,
+                cached_tokens=Batch.cached_tokens + req.cached_tokens,
             )
         )
 
@@ -623,6 +624,16 @@ class Runner:
             )
             s.add(fresh)
         self._bump()
+
+
+def usage_counts(usage: dict[str, Any]) -> tuple[int, int, int]:
+    """(prompt, completion, cached) tokens of one line's `usage`, in chat/completions names
+    (`prompt_tokens`, `prompt_tokens_details`) or responses names (`input_tokens`, ...)."""
+    prompt = usage.get("prompt_tokens", usage.get("input_tokens"))
+    completion = usage.get("completion_tokens", usage.get("output_tokens"))
+    details = usage.get("prompt_tokens_details") or usage.get("input_tokens_details") or {}
+    cached = details.get("cached_tokens") if isinstance(details, dict) else 0
+    return int(prompt or 0), int(completion or 0), int(cached or 0)
 
 
 def _failure(
