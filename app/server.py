@@ -24,6 +24,7 @@ from app.api import metrics as metrics_api
 from app.api.auth import AuthMiddleware, Keys, request_owner
 from app.api.errors import EXCEPTION_HANDLERS
 from app.api.openapi import EngineBodyPlugin, openapi_config
+from app.api.request_ids import BEFORE_SEND as REQUEST_ID_HOOKS
 from app.batches.service import BatchService
 from app.config import Settings
 from app.engine.base import Engine
@@ -156,7 +157,7 @@ def create_app(settings: Settings, *, engine: Engine | None = None) -> Litestar:
             *metrics_api.MIDDLEWARE,
             DefineMiddleware(AuthMiddleware, keys=auth.keys, sessions=auth.sessions),
         ],
-        before_send=metrics_api.BEFORE_SEND,
+        before_send=[*REQUEST_ID_HOOKS, *metrics_api.BEFORE_SEND],
         logging_config=logging_config(settings),
         exception_handlers=EXCEPTION_HANDLERS,
         template_config=TemplateConfig(directory=templates_dir(), engine=JinjaTemplateEngine),

@@ -5,6 +5,8 @@ from __future__ import annotations
 import io
 import json
 
+import httpx
+import openai
 import pytest
 from openai import OpenAI
 
@@ -55,3 +57,46 @@ def test_batch_cached_tokens_are_the_sum_of_its_lines(client: OpenAI) -> None:
     assert done.usage is not None
     assert done.usage.input_tokens_details.cached_tokens == line_cached
     assert done.usage.input_tokens == sum(u["prompt_tokens"] for u in usages)
+
+
+def test_every_response_carries_an_x_request_id_that_the_log_names(
+    client: OpenAI, live_server: LiveServer
+) -> None:
+    page = client.files.list()
+    assert page._request_id is not None  # type: ignore[attr-defined]
+    models = client.models.list()
+    assert models._request_id and models._request_id.startswith("req_")  # type: ignore[attr-defined]
+    raw = client.files.with_raw_response.list()
+    assert raw.request_id and raw.request_id.startswith("req_")
+    assert raw.request_id != models._request_id  # type: ignore[attr-defined]
+
+    with pytest.raises(openai.NotFoundError) as missing:
+        client.files.retrieve("file-nope")
+    assert missing.value.request_id and missing.value.request_id.startswith("req_")
+    with pytest.raises(openai.BadRequestError) as bad:
+        client.batches.create(
+            input_file_id="file-nope", endpoint="/v1/chat/completions", completion_window="24h"
+        )
+    assert bad.value.request_id and bad.value.request_id != missing.value.request_id
+
+    with httpx.Client(base_url=live_server.url, timeout=30) as http:
+        seen = {
+            path: http.get(path, headers={"X-Request-Id": "mine"})
+            for path in ("/", "/files", "/v1/nowhere", "/static/app.css", "/health")
+        }
+        seen["POST /v1/batches (bad json)"] = http.post(
+            "/v1/batches", content=b"{", headers={"content-type": "application/json"}
+        )
+    for what, r in seen.items():
+        rid = r.headers.get("x-request-id", "")
+        assert rid.startswith("req_") and len(rid) == 36, (what, r.headers)
+    assert seen["/v1/nowhere"].status_code == 404
+
+    log = live_server.log()
+    for rid in (
+        raw.request_id,
+        missing.value.request_id,
+        seen["/v1/nowhere"].headers["x-request-id"],
+    ):
+        assert f"request_id={rid}" in log
+    assert "path=/v1/files/file-nope status=404 " in log
