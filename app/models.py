@@ -34,6 +34,9 @@ class File(SQLModel, table=True):
     # Orders lists and cursors: created_at has only whole seconds.
     created_ns: int = Field(default_factory=now_ns, index=True)
     expires_at: int | None = None
+    # Set when the owner deleted the file while a running batch still read it: the file is
+    # gone from the API at once, and its row and bytes go when no batch needs them.
+    deleted_at: int | None = Field(default=None, index=True)
 
 
 class BatchStatus:

@@ -82,6 +82,8 @@ class Runner:
         self._finalize_retry_delays = finalize_retry_delays
         # batch id -> (failed attempts, monotonic time of the next try)
         self._finalize_failures: dict[str, tuple[int, float]] = {}
+        # Set when a batch ended: deleted input files it held may be released.
+        self._batch_ended = False
         #: Bumped after every write the dashboard may want to show; see wait_for_change().
         self.revision = 0
         self._changed = threading.Condition()
@@ -143,7 +145,11 @@ class Runner:
         self._finalize_done()
         if time.monotonic() - self._last_sweep > self._sweep_interval:
             self._last_sweep = time.monotonic()
+            self._batch_ended = False
             self.files.sweep_expired()
+        elif self._batch_ended:
+            self._batch_ended = False
+            self.files.release_deleted()
 
     # -- cancel (called from an API thread) --------------------------------------------
 
@@ -257,6 +263,11 @@ class Runner:
         b.status = BatchStatus.CANCELLED
         b.cancelled_at = now()
         s.add(b)
+        self._ended(s, b)
+
+    def _ended(self, s: Session, b: Batch) -> None:
+        """Every transition to a final status calls this, in its transaction."""
+        self._batch_ended = True
 
     def _fail_batch(self, batch_id: str, errors: list[dict[str, Any]]) -> None:
         with self.db.write() as s:
@@ -268,6 +279,7 @@ class Runner:
             b.failed_at = now()
             b.errors_json = json.dumps(errors)
             s.add(b)
+            self._ended(s, b)
         log.info("batch=%s status=failed errors=%d", batch_id, len(errors))
         self._bump()
 
@@ -582,6 +594,7 @@ class Runner:
             elif final_status == BatchStatus.EXPIRED and fresh.expired_at is None:
                 fresh.expired_at = stamp
             s.add(fresh)
+            self._ended(s, fresh)
         log.info(
             "batch=%s status=%s completed=%d failed=%d",
             batch_id,
@@ -623,6 +636,7 @@ class Runner:
                 ]
             )
             s.add(fresh)
+            self._ended(s, fresh)
         self._bump()
 
 

@@ -92,7 +92,7 @@ class BatchService:
         created = now()
         with self.db.write() as s:
             f = s.get(File, input_file_id)
-            if f is None or f.owner != owner:
+            if f is None or f.owner != owner or f.deleted_at is not None:
                 raise APIError(
                     400,
                     f"The input file '{input_file_id}' does not exist.",
