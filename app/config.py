@@ -83,6 +83,10 @@ class Settings:
     batch_window_seconds: int = 24 * 3600
     max_batch_file_bytes: int = 200 * 1024 * 1024
     max_file_bytes: int = 512 * 1024 * 1024
+    # POST /v1/uploads: each part at most this big (OpenAI: 64 MB); an unfinished upload
+    # expires, and its parts are removed, this many seconds after it was created.
+    max_upload_part_bytes: int = 64 * 1024 * 1024
+    upload_expires_seconds: int = 3600
     max_requests_per_batch: int = 50_000
     # How long a claimed line may run before another claim may take it again. The runner
     # renews its leases every third of this, so it only bounds how long a restart after a

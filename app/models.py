@@ -1,4 +1,5 @@
-"""Tables: File (bytes on disk), Batch, and Request (one line of a batch)."""
+"""Tables: File (bytes on disk), Batch, Request (one line of a batch), Upload and UploadPart
+(a file sent in parts), WebhookDelivery (one event to one endpoint)."""
 
 from __future__ import annotations
 
@@ -132,3 +133,36 @@ class Request(SQLModel, table=True):
     completion_tokens: int = 0
     # Prompt tokens the engine took from its prefix cache (usage.prompt_tokens_details).
     cached_tokens: int = 0
+
+
+class UploadStatus:
+    PENDING = "pending"
+    COMPLETED = "completed"
+    CANCELLED = "cancelled"
+    EXPIRED = "expired"
+
+
+class Upload(SQLModel, table=True):
+    """A file sent in parts (POST /v1/uploads); completing it makes a File."""
+
+    id: str = Field(primary_key=True)
+    owner: str = Field(default="", index=True)
+    filename: str
+    purpose: str
+    bytes: int  # what the parts must add up to
+    mime_type: str
+    status: str = Field(default=UploadStatus.PENDING, index=True)
+    created_at: int = Field(default_factory=now)
+    expires_at: int = Field(index=True)  # an unfinished upload expires (default: 1 hour)
+    # The File's own expiry policy (create's expires_after), in seconds from its creation.
+    file_expires_after: int | None = None
+    file_id: str | None = None
+
+
+class UploadPart(SQLModel, table=True):
+    """One part of an upload; its bytes live at data_dir/uploads/<upload id>/<part id>."""
+
+    id: str = Field(primary_key=True)
+    upload_id: str = Field(foreign_key="upload.id", ondelete="CASCADE", index=True)
+    bytes: int
+    created_at: int = Field(default_factory=now)

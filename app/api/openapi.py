@@ -93,6 +93,21 @@ class MultipartUpload(Operation):
         )
 
 
+@dataclass
+class UploadPartForm(Operation):
+    """The request body of `POST /v1/uploads/{upload_id}/parts`, as the SDK sends it."""
+
+    def __post_init__(self) -> None:
+        form = Schema(
+            type=OpenAPIType.OBJECT,
+            required=["data"],
+            properties={"data": _text("The part's bytes (at most 64 MB).", format="binary")},
+        )
+        self.request_body = RequestBody(
+            required=True, content={"multipart/form-data": OpenAPIMediaType(schema=form)}
+        )
+
+
 def openapi_config(title: str, version: str) -> OpenAPIConfig:
     """Swagger UI at /schema (and /schema/swagger); the JSON stays at /schema/openapi.json."""
     swagger = SwaggerRenderPlugin(

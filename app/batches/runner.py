@@ -18,6 +18,7 @@ import queue
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
@@ -84,6 +85,8 @@ class Runner:
         self._finalize_failures: dict[str, tuple[int, float]] = {}
         # Set when a batch ended: deleted input files it held may be released.
         self._batch_ended = False
+        #: Run every sweep interval, after the files' sweep (the services add theirs).
+        self.sweeps: list[Callable[[], object]] = []
         #: Bumped after every write the dashboard may want to show; see wait_for_change().
         self.revision = 0
         self._changed = threading.Condition()
@@ -147,6 +150,8 @@ class Runner:
             self._last_sweep = time.monotonic()
             self._batch_ended = False
             self.files.sweep_expired()
+            for sweep in self.sweeps:
+                sweep()
         elif self._batch_ended:
             self._batch_ended = False
             self.files.release_deleted()
