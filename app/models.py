@@ -166,3 +166,33 @@ class UploadPart(SQLModel, table=True):
     upload_id: str = Field(foreign_key="upload.id", ondelete="CASCADE", index=True)
     bytes: int
     created_at: int = Field(default_factory=now)
+
+
+class DeliveryStatus:
+    PENDING = "pending"  # waiting for its next attempt
+    DELIVERED = "delivered"  # an attempt got a 2xx
+    FAILED = "failed"  # retries ran past the retry window
+
+
+class WebhookDelivery(SQLModel, table=True):
+    """One event (a batch reached a final status) to one endpoint, and its attempts so far.
+
+    The body is stored as sent, so every retry carries the same event id and the same bytes.
+    """
+
+    id: str = Field(primary_key=True)
+    event_id: str = Field(index=True)
+    event_type: str
+    batch_id: str = Field(index=True)
+    owner: str = Field(default="", index=True)
+    url: str
+    payload_json: str = Field(sa_column=Column("payload", Text, nullable=False))
+    status: str = Field(default=DeliveryStatus.PENDING, index=True)
+    attempts: int = 0
+    created_at: int = Field(default_factory=now)
+    created_ns: int = Field(default_factory=now_ns)
+    next_attempt_at: float | None = Field(default=None, index=True)
+    last_attempt_at: int | None = None
+    last_status_code: int | None = None
+    last_error: str | None = None
+    delivered_at: int | None = None

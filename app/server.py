@@ -132,6 +132,7 @@ def create_app(settings: Settings, *, engine: Engine | None = None) -> Litestar:
             log.log(level, note)
         svc = build_services(settings)
         app.state.services = svc
+        svc.webhooks.start()
         if engine is not None:
             svc.attach_engine(engine)
         else:
@@ -140,6 +141,7 @@ def create_app(settings: Settings, *, engine: Engine | None = None) -> Litestar:
             yield
         finally:
             svc.runner.stop()
+            svc.webhooks.stop()
             if svc.engine is not None and engine is None:
                 svc.engine.close()
             svc.db.close()

@@ -18,6 +18,7 @@ from app.engine.base import Engine
 from app.files.service import FileService
 from app.files.storage import Storage
 from app.files.uploads import UploadService
+from app.webhooks.service import WebhookService
 
 
 @dataclass
@@ -29,6 +30,7 @@ class Services:
     batches: BatchService
     runner: Runner
     uploads: UploadService
+    webhooks: WebhookService
     engine: Engine | None = None
     #: Why the model could not be loaded ("Type: message"), for /health and the dashboard.
     engine_failure: str | None = None
@@ -55,6 +57,8 @@ def build_services(
     runner = Runner(settings, db, storage, files, None, **runner_options)
     uploads = UploadService(settings, db, storage, files)
     runner.sweeps.append(uploads.sweep_expired)
+    webhooks = WebhookService(settings, db)
+    runner.end_hooks.append(webhooks.enqueue)
     svc = Services(
         settings=settings,
         db=db,
@@ -63,6 +67,7 @@ def build_services(
         batches=BatchService(settings, db, runner),
         runner=runner,
         uploads=uploads,
+        webhooks=webhooks,
     )
     if engine is not None:
         svc.attach_engine(engine, start=False)

@@ -87,6 +87,9 @@ class Runner:
         self._batch_ended = False
         #: Run every sweep interval, after the files' sweep (the services add theirs).
         self.sweeps: list[Callable[[], object]] = []
+        #: Called with the transaction and the batch each time a batch reaches a final
+        #: status, before it commits (the webhooks service queues its event here).
+        self.end_hooks: list[Callable[[Session, Batch], object]] = []
         #: Bumped after every write the dashboard may want to show; see wait_for_change().
         self.revision = 0
         self._changed = threading.Condition()
@@ -273,6 +276,8 @@ class Runner:
     def _ended(self, s: Session, b: Batch) -> None:
         """Every transition to a final status calls this, in its transaction."""
         self._batch_ended = True
+        for hook in self.end_hooks:
+            hook(s, b)
 
     def _fail_batch(self, batch_id: str, errors: list[dict[str, Any]]) -> None:
         with self.db.write() as s:
