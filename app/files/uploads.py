@@ -267,4 +267,26 @@ class UploadService:
         for upload in due:
             self.storage.delete_parts(upload.id)
             log.info("upload=%s status=expired", upload.id)
+        self._sweep_leftover_parts()
         return len(due)
+
+    def _sweep_leftover_parts(self) -> None:
+        """Remove part folders of uploads that are no longer pending (a crash between the
+        status change and the removal leaves them) or that have no row at all."""
+        folders = [p.name for p in self.storage.uploads_dir.iterdir() if p.is_dir()]
+        if not folders:
+            return
+        with self.db.read() as s:
+            pending = set(
+                s.exec(
+                    select(Upload.id).where(
+                        col(Upload.id).in_(folders), Upload.status == UploadStatus.PENDING
+                    )
+                ).all()
+            )
+        for name in folders:
+            if name not in pending:
+                try:
+                    self.storage.delete_parts(name)
+                except ValueError:  # not a name batchyard made: leave it alone
+                    log.warning("uploads folder holds %r, which is not an upload", name)

@@ -170,7 +170,10 @@ def test_cancel_and_expiry_remove_the_parts(client: TestClient, settings: Settin
     assert error_of(late.value)["code"] == "upload_cancelled"
 
     up, part = kept["expired"]
+    leftover = settings.data_path / "uploads" / "upload_left-by-a-crash"
+    leftover.mkdir()
     assert services.uploads.sweep_expired(now() + 3599) == 0
+    assert not leftover.exists() and parts_dir(settings, up.id).is_dir()
     assert services.uploads.sweep_expired(now() + 3601) == 1
     assert not parts_dir(settings, up.id).exists()
     with pytest.raises(openai.BadRequestError) as expired:
