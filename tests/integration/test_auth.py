@@ -13,13 +13,9 @@ from litestar.testing import TestClient
 
 from app.api.auth import Keys, owner_id
 from app.config import Settings
-<<<<<<< HEAD
 from app.server import create_app, security_notes
 from app.web.auth import SESSION_COOKIE, Sessions
-=======
-from app.server import create_app
 from tests.factories import batch_line, jsonl
->>>>>>> tests
 from tests.fakes import FakeEngine
 from tests.http_helpers import (
     MakeClient,

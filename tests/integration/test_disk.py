@@ -9,13 +9,8 @@ from pathlib import Path
 import pytest
 from litestar.testing import TestClient
 
-<<<<<<< HEAD
 from app.files.storage import PartialWrite
-from tests.conftest import ROOT
-=======
-from app.storage import PartialWrite
 from tests.live import batchyard
->>>>>>> tests
 
 
 def test_upload_onto_a_full_disk_is_507_and_leaves_nothing(

@@ -9,43 +9,8 @@ from typing import Any
 
 from app.config import Settings
 from app.models import Batch, BatchStatus, File, Request
-<<<<<<< HEAD
 from app.services import Services, build_services
-from tests.fakes import FakeEngine
-
-
-class HangingEngine(FakeEngine):
-    """The fake engine, except that a prompt containing HANG never finishes until cancelled."""
-
-    def __init__(self, **kw: Any) -> None:
-        super().__init__(**kw)
-        self.hanging: list[Future[dict[str, Any]]] = []
-
-    def submit(
-        self,
-        endpoint: str,
-        body: dict[str, Any],
-        *,
-        priority: Priority = Priority.ONLINE,
-        on_chunk: Any = None,
-    ) -> Future[dict[str, Any]]:
-        text = body["messages"][-1]["content"] if endpoint == CHAT else str(body.get("prompt"))
-        if "HANG" in text:
-            fut: Future[dict[str, Any]] = Future()
-            with self._lock:
-                self.submitted.append((endpoint, body, priority))
-                self.hanging.append(fut)
-            return fut
-        return super().submit(endpoint, body, priority=priority, on_chunk=on_chunk)
-
-    def cancel(self, future: Future[dict[str, Any]]) -> None:
-        if not future.done():
-            self.cancelled += 1
-            future.set_exception(RequestCancelled())
-=======
-from app.server import build_services
 from tests.factories import CHAT, jsonl
->>>>>>> tests
 
 
 def services(data_dir: Path, engine: Any, **settings: Any) -> Services:

@@ -12,12 +12,8 @@ import pytest
 from app.config import Settings
 from app.files.storage import PartialWrite, data_dir_problem
 from app.models import BatchStatus, RequestStatus
-<<<<<<< HEAD
 from app.services import Services, build_services
-=======
-from app.storage import PartialWrite, data_dir_problem
 from tests.factories import batch_line
->>>>>>> tests
 from tests.fakes import FakeEngine
 from tests.unit.helpers import (
     batch,
@@ -53,14 +49,8 @@ def full_disk(times: int | None) -> Any:
 def test_output_that_cannot_be_written_fails_the_batch_with_the_reason(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-<<<<<<< HEAD
     svc = retrying(tmp_path, 0.0, 0.0)
-    batch_id = make_batch(svc, [chat("a", "hi"), chat("b", "FAIL")])
-=======
-    svc = services(tmp_path, FakeEngine())
-    svc.runner.finalize_retry_delays = (0.0, 0.0)
     batch_id = make_batch(svc, [batch_line("a", "hi"), batch_line("b", "FAIL")])
->>>>>>> tests
     input_file = batch(svc, batch_id).input_file_id
     write, calls = full_disk(None)
     monkeypatch.setattr(PartialWrite, "write", write)
@@ -85,16 +75,10 @@ def test_output_that_cannot_be_written_fails_the_batch_with_the_reason(
 def test_disk_freed_before_the_retries_run_out_completes_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-<<<<<<< HEAD
     svc = retrying(tmp_path, 0.0, 0.0)
-    batch_id = make_batch(svc, [chat("a", "hi"), chat("b", "FAIL"), chat("c", "yo")])
-=======
-    svc = services(tmp_path, FakeEngine())
-    svc.runner.finalize_retry_delays = (0.0, 0.0)
     batch_id = make_batch(
         svc, [batch_line("a", "hi"), batch_line("b", "FAIL"), batch_line("c", "yo")]
     )
->>>>>>> tests
     write, calls = full_disk(2)
     monkeypatch.setattr(PartialWrite, "write", write)
     b = drive(svc, batch_id)
@@ -107,14 +91,8 @@ def test_disk_freed_before_the_retries_run_out_completes_once(
 
 
 def test_retry_waits_for_its_delay(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-<<<<<<< HEAD
     svc = retrying(tmp_path, 3600.0)
-    batch_id = make_batch(svc, [chat("a", "hi")])
-=======
-    svc = services(tmp_path, FakeEngine())
-    svc.runner.finalize_retry_delays = (3600.0,)
     batch_id = make_batch(svc, [batch_line("a", "hi")])
->>>>>>> tests
     write, calls = full_disk(None)
     monkeypatch.setattr(PartialWrite, "write", write)
     for _ in range(5):

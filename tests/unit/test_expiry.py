@@ -4,16 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-<<<<<<< HEAD
 from app.config import Settings
-from app.engine.base import CHAT
 from app.models import BatchStatus, File, RequestStatus, now
 from app.services import Services, build_services
-=======
-from app.models import BatchStatus, File, RequestStatus, now
 from tests.factories import CHAT, batch_line
 from tests.fakes import HangingEngine
->>>>>>> tests
 from tests.unit.helpers import (
     batch,
     drive,
@@ -117,10 +112,9 @@ def test_expired_input_of_a_running_batch_waits_for_the_batch(tmp_path: Path) ->
 
 
 def test_runner_sweeps_on_its_interval(tmp_path: Path) -> None:
-<<<<<<< HEAD
     def expired_output(svc: Services) -> str:
         """Run a batch (its first step sweeps), then let its output file expire."""
-        b = drive(svc, make_batch(svc, [chat("a", "hi")]))
+        b = drive(svc, make_batch(svc, [batch_line("a", "hi")]))
         assert b.output_file_id is not None
         with svc.db.write() as s:
             row = s.get(File, b.output_file_id)
@@ -141,18 +135,3 @@ def test_runner_sweeps_on_its_interval(tmp_path: Path) -> None:
     out = expired_output(always)
     assert not always.storage.path(out).is_file()
     assert out not in {f.id for f in file_rows(always)}
-=======
-    svc = services(tmp_path, HangingEngine())
-    b = drive(svc, make_batch(svc, [batch_line("a", "hi")]))
-    with svc.db.write() as s:
-        row = s.get(File, b.output_file_id)
-        assert row is not None
-        row.expires_at = now() - 1
-        s.add(row)
-    svc.runner.step()  # the interval has not passed since the last sweep
-    assert svc.storage.exists(b.output_file_id)
-    svc.runner.sweep_interval = 0.0
-    svc.runner.step()
-    assert not svc.storage.exists(b.output_file_id)
-    assert b.output_file_id not in {f.id for f in file_rows(svc)}
->>>>>>> tests

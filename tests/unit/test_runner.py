@@ -11,11 +11,8 @@ from sqlmodel import select
 
 from app.batches.runner import MAX_ATTEMPTS
 from app.models import Request, RequestStatus
-<<<<<<< HEAD
 from app.services import Services
-=======
 from tests.factories import batch_line
->>>>>>> tests
 from tests.fakes import FakeEngine
 from tests.unit.helpers import drive, file_lines, make_batch, request_rows, services
 

@@ -9,9 +9,9 @@ from app.batches import validate as v
 from tests.factories import CHAT, batch_line
 
 
-def line(cid: str) -> bytes:
+def line(cid: str, url: str = CHAT) -> bytes:
     """One batch line's bytes, without its line break (the tests place their own)."""
-    return json.dumps(batch_line(cid, "hi")).encode()
+    return json.dumps(batch_line(cid, "hi", url=url)).encode()
 
 
 def run(data: bytes, **kw: int) -> v.Validation:
