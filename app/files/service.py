@@ -127,17 +127,19 @@ class FileService:
         s.add(row)
         return row
 
-    def delete(self, file_id: str, owner: str) -> None:
+    def delete(self, file_id: str, owner: str) -> bool:
         """Delete a file as OpenAI does: at once for the API. The input of a batch that is
-        still running keeps its row (marked deleted) and its bytes until the batch ends."""
+        still running keeps its row (marked deleted) and its bytes until the batch ends.
+        Returns whether the bytes went now."""
         with self.db.write() as s:
             row = self._get(s, file_id, owner)
             if self._needed_by(s, file_id):
                 row.deleted_at = now()
                 s.add(row)
-                return
+                return False
             s.delete(row)
         self.storage.delete(file_id)
+        return True
 
     @staticmethod
     def _needed_by(s: Session, file_id: str) -> str | None:
@@ -166,7 +168,8 @@ class FileService:
 
     def sweep_expired(self, t: int | None = None) -> int:
         """Delete files whose expires_at has passed by `t` (default: now), as a delete by
-        their owner would; then release deleted files no batch needs."""
+        their owner would; then release deleted files no batch needs. Returns how many
+        files' bytes were removed."""
         t = now() if t is None else t
         with self.db.read() as s:
             due = s.exec(
@@ -176,9 +179,8 @@ class FileService:
                     col(File.deleted_at).is_(None),
                 )
             ).all()
-        for file_id, owner in due:
-            self.delete(file_id, owner)
-        return len(due) + self.release_deleted()
+        removed = sum(self.delete(file_id, owner) for file_id, owner in due)
+        return removed + self.release_deleted()
 
     # -- reads --------------------------------------------------------------------------
 
