@@ -211,6 +211,12 @@ class UploadService:
                     param="md5",
                     code="md5_mismatch",
                 )
+        except FileNotFoundError:
+            # Another complete (or a cancel) of this upload finished first and removed the
+            # parts: say what became of the upload rather than fail with a 500.
+            partial.discard()
+            self._pending(self.get(upload_id, owner))
+            raise
         except BaseException:
             partial.discard()
             raise
