@@ -449,6 +449,7 @@ class Runner:
         req.request_id = new_id("req_")
         req.body_json = json.dumps(body)
         req.finished_at = int(t)
+        # Chat and completions count prompt/completion tokens, a `response` input/output.
         req.prompt_tokens, req.completion_tokens, req.cached_tokens = usage_counts(usage)
         s.add(req)
         s.exec(

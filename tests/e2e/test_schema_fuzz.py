@@ -28,7 +28,7 @@ from tests.factories import batch_line, jsonl
 from tests.live import OUTPUT, LiveServer, start_server, stop_server
 
 #: Operations that would run the model for every example.
-GENERATION = r"^/v1/(chat/completions|completions|embeddings)$"
+GENERATION = r"^/v1/(chat/completions|completions|embeddings|responses)$"
 EXAMPLES = 25
 CHECKS = [not_a_server_error, response_schema_conformance]
 

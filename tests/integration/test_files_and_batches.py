@@ -120,7 +120,7 @@ def test_batch_create_refusals(client: TestClient) -> None:
     }
     cases = [
         ({**base, "input_file_id": "file-nope"}, "input_file_id", "file_not_found"),
-        ({**base, "endpoint": "/v1/responses"}, "endpoint", None),
+        ({**base, "endpoint": "/v1/moderations"}, "endpoint", None),
         ({**base, "completion_window": "48h"}, "completion_window", None),
         ({**base, "metadata": {f"k{i}": "v" for i in range(17)}}, "metadata", None),
         ({**base, "metadata": {"k" * 65: "v"}}, "metadata", None),
