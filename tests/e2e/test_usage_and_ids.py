@@ -59,6 +59,38 @@ def test_batch_cached_tokens_are_the_sum_of_its_lines(client: OpenAI) -> None:
     assert done.usage.input_tokens == sum(u["prompt_tokens"] for u in usages)
 
 
+def test_a_responses_batch_sums_input_tokens_details_the_same_way(client: OpenAI) -> None:
+    lines = [
+        {
+            "custom_id": f"r{i}",
+            "method": "POST",
+            "url": "/v1/responses",
+            "body": {
+                "model": "m",
+                "instructions": SYSTEM,
+                "input": f"Where is crate {i}?",
+                "max_output_tokens": 4,
+                "temperature": 0,
+            },
+        }
+        for i in range(4)
+    ]
+    buf = io.BytesIO(jsonl(*lines))
+    buf.name = "cached-responses.jsonl"
+    f = client.files.create(file=buf, purpose="batch")
+    b = client.batches.create(input_file_id=f.id, endpoint="/v1/responses", completion_window="24h")
+    done = wait_for_status(client.batches.retrieve, b.id, FINISHED, 300)
+    assert done.status == "completed" and done.output_file_id, done
+    out = [json.loads(x) for x in client.files.content(done.output_file_id).text.splitlines()]
+    usages = [line["response"]["body"]["usage"] for line in out]
+    line_cached = sum(u["input_tokens_details"]["cached_tokens"] for u in usages)
+    assert line_cached > 0, usages
+    assert done.usage is not None
+    assert done.usage.input_tokens_details.cached_tokens == line_cached
+    assert done.usage.input_tokens == sum(u["input_tokens"] for u in usages)
+    assert done.usage.output_tokens == sum(u["output_tokens"] for u in usages)
+
+
 def test_every_response_carries_an_x_request_id_that_the_log_names(
     client: OpenAI, live_server: LiveServer
 ) -> None:
