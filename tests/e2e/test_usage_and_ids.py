@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import time
 
 import httpx
 import openai
@@ -124,11 +125,19 @@ def test_every_response_carries_an_x_request_id_that_the_log_names(
         assert rid.startswith("req_") and len(rid) == 36, (what, r.headers)
     assert seen["/v1/nowhere"].status_code == 404
 
-    log = live_server.log()
-    for rid in (
-        raw.request_id,
-        missing.value.request_id,
-        seen["/v1/nowhere"].headers["x-request-id"],
-    ):
-        assert f"request_id={rid}" in log
-    assert "path=/v1/files/file-nope status=404 " in log
+    wanted = [
+        f"request_id={rid}"
+        for rid in (
+            raw.request_id,
+            missing.value.request_id,
+            seen["/v1/nowhere"].headers["x-request-id"],
+        )
+    ]
+    # The server logs through a queue: its lines reach the file a moment after the answer.
+    deadline = time.time() + 10
+    while not all(w in (log := live_server.log()) for w in wanted) and time.time() < deadline:
+        time.sleep(0.1)
+    for w in wanted:
+        assert w in log
+    line = next(x for x in log.splitlines() if wanted[1] in x)
+    assert "path=/v1/files/file-nope status=404 " in line
