@@ -1,12 +1,16 @@
 """Tables: File (bytes on disk), Batch, Request (one line of a batch), Upload and UploadPart
-(a file sent in parts), WebhookDelivery (one event to one endpoint)."""
+(a file sent in parts), WebhookDelivery (one event to one endpoint).
+
+A change here needs an Alembic revision too (app/migrations/README.md); a test fails
+when the two disagree.
+"""
 
 from __future__ import annotations
 
 import secrets
 import time
 
-from sqlalchemy import Column, Index, Text
+from sqlalchemy import BigInteger, Column, Index, Text
 from sqlmodel import Field, SQLModel
 
 
@@ -29,11 +33,11 @@ class File(SQLModel, table=True):
     owner: str = Field(default="", index=True)
     filename: str
     purpose: str = Field(index=True)
-    bytes: int
+    bytes: int = Field(sa_type=BigInteger)
     sha256: str = ""
     created_at: int = Field(default_factory=now)
     # Orders lists and cursors: created_at has only whole seconds.
-    created_ns: int = Field(default_factory=now_ns, index=True)
+    created_ns: int = Field(default_factory=now_ns, index=True, sa_type=BigInteger)
     expires_at: int | None = None
     # Set when the owner deleted the file while a running batch still read it: the file is
     # gone from the API at once, and its row and bytes go when no batch needs them.
@@ -72,7 +76,7 @@ class Batch(SQLModel, table=True):
     output_expires_after: int | None = None
 
     created_at: int = Field(default_factory=now)
-    created_ns: int = Field(default_factory=now_ns, index=True)
+    created_ns: int = Field(default_factory=now_ns, index=True, sa_type=BigInteger)
     expires_at: int | None = None
     in_progress_at: int | None = None
     finalizing_at: int | None = None
@@ -115,7 +119,7 @@ class Request(SQLModel, table=True):
     batch_id: str = Field(foreign_key="batch.id", ondelete="CASCADE")
     line: int  # 1-based line number in the input file
     custom_id: str
-    offset: int
+    offset: int = Field(sa_type=BigInteger)
     length: int
     status: str = RequestStatus.PENDING
     attempts: int = 0
@@ -149,7 +153,7 @@ class Upload(SQLModel, table=True):
     owner: str = Field(default="", index=True)
     filename: str
     purpose: str
-    bytes: int  # what the parts must add up to
+    bytes: int = Field(sa_type=BigInteger)  # what the parts must add up to
     mime_type: str
     status: str = Field(default=UploadStatus.PENDING, index=True)
     created_at: int = Field(default_factory=now)
@@ -164,7 +168,7 @@ class UploadPart(SQLModel, table=True):
 
     id: str = Field(primary_key=True)
     upload_id: str = Field(foreign_key="upload.id", ondelete="CASCADE", index=True)
-    bytes: int
+    bytes: int = Field(sa_type=BigInteger)
     created_at: int = Field(default_factory=now)
 
 
@@ -190,7 +194,7 @@ class WebhookDelivery(SQLModel, table=True):
     status: str = Field(default=DeliveryStatus.PENDING, index=True)
     attempts: int = 0
     created_at: int = Field(default_factory=now)
-    created_ns: int = Field(default_factory=now_ns)
+    created_ns: int = Field(default_factory=now_ns, sa_type=BigInteger)
     next_attempt_at: float | None = Field(default=None, index=True)
     last_attempt_at: int | None = None
     last_status_code: int | None = None

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from litestar import get, post
 from litestar.di import NamedDependency
@@ -207,14 +207,20 @@ async def retrieve_model(
 async def health(services: NamedDependency[Services]) -> Response[Health]:
     """Ready (200) once the model is loaded; 503 while it loads or when it failed to."""
     engine = services.engine
+    node = services.runner.worker_id
+    database: Literal["sqlite", "postgresql"] = "sqlite" if services.db.is_sqlite else "postgresql"
     if engine is None:
         failure = services.engine_failure
         status = "failed" if failure else "starting"
-        return Response(Health(status=status, error=failure), status_code=503)
+        return Response(
+            Health(status=status, node=node, database=database, error=failure), status_code=503
+        )
     info = engine.info
     return Response(
         Health(
             status="ready",
+            node=node,
+            database=database,
             model=info.id,
             backend=info.backend,
             slots=info.n_slots,

@@ -132,7 +132,8 @@ class FileService:
         still running keeps its row (marked deleted) and its bytes until the batch ends.
         Returns whether the bytes went now."""
         with self.db.write() as s:
-            row = self._get(s, file_id, owner)
+            # Locked: a batch created on another node meanwhile makes this wait.
+            row = self._get(s, file_id, owner, lock=True)
             if self._needed_by(s, file_id):
                 row.deleted_at = now()
                 s.add(row)
@@ -158,7 +159,7 @@ class FileService:
         removed = 0
         for file_id in marked:
             with self.db.write() as s:
-                row = s.get(File, file_id)
+                row = s.get(File, file_id, with_for_update=True)
                 if row is None or self._needed_by(s, file_id):
                     continue
                 s.delete(row)
@@ -184,8 +185,8 @@ class FileService:
 
     # -- reads --------------------------------------------------------------------------
 
-    def _get(self, s: Session, file_id: str, owner: str) -> File:
-        row = s.get(File, file_id)
+    def _get(self, s: Session, file_id: str, owner: str, *, lock: bool = False) -> File:
+        row = s.get(File, file_id, with_for_update=lock or None)
         if row is None or row.owner != owner or row.deleted_at is not None:
             raise not_found("file", file_id, param="file_id")
         return row

@@ -35,6 +35,9 @@ class Health(Struct, kw_only=True):
     """`/health`: ready with the model's figures, or starting / failed with the reason."""
 
     status: Literal["ready", "starting", "failed"]
+    #: Which node answered: its id (node name and a per-process suffix), as in claims.
+    node: str | None = None
+    database: Literal["sqlite", "postgresql"] | None = None
     error: str | None = None
     model: str | None = None
     backend: str | None = None
