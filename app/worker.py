@@ -41,6 +41,8 @@ def run_worker(settings: Settings) -> int:
         flush=True,
     )
     engine = load_engine(settings)
+    # Webhooks of batches that end here go out from here too (any node sends what is due).
+    services.webhooks.start()
     try:
         services.attach_engine(engine)
         print(
@@ -51,6 +53,7 @@ def run_worker(settings: Settings) -> int:
         stop.wait()
     finally:
         services.runner.stop()
+        services.webhooks.stop()
         engine.close()
         services.db.close()
     log.info("worker %s stopped", node)
