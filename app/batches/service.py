@@ -91,8 +91,9 @@ class BatchService:
             )
         created = now()
         with self.db.write() as s:
-            f = s.get(File, input_file_id)
-            if f is None or f.owner != owner:
+            # Locked, so that a delete on another node waits for this batch to exist.
+            f = s.get(File, input_file_id, with_for_update=True)
+            if f is None or f.owner != owner or f.deleted_at is not None:
                 raise APIError(
                     400,
                     f"The input file '{input_file_id}' does not exist.",

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from app.models import Batch, BatchStatus, File
+from app.models import Batch, BatchStatus, File, WebhookDelivery
 
 STATUS_TONE = {
     BatchStatus.VALIDATING: "info",
@@ -235,9 +235,38 @@ def answer_text(body: dict[str, Any]) -> str:
     if choices:
         first = choices[0]
         message = first.get("message") or {}
+        calls = [c.get("function") or {} for c in message.get("tool_calls") or []]
+        if calls:
+            return " ".join(f"{c.get('name')}({c.get('arguments')})" for c in calls)
         return message.get("content") or first.get("text") or ""
+    if body.get("object") == "response":  # /v1/responses: a message, or function calls
+        parts = []
+        for item in body.get("output") or []:
+            if item.get("type") == "message":
+                parts += [c.get("text") or "" for c in item.get("content") or []]
+            elif item.get("type") == "function_call":
+                parts.append(f"{item.get('name')}({item.get('arguments')})")
+        return " ".join(parts)
     data = body.get("data")
     if isinstance(data, list) and data:
         emb = data[0].get("embedding") or []
         return f"embedding, {len(emb)} dimensions"
     return ""
+
+
+DELIVERY_TONES = {"pending": "warn", "delivered": "ok", "failed": "bad"}
+
+
+def delivery_row(d: WebhookDelivery, now: float | None = None) -> dict[str, Any]:
+    return {
+        "id": d.id,
+        "event_id": d.event_id,
+        "event_type": d.event_type,
+        "url": d.url,
+        "status": d.status,
+        "tone": DELIVERY_TONES.get(d.status, "muted"),
+        "attempts": d.attempts,
+        "last_status_code": d.last_status_code,
+        "last_error": d.last_error,
+        "next_try": when(d.next_attempt_at, now) if d.status == "pending" else None,
+    }
