@@ -12,7 +12,7 @@ import hashlib
 import logging
 from typing import Any
 
-from sqlmodel import col, func, select
+from sqlmodel import Session, col, func, select
 
 from app.config import Settings
 from app.db import Database
@@ -99,16 +99,15 @@ class UploadService:
 
     def get(self, upload_id: str, owner: str) -> Upload:
         with self.db.read() as s:
-            row = s.get(Upload, upload_id)
+            return self._find(s, upload_id, owner)
+
+    @staticmethod
+    def _find(s: Session, upload_id: str, owner: str) -> Upload:
+        """The owner's upload, or 404 (another owner's is as good as missing)."""
+        row = s.get(Upload, upload_id)
         if row is None or row.owner != owner:
             raise not_found("upload", upload_id, param="upload_id")
         return row
-
-    def file_of(self, upload: Upload) -> File | None:
-        if upload.file_id is None:
-            return None
-        with self.db.read() as s:
-            return s.get(File, upload.file_id)
 
     def _pending(self, upload: Upload) -> None:
         """Refuse to change an upload that is no longer pending, naming its status."""
@@ -134,9 +133,7 @@ class UploadService:
         path = self.storage.part_path(upload_id, part.id)
         try:
             with self.db.write() as s:
-                upload = s.get(Upload, upload_id)
-                if upload is None or upload.owner != owner:
-                    raise not_found("upload", upload_id, param="upload_id")
+                upload = self._find(s, upload_id, owner)
                 self._pending(upload)
                 held = s.exec(
                     select(func.coalesce(func.sum(UploadPart.bytes), 0)).where(
@@ -247,9 +244,7 @@ class UploadService:
 
     def cancel(self, upload_id: str, owner: str) -> Upload:
         with self.db.write() as s:
-            upload = s.get(Upload, upload_id)
-            if upload is None or upload.owner != owner:
-                raise not_found("upload", upload_id, param="upload_id")
+            upload = self._find(s, upload_id, owner)
             self._pending(upload)
             upload.status = UploadStatus.CANCELLED
             s.add(upload)
