@@ -284,6 +284,16 @@ def new_call_id() -> str:
     return "call_" + uuid.uuid4().hex[:24]
 
 
+def answer_kind(text: str) -> str | None:
+    """What an answer held back while tools are active shows itself to be: "call" when it
+    opens with `{` (the grammar then makes it one), "text" when it opens with anything
+    else, None while it is only white space so far."""
+    head = text.lstrip()
+    if not head:
+        return None
+    return "call" if head.startswith("{") else "text"
+
+
 def parse_calls(text: str, plan: ToolPlan) -> list[dict[str, Any]] | None:
     """The answer as chat `tool_calls`, or None when it is text (or a cut-off call)."""
     s = text.strip()
