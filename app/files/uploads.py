@@ -227,20 +227,17 @@ class UploadService:
         with self.db.write() as s:
             fresh = s.get(Upload, upload_id)
             assert fresh is not None
-            if status_of(fresh) != UploadStatus.PENDING:  # cancelled or expired meanwhile
-                keep = None
-            else:
+            still_pending = status_of(fresh) == UploadStatus.PENDING
+            if still_pending:
                 fresh.status = UploadStatus.COMPLETED
                 fresh.file_id = file.id
                 s.add(fresh)
-                keep = fresh
-        if keep is None:
+        if not still_pending:  # cancelled or expired meanwhile
             self.files.delete(file.id, owner)
-            self._pending(fresh)
+            self._pending(fresh)  # raises, naming what became of the upload
         self.storage.delete_parts(upload_id)
         log.info("upload=%s status=completed file=%s bytes=%d", upload_id, file.id, file.bytes)
-        assert keep is not None
-        return keep, file
+        return fresh, file
 
     def cancel(self, upload_id: str, owner: str) -> Upload:
         with self.db.write() as s:
