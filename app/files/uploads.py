@@ -132,6 +132,9 @@ class UploadService:
         part = UploadPart(id=new_id("part_"), upload_id=upload_id, bytes=partial.size)
         path = self.storage.part_path(upload_id, part.id)
         try:
+            # The fsync of up to 64 MB goes before the write transaction: on SQLite that
+            # holds every writer, and parts sent at once would sync one after the other.
+            partial.sync()
             with self.db.write() as s:
                 upload = self._find(s, upload_id, owner)
                 self._pending(upload)
