@@ -27,6 +27,8 @@ from app.api.openapi import EngineBodyPlugin, openapi_config
 from app.batches.service import BatchService
 from app.config import Settings
 from app.engine.base import Engine
+from app.engine.registry import EngineRegistry
+from app.engine.upstream import UpstreamEngine
 from app.errors import APIError
 from app.files.service import FileService
 from app.logs import logging_config
@@ -99,21 +101,43 @@ DEPENDENCIES = {
 }
 
 
+def start_upstreams(settings: Settings) -> list[UpstreamEngine]:
+    """An engine per --engine flag, started, each having read its upstream's models once."""
+    upstreams = [UpstreamEngine(spec) for spec in settings.upstreams]
+    for upstream in upstreams:
+        upstream.start()
+    return upstreams
+
+
 def create_app(settings: Settings, *, engine: Engine | None = None) -> Litestar:
-    """The app. With `engine` given (tests) it is used as is; otherwise the model loads in
-    the background after the server starts, and /health says "starting" until then."""
+    """The app. With `engine` given (tests) it is the embedded engine as is; otherwise the
+    model loads in the background after the server starts, and /health says "starting" until
+    then. Either way a registry routes each request by `model` to it or to an upstream."""
 
     def load(svc: Services) -> None:
-        from app.engine.llama import load_engine
+        upstreams = start_upstreams(settings)
+        embedded: Engine | None = engine
+        if embedded is None and not settings.no_embedded:
+            from app.engine.llama import load_engine
 
-        try:
-            eng = load_engine(settings)
-        except Exception as exc:  # a bad model path: say so on /health, keep the API up
-            log.exception("the model could not be loaded")
-            svc.engine_failure = f"{type(exc).__name__}: {exc}"
-            return
-        svc.attach_engine(eng)
-        log.info("ready: %s on %s, %d slots", eng.info.id, eng.info.backend, eng.info.n_slots)
+            try:
+                embedded = load_engine(settings)
+            except Exception as exc:  # a bad model path: say so on /health, keep the API up
+                log.exception("the model could not be loaded")
+                svc.engine_failure = f"{type(exc).__name__}: {exc}"
+                if not upstreams:
+                    return
+        registry = EngineRegistry(
+            embedded, upstreams, owns_default=engine is None, default_failure=svc.engine_failure
+        )
+        svc.attach_engine(registry)
+        for member in registry.members():
+            log.info(
+                "ready: engine=%s models=%s slots=%d",
+                member.name,
+                ",".join(member.models) or "-",
+                member.info.n_slots,
+            )
 
     # Read once: the key file and the session secret are not read again per request.
     auth = Auth(keys=Keys(settings), sessions=Sessions(settings.data_path))
@@ -124,16 +148,16 @@ def create_app(settings: Settings, *, engine: Engine | None = None) -> Litestar:
             log.log(level, note)
         svc = build_services(settings)
         app.state.services = svc
-        if engine is not None:
-            svc.attach_engine(engine)
+        if engine is not None and not settings.engine:
+            svc.attach_engine(EngineRegistry(engine, [], owns_default=False))
         else:
             threading.Thread(target=load, args=(svc,), name="batchyard-load", daemon=True).start()
         try:
             yield
         finally:
             svc.runner.stop()
-            if svc.engine is not None and engine is None:
-                svc.engine.close()
+            if svc.engine is not None:
+                svc.engine.close()  # the registry closes the upstreams, and what it loaded
             svc.db.close()
 
     route_handlers: list[Any] = [

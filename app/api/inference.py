@@ -28,12 +28,14 @@ from app.api.schemas.inference import (
     CreateEmbeddingResponse,
     EmbeddingCreateParams,
     EngineBody,
+    EngineHealth,
     Health,
     Model,
     ModelPage,
     model_card,
 )
 from app.engine.base import CHAT, COMPLETIONS, EMBEDDINGS, Engine, Priority
+from app.engine.registry import EngineRegistry, members
 from app.errors import APIError, error_body
 from app.services import Services
 
@@ -135,26 +137,35 @@ async def embeddings(
     return await _run(engine, EMBEDDINGS, data)
 
 
+def _cards(engine: Engine) -> list[Model]:
+    if isinstance(engine, EngineRegistry):
+        return [Model(**card) for card in engine.model_cards()]
+    return [model_card(engine.info)]
+
+
 @get("/v1/models", operation_id="ListModels", responses=errors(503))
 async def list_models(engine: NamedDependency[SkipValidation[Engine]]) -> ModelPage:
-    """The one model this server serves."""
-    return ModelPage(data=[model_card(engine.info)])
+    """Every engine's models: the embedded model, then each upstream's."""
+    return ModelPage(data=_cards(engine))
 
 
 @get("/v1/models/{model_id:path}", operation_id="RetrieveModel", responses=errors(404, 503))
 async def retrieve_model(
     engine: NamedDependency[SkipValidation[Engine]], model_id: FromPath[str]
 ) -> Model:
-    """The model, if `model_id` names the one this server serves."""
+    """The model, if `model_id` names one this server serves."""
     name = model_id.lstrip("/")
-    if name != engine.info.id:
-        raise APIError(
-            404,
-            f"The model '{name}' does not exist; this server serves '{engine.info.id}'.",
-            param="model",
-            code="model_not_found",
-        )
-    return model_card(engine.info)
+    cards = _cards(engine)
+    for card in cards:
+        if card.id == name:
+            return card
+    known = ", ".join(f"'{c.id}'" for c in cards)
+    raise APIError(
+        404,
+        f"The model '{name}' does not exist; this server serves {known}.",
+        param="model",
+        code="model_not_found",
+    )
 
 
 @get(
@@ -173,11 +184,16 @@ async def health(services: NamedDependency[Services]) -> Response[Health]:
     return Response(
         Health(
             status="ready",
+            error=services.engine_failure,  # the embedded model's, while upstreams serve
             model=info.id,
             backend=info.backend,
             slots=info.n_slots,
             ctx_per_slot=info.ctx_per_slot,
             n_gpu_layers=info.n_gpu_layers,
+            engines=[
+                EngineHealth(name=m.name, kind=m.kind, up=m.up, models=m.models)
+                for m in members(engine)
+            ],
         )
     )
 
