@@ -22,6 +22,7 @@ from tests.live import LiveServer, free_port
 UPSTREAM_MODEL = "remote-smol"
 #: A name the front sends to the flaky double (configured with models=).
 FLAKY_MODEL = "flaky-smol"
+BUSY = b'{"error": {"message": "busy", "type": "server_error", "param": null, "code": null}}'
 
 
 @dataclass
@@ -32,6 +33,7 @@ class Arrival:
     at: float
     in_flight: int
     answer: str
+    body: bytes = b""
 
 
 @dataclass
@@ -42,7 +44,7 @@ class FlakyUpstream:
     #: "503:SECONDS", "500", "502", "drop" (close without an answer). Empty: forward.
     script: deque[str] = field(default_factory=deque)
     arrivals: list[Arrival] = field(default_factory=list)
-    hold: float = 0.0  # seconds every forwarded request waits first (to make overlap visible)
+    hold: float = 0.0  # seconds every request waits before its answer (to make overlap visible)
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
@@ -64,32 +66,37 @@ class FlakyUpstream:
                 with double._lock:
                     double._open += 1
                     step = double.script.popleft() if double.script else "forward"
-                    double.arrivals.append(Arrival(time.monotonic(), double._open, step))
+                    double.arrivals.append(Arrival(time.monotonic(), double._open, step, body))
                 try:
-                    self._post(step, body)
+                    answer = self._post(step, body)
                 finally:
+                    # Closed before the answer goes out, so the next request the client
+                    # starts on seeing it never counts this one as still open.
                     with double._lock:
                         double._open -= 1
-
-            def _post(self, step: str, body: bytes) -> None:
-                if step == "drop":
+                if answer is None:
                     self.close_connection = True
                     self.connection.shutdown(2)  # no answer at all: a connection error
                     return
+                self._answer(*answer)
+
+            def _post(
+                self, step: str, body: bytes
+            ) -> tuple[int, bytes, str, dict[str, str]] | None:
+                time.sleep(double.hold)
+                if step == "drop":
+                    return None
                 if step != "forward":
                     status, _, after = step.partition(":")
                     headers = {"Retry-After": after} if after else {}
-                    error = b'{"error": {"message": "busy", "type": "server_error", "param": null, "code": null}}'
-                    self._answer(int(status), error, "application/json", headers)
-                    return
-                time.sleep(double.hold)
+                    return int(status), BUSY, "application/json", headers
                 r = httpx.post(
                     double.target + self.path,
                     content=body,
                     headers={"Content-Type": "application/json"},
                     timeout=120,
                 )
-                self._answer(r.status_code, r.content, r.headers.get("content-type", ""))
+                return r.status_code, r.content, r.headers.get("content-type", ""), {}
 
             def _answer(
                 self,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 import httpx
 import openai
@@ -20,6 +21,7 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from tests.factories import batch_line, jsonl
 from tests.http_helpers import FINISHED, wait_for_status
+from tests.live import OUTPUT, start_server, stop_server
 from tests.ops.test_metrics import parse, value
 from tests.upstream_double import FLAKY_MODEL, UPSTREAM_MODEL, Fleet
 
@@ -219,3 +221,31 @@ def test_the_engines_page_shows_each_engine(fleet: Fleet) -> None:
     assert fleet.upstream.api in html
     assert "Tokens/s" in html and "Queue depth" in html and "In flight" in html
     assert httpx.get(fleet.front.url + "/models", follow_redirects=True).url.path == "/engines"
+
+
+def test_upstreams_only_answer_404_for_other_models(fleet: Fleet, tmp_path: Path) -> None:
+    server = start_server(
+        tmp_path / "data",
+        OUTPUT / "upstream-only-server.log",
+        args=["--no-embedded", "--engine", f"up=openai:{fleet.upstream.api}"],
+    )
+    try:
+        c = OpenAI(base_url=server.api, api_key="unused", max_retries=0)
+        assert [m.id for m in c.models.list().data] == [UPSTREAM_MODEL]
+        answer = c.chat.completions.create(
+            model=UPSTREAM_MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=2
+        )
+        assert answer.model == UPSTREAM_MODEL
+        with pytest.raises(openai.NotFoundError) as caught:
+            c.chat.completions.create(
+                model="gpt-4o", messages=[{"role": "user", "content": "Hi"}], max_tokens=2
+            )
+        assert caught.value.code == "model_not_found"
+        b, out, err = run_batch(c, [batch_line("x", "Hi", model="gpt-4o", max_tokens=2)])
+        assert b.request_counts.failed == 1 and not out
+        assert err[0]["response"]["status_code"] == 404
+        assert err[0]["response"]["body"]["error"]["code"] == "model_not_found"
+        health = httpx.get(server.url + "/health").json()
+        assert health["status"] == "ready" and [e["name"] for e in health["engines"]] == ["up"]
+    finally:
+        stop_server(server)
