@@ -36,6 +36,7 @@ import httpx
 from app.engine.base import (
     CHAT,
     ENDPOINTS,
+    RESPONSES,
     ChunkCallback,
     EngineError,
     EngineStats,
@@ -565,8 +566,10 @@ class UpstreamEngine:
                 if data == "[DONE]":
                     break
                 chunk = json.loads(data)
-                if isinstance(chunk, dict) and isinstance(chunk.get("error"), dict):
-                    raise _error_from(r.status_code, chunk, self.name)  # relayed by the API
+                if isinstance(chunk, dict) and (
+                    isinstance(chunk.get("error"), dict) or chunk.get("type") == "error"
+                ):  # the upstream failed mid-stream: the API relays the error as its own
+                    raise _error_from(500, chunk, self.name)
                 job.emitted = True
                 chunks.add(chunk)
                 if job.on_chunk is not None and not job.future.done():
@@ -654,7 +657,7 @@ def _error_from(status: int, answer: Any, engine: str) -> EngineError:
         status_code=status,
         code=code if isinstance(code, str) else None,
         param=param if isinstance(param, str) else None,
-        type=kind if isinstance(kind, str) and kind else _default_type(status),
+        type=kind if isinstance(kind, str) and kind not in ("", "error") else _default_type(status),
     )
 
 
@@ -671,9 +674,13 @@ class _StreamAssembler:
         self.first: dict[str, Any] = {}
         self.usage: dict[str, Any] | None = None
         self.choices: dict[int, dict[str, Any]] = {}
+        self.response: dict[str, Any] | None = None
 
     def add(self, chunk: Any) -> None:
         if not isinstance(chunk, dict):
+            return
+        if isinstance(chunk.get("response"), dict):  # a Responses event: keep the latest object
+            self.response = chunk["response"]
             return
         if not self.first:
             self.first = chunk
@@ -692,6 +699,8 @@ class _StreamAssembler:
                 acc["finish_reason"] = choice["finish_reason"]
 
     def body(self, endpoint: str) -> dict[str, Any]:
+        if endpoint == RESPONSES:  # `response.completed` carries the whole Response
+            return self.response or {}
         chat = endpoint == CHAT
         choices = []
         for index in sorted(self.choices):

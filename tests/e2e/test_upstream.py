@@ -128,6 +128,13 @@ def test_online_requests_are_proxied_streaming_included(fleet: Fleet) -> None:
     assert any(ch.choices and ch.choices[0].finish_reason for ch in chunks)
     done = c.completions.create(model=UPSTREAM_MODEL, prompt="Once upon", max_tokens=3)
     assert done.model == UPSTREAM_MODEL
+    resp = c.responses.create(model=UPSTREAM_MODEL, input="Hi", max_output_tokens=16)
+    assert resp.model == UPSTREAM_MODEL and resp.status in ("completed", "incomplete")
+    events = list(
+        c.responses.create(model=UPSTREAM_MODEL, input="Hi", max_output_tokens=16, stream=True)
+    )
+    assert events[-1].type in ("response.completed", "response.incomplete")
+    assert events[-1].response.model == UPSTREAM_MODEL
     emb = c.embeddings.create(model=UPSTREAM_MODEL, input=["a", "b"])
     assert isinstance(emb, CreateEmbeddingResponse) and emb.model == UPSTREAM_MODEL
     assert len(emb.data) == 2
