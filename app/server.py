@@ -27,8 +27,7 @@ from app.api.openapi import EngineBodyPlugin, openapi_config
 from app.batches.service import BatchService
 from app.config import Settings
 from app.engine.base import Engine
-from app.engine.registry import EngineRegistry
-from app.engine.upstream import UpstreamEngine
+from app.engine.registry import EngineRegistry, load_engines
 from app.errors import APIError
 from app.files.service import FileService
 from app.logs import logging_config
@@ -101,43 +100,15 @@ DEPENDENCIES = {
 }
 
 
-def start_upstreams(settings: Settings) -> list[UpstreamEngine]:
-    """An engine per --engine flag, started, each having read its upstream's models once."""
-    upstreams = [UpstreamEngine(spec) for spec in settings.upstreams]
-    for upstream in upstreams:
-        upstream.start()
-    return upstreams
-
-
 def create_app(settings: Settings, *, engine: Engine | None = None) -> Litestar:
     """The app. With `engine` given (tests) it is the embedded engine as is; otherwise the
     model loads in the background after the server starts, and /health says "starting" until
     then. Either way a registry routes each request by `model` to it or to an upstream."""
 
     def load(svc: Services) -> None:
-        upstreams = start_upstreams(settings)
-        embedded: Engine | None = engine
-        if embedded is None and not settings.no_embedded:
-            from app.engine.llama import load_engine
-
-            try:
-                embedded = load_engine(settings)
-            except Exception as exc:  # a bad model path: say so on /health, keep the API up
-                log.exception("the model could not be loaded")
-                svc.engine_failure = f"{type(exc).__name__}: {exc}"
-                if not upstreams:
-                    return
-        registry = EngineRegistry(
-            embedded, upstreams, owns_default=engine is None, default_failure=svc.engine_failure
-        )
-        svc.attach_engine(registry)
-        for member in registry.members():
-            log.info(
-                "ready: engine=%s models=%s slots=%d",
-                member.name,
-                ",".join(member.models) or "-",
-                member.info.n_slots,
-            )
+        registry, svc.engine_failure = load_engines(settings, engine)
+        if registry is not None:
+            svc.attach_engine(registry)
 
     # Read once: the key file and the session secret are not read again per request.
     auth = Auth(keys=Keys(settings), sessions=Sessions(settings.data_path))

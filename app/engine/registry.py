@@ -12,13 +12,19 @@ The runner and the API see only the Engine contract; the dashboard and /metrics 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import threading
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from app.engine.base import ChunkCallback, Engine, EngineError, EngineStats, ModelInfo, Priority
 from app.engine.upstream import UpstreamEngine, UpstreamStatus
+
+if TYPE_CHECKING:
+    from app.config import Settings
+
+log = logging.getLogger("batchyard")
 
 #: The embedded llama.cpp engine's name on the engines page and in /metrics.
 EMBEDDED = "embedded"
@@ -195,6 +201,41 @@ class EngineRegistry:
         return views
 
 
+def load_engines(
+    settings: Settings, embedded: Engine | None = None
+) -> tuple[EngineRegistry | None, str | None]:
+    """Every engine a node runs, behind one registry: the --engine upstreams (started, each
+    having read its models once) and the embedded model (`embedded` as given, else loaded
+    unless --no-embedded). Returns (the registry, why the embedded model failed to load);
+    no registry when that model failed and there is no upstream to serve instead."""
+    upstreams = [UpstreamEngine(spec) for spec in settings.upstreams]
+    for upstream in upstreams:
+        upstream.start()
+    failure = None
+    default = embedded
+    if default is None and not settings.no_embedded:
+        from app.engine.llama import load_engine
+
+        try:
+            default = load_engine(settings)
+        except Exception as exc:  # a bad model path: the caller says so, upstreams still serve
+            log.exception("the model could not be loaded")
+            failure = f"{type(exc).__name__}: {exc}"
+            if not upstreams:
+                return None, failure
+    registry = EngineRegistry(
+        default, upstreams, owns_default=embedded is None, default_failure=failure
+    )
+    for member in registry.members():
+        log.info(
+            "engine=%s models=%s slots=%d",
+            member.name,
+            ",".join(member.models) or "-",
+            member.info.n_slots,
+        )
+    return registry, failure
+
+
 def members(engine: Engine | None) -> list[EngineView]:
     """Each engine behind `engine`: a registry's members, or a lone engine as `embedded`."""
     if engine is None:
@@ -214,4 +255,4 @@ def members(engine: Engine | None) -> list[EngineView]:
     ]
 
 
-__all__ = ["EMBEDDED", "EngineRegistry", "EngineView", "members"]
+__all__ = ["EMBEDDED", "EngineRegistry", "EngineView", "load_engines", "members"]
