@@ -53,7 +53,7 @@ RESPONSES_STREAM_NOTE = (
 
 async def _run(engine: Engine, endpoint: str, body: dict[str, Any]) -> Any:
     if body.get("stream") and endpoint != EMBEDDINGS:
-        return _stream(engine, endpoint, body)
+        return await _stream(engine, endpoint, body)
     fut = engine.submit(endpoint, body, priority=Priority.ONLINE)
     try:
         return await asyncio.wrap_future(fut)
@@ -62,7 +62,7 @@ async def _run(engine: Engine, endpoint: str, body: dict[str, Any]) -> Any:
         raise
 
 
-def _stream(engine: Engine, endpoint: str, body: dict[str, Any]) -> Stream:
+async def _stream(engine: Engine, endpoint: str, body: dict[str, Any]) -> Stream:
     """Relay the engine's chunks as server-sent events. The engine itself sends the
     usage-only chunk that `stream_options.include_usage` asks for. A request the engine
     refuses at once (a bad parameter) is answered with its error status, not a stream."""
@@ -78,13 +78,24 @@ def _stream(engine: Engine, endpoint: str, body: dict[str, Any]) -> Stream:
         raise fut.exception()  # type: ignore[misc]
     fut.add_done_callback(lambda _: loop.call_soon_threadsafe(chunks.put_nowait, None))
     responses = endpoint == RESPONSES
+    # The answer starts with the first chunk: a request refused before any (an upstream's
+    # 400, say) is then answered with its error status, not a stream holding the error.
+    try:
+        first = await chunks.get()
+    except asyncio.CancelledError:
+        engine.cancel(fut)
+        raise
+    if first is None and isinstance(fut.exception(), APIError):
+        raise fut.exception()  # type: ignore[misc]
 
     async def events() -> AsyncIterator[bytes]:
         sent = 0
+        chunk = first
         try:
-            while (chunk := await chunks.get()) is not None:
+            while chunk is not None:
                 sent += 1
                 yield _sse(chunk, responses)
+                chunk = await chunks.get()
             exc = fut.exception()
             if exc is not None:
                 err = (

@@ -148,6 +148,14 @@ def test_an_upstream_4xx_is_the_lines_error_and_the_callers(fleet: Fleet) -> Non
         )
     assert caught.value.status_code == 400
     assert caught.value.body["param"] == "max_tokens"  # the upstream's own error body
+    with pytest.raises(openai.BadRequestError) as caught:  # streamed: the same status
+        c.chat.completions.create(
+            model=UPSTREAM_MODEL,
+            messages=[{"role": "user", "content": "Hi"}],
+            max_tokens=-5,
+            stream=True,
+        )
+    assert caught.value.body["param"] == "max_tokens"
     lines = [
         batch_line("bad", "Hi", model=UPSTREAM_MODEL, max_tokens=-5),
         batch_line("good", "Hi", model=UPSTREAM_MODEL, max_tokens=3),
