@@ -17,6 +17,7 @@ the body they answer. One asyncio loop in its own thread owns the HTTP client an
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import heapq
 import itertools
 import json
@@ -289,7 +290,9 @@ class UpstreamEngine:
             finally:
                 self._loop.call_soon_threadsafe(self._loop.stop)
                 self._thread.join(5)
-        for job in list(self._jobs.values()):
+        with self._lock:
+            pending = list(self._jobs.values())
+        for job in pending:
             self._settle(job, error=_closed())
         if not self._loop.is_running():
             self._loop.close()
@@ -413,6 +416,8 @@ class UpstreamEngine:
         with self._lock:
             self._discovered = [m for m in data if isinstance(m, dict)]
             self._up, self._last_error = True, None
+        if not self.spec.models and self.models():  # its first model names it on /health
+            self.info = dataclasses.replace(self.info, id=self.models()[0])
 
     async def _watch(self) -> None:
         while True:
