@@ -79,7 +79,9 @@ def through_batchyard(front: str, bodies: list[dict[str, Any]]) -> float:
             b = http.get(f"/v1/batches/{b['id']}").json()
             if b["status"] in ("completed", "failed", "expired", "cancelled"):
                 break
-            time.sleep(0.05)
+            # Each poll costs the front CPU that the upstream shares on a small machine; at
+            # 0.2 s the finish is seen 0.1 s late on average (under 1% of a round).
+            time.sleep(0.2)
         seconds = time.perf_counter() - t0
     counts = b["request_counts"]
     if b["status"] != "completed" or counts["completed"] != len(bodies):
