@@ -109,6 +109,15 @@ def direct(upstream: str, bodies: list[dict[str, Any]], concurrency: int) -> flo
     return asyncio.run(go())
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds a process has used (Linux); 0 elsewhere."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--lines", type=int, default=64)
@@ -154,15 +163,21 @@ def main() -> None:
                 through_batchyard(front.url, bodies[: args.concurrency])
                 a: list[float] = []
                 b: list[float] = []
+                front_cpu: list[float] = []
                 for r in range(args.rounds):
+                    before = cpu_seconds(front.process.pid)
                     a.append(args.lines / through_batchyard(front.url, bodies))
+                    front_cpu.append(cpu_seconds(front.process.pid) - before)
                     b.append(args.lines / direct(upstream.url, bodies, args.concurrency))
                     print(
-                        f"round {r + 1}: through batchyard {a[-1]:.2f} lines/s, direct {b[-1]:.2f}"
+                        f"round {r + 1}: through batchyard {a[-1]:.2f} lines/s, direct "
+                        f"{b[-1]:.2f}; the front used {front_cpu[-1]:.2f} CPU s"
                     )
                 ma, mb = statistics.median(a), statistics.median(b)
                 print(f"median: through batchyard {ma:.2f} lines/s, direct {mb:.2f} lines/s")
                 print(f"ratio through/direct: {ma / mb:.3f} (goal >= 0.95)")
+                per_line = statistics.median(front_cpu) / args.lines * 1000
+                print(f"the front's own CPU: {per_line:.1f} ms a line (median round)")
             finally:
                 stop_server(front)
         finally:
