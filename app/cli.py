@@ -49,7 +49,14 @@ SERVE_FLAGS: list[tuple[str, str, Any, str]] = [
         str,
         "where the CPU check keeps its verdicts (default: the platform's user cache dir)",
     ),
-    ("--api-keys-file", "api_keys_file", str, "file with one API key per line"),
+    (
+        "--api-keys-file",
+        "api_keys_file",
+        str,
+        "file with one API key per line (optionally: KEY webhook_url=URL webhook_secret=whsec_...)",
+    ),
+    ("--webhook-url", "webhook_url", str, "where batch events are sent (Standard Webhooks)"),
+    ("--webhook-secret", "webhook_secret", str, "the secret that signs webhooks (whsec_...)"),
     ("--log-level", "log_level", str, "debug, info, warning or error"),
     (
         "--database-url",

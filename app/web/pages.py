@@ -70,6 +70,17 @@ def results_rows(
     return [views.result_row(r) for r in batches.results(batch_id, owner, limit=RESULTS_SHOWN)]
 
 
+def deliveries_context(services: Services, batch_id: str, owner: str) -> dict[str, Any]:
+    """What partials/webhook_deliveries.html needs: the batch's webhook deliveries."""
+    rows = [views.delivery_row(d) for d in services.webhooks.deliveries(batch_id, owner)]
+    return {
+        "batch_id": batch_id,
+        "deliveries": rows,
+        "deliveries_pending": any(r["status"] == "pending" for r in rows),
+        "webhooks_enabled": services.webhooks.enabled,
+    }
+
+
 def batch_page_context(
     services: NamedDependency[Services], batch_id: FromPath[str], owner: NamedDependency[str]
 ) -> dict[str, Any]:
@@ -80,6 +91,7 @@ def batch_page_context(
     return {
         **summary_context(batch, tracker),
         "results": results_rows(services.batches, batch_id, owner),
+        **deliveries_context(services, batch_id, owner),
     }
 
 

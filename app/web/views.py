@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from app.models import Batch, BatchStatus, File
+from app.models import Batch, BatchStatus, File, WebhookDelivery
 
 STATUS_TONE = {
     BatchStatus.VALIDATING: "info",
@@ -252,3 +252,21 @@ def answer_text(body: dict[str, Any]) -> str:
         emb = data[0].get("embedding") or []
         return f"embedding, {len(emb)} dimensions"
     return ""
+
+
+DELIVERY_TONES = {"pending": "warn", "delivered": "ok", "failed": "bad"}
+
+
+def delivery_row(d: WebhookDelivery, now: float | None = None) -> dict[str, Any]:
+    return {
+        "id": d.id,
+        "event_id": d.event_id,
+        "event_type": d.event_type,
+        "url": d.url,
+        "status": d.status,
+        "tone": DELIVERY_TONES.get(d.status, "muted"),
+        "attempts": d.attempts,
+        "last_status_code": d.last_status_code,
+        "last_error": d.last_error,
+        "next_try": when(d.next_attempt_at, now) if d.status == "pending" else None,
+    }
