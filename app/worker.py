@@ -40,18 +40,14 @@ def run_worker(settings: Settings) -> int:
         f"database {services.db.safe_url}, data {settings.data_path}",
         flush=True,
     )
-<<<<<<< HEAD
     # The same engines as `serve`: a line for an upstream's model goes to that upstream.
     engine, failure = load_engines(settings)
     if engine is None:
         print(f"batchyard: the model could not be loaded: {failure}", file=sys.stderr, flush=True)
         services.db.close()
         return 1
-=======
-    engine = load_engine(settings)
     # Webhooks of batches that end here go out from here too (any node sends what is due).
     services.webhooks.start()
->>>>>>> main
     try:
         services.attach_engine(engine)
         print(
