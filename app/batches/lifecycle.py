@@ -34,6 +34,8 @@ EXPIRED_ERROR = {
     "message": "This request could not be executed before the completion window expired.",
 }
 OPEN = (RequestStatus.PENDING, RequestStatus.RUNNING)
+#: Validating batches a node looks at for one no other node is validating.
+VALIDATION_LOOKAHEAD = 8
 
 #: Called with the transaction and the batch when a batch reaches a final status, before
 #: the transaction commits (the runner's `ended`: webhooks, releasing deleted inputs).
@@ -99,19 +101,33 @@ def usage_counts(usage: dict[str, Any]) -> tuple[int, int, int]:
 def validate_next(
     settings: Settings, db: Database, storage: Storage, ended: Ended = no_hook
 ) -> bool:
-    """Validate the oldest batch still validating; True when a batch changed.
+    """Validate the oldest batch still validating that no other node is validating;
+    True when a batch changed.
 
-    Two nodes may validate one batch at the same time; the first to commit inserts its
-    lines, and the other finds the batch no longer validating under the row lock.
+    A node claims a batch's validation for as long as it reads the file (Database.exclusive);
+    the row lock in the last transaction makes sure the lines are inserted once anyway.
     """
     with db.read() as s:
-        b = s.exec(
-            select(Batch)
+        waiting = s.exec(
+            select(Batch.id)
             .where(Batch.status == BatchStatus.VALIDATING)
             .order_by(col(Batch.created_ns))
-        ).first()
-    if b is None:
-        return False
+            .limit(VALIDATION_LOOKAHEAD)
+        ).all()
+    for batch_id in waiting:
+        with db.exclusive(f"validate {batch_id}") as mine:
+            if mine:
+                return _validate(settings, db, storage, batch_id, ended)
+    return False
+
+
+def _validate(
+    settings: Settings, db: Database, storage: Storage, batch_id: str, ended: Ended
+) -> bool:
+    with db.read() as s:
+        b = s.get(Batch, batch_id)
+    if b is None or b.status != BatchStatus.VALIDATING:
+        return False  # another node validated it before this one got the claim
     try:
         with open(storage.path(b.input_file_id), "rb") as fh:
             result = validate_jsonl(fh, b.endpoint, max_requests=settings.max_requests_per_batch)

@@ -40,6 +40,8 @@ log = logging.getLogger("batchyard.runner")
 #: A line whose claim ran out this many times (the server died while running it) fails
 #: instead of taking the server down again.
 MAX_ATTEMPTS = 3
+#: Seconds between two looks at what other nodes changed (PostgreSQL).
+NOTICE_INTERVAL = 1.0
 #: Seconds between two sweeps of expired files.
 SWEEP_INTERVAL = 60.0
 #: Files and temporary uploads younger than this are never swept at start-up: on a shared
@@ -99,6 +101,7 @@ class Runner:
         self.revision = 0
         self._changed = threading.Condition()
         self._seen: Any = None  # what the database looked like last time (other nodes' writes)
+        self._last_look = 0.0
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -209,6 +212,9 @@ class Runner:
         dashboard (which waits on the revision) shows their work too."""
         if self.db.is_sqlite:
             return  # one process per SQLite file: every write went through _bump
+        if time.monotonic() - self._last_look < NOTICE_INTERVAL:
+            return
+        self._last_look = time.monotonic()
         with self.db.read() as s:
             batches = s.exec(
                 select(Batch.status, func.count(), func.sum(Batch.completed + Batch.failed))
