@@ -194,13 +194,13 @@ def test_files_and_model_pages(page: Page, base: str) -> None:
     page.reload()
     expect(page.locator("table.files")).not_to_contain_text("broken.jsonl")
 
-    page.goto(base + "/models")
-    expect(page).to_have_title(re.compile("Model"))
+    page.goto(base + "/models")  # the old address leads to the engines page
+    expect(page).to_have_title(re.compile("Engines"))
     facts = page.locator("dl.facts").first
     expect(facts).to_contain_text("Quantisation")
     expect(facts).to_contain_text("CPU")
     expect(page.locator("#engine-stats")).to_contain_text("Tokens/s")
-    shoot(page, "models-light")
+    shoot(page, "engines-light")
 
 
 def test_api_docs_load_offline(page: Page, base: str) -> None:
