@@ -134,7 +134,7 @@ class Database:
 
     @property
     def safe_url(self) -> str:
-        """The URL without its password, for messages and /health."""
+        """The URL without its password, for error messages and the worker's start-up line."""
         return make_url(self.url).render_as_string(hide_password=True)
 
     @contextmanager
