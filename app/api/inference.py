@@ -64,8 +64,9 @@ async def _run(engine: Engine, endpoint: str, body: dict[str, Any]) -> Any:
 
 async def _stream(engine: Engine, endpoint: str, body: dict[str, Any]) -> Stream:
     """Relay the engine's chunks as server-sent events. The engine itself sends the
-    usage-only chunk that `stream_options.include_usage` asks for. A request the engine
-    refuses at once (a bad parameter) is answered with its error status, not a stream."""
+    usage-only chunk that `stream_options.include_usage` asks for. The answer starts with
+    the first chunk: a request refused before any (a bad parameter, an upstream's 400) is
+    answered with its error status, not a stream holding the error."""
     loop = asyncio.get_running_loop()
     chunks: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
     fut = engine.submit(
@@ -74,12 +75,8 @@ async def _stream(engine: Engine, endpoint: str, body: dict[str, Any]) -> Stream
         priority=Priority.ONLINE,
         on_chunk=lambda c: loop.call_soon_threadsafe(chunks.put_nowait, c),
     )
-    if fut.done() and isinstance(fut.exception(), APIError):
-        raise fut.exception()  # type: ignore[misc]
     fut.add_done_callback(lambda _: loop.call_soon_threadsafe(chunks.put_nowait, None))
     responses = endpoint == RESPONSES
-    # The answer starts with the first chunk: a request refused before any (an upstream's
-    # 400, say) is then answered with its error status, not a stream holding the error.
     try:
         first = await chunks.get()
     except asyncio.CancelledError:
