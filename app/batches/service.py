@@ -386,3 +386,11 @@ class BatchService:
             row.metadata_json = json.dumps(linked)
             s.add(row)
         return new
+
+    def owner_of(self, batch_id: str) -> str:
+        """Whose a batch is: for `batchyard retry`, which acts on the data dir it is given."""
+        with self.db.read() as s:
+            b = s.get(Batch, batch_id)
+        if b is None:
+            raise not_found("batch", batch_id, param="batch_id")
+        return b.owner

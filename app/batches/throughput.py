@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from app.models import Batch, BatchStatus
+
 #: Points a chart has at most: long batches are bucketed into this many steps.
 MAX_BUCKETS = 60
 #: The ETA uses the rate over this many recent seconds (or the whole run, if shorter).
@@ -128,3 +130,35 @@ def summary(tp: Throughput) -> str:
     if tp.eta is not None:
         parts.append(f"ETA {clock(tp.eta)}")
     return " · ".join(parts)
+
+
+def of_batch(batch: Batch, series: list[tuple[int, int, int]], now: float) -> Throughput:
+    """A batch's throughput from its progress series (BatchService.progress_series): from
+    when it started running to when it stopped (or `now`, while it is active)."""
+    active = batch.status in BatchStatus.ACTIVE
+    ended = (
+        None
+        if active
+        else batch.finalizing_at
+        or batch.completed_at
+        or batch.cancelled_at
+        or batch.expired_at
+        or batch.failed_at
+    )
+    return throughput(
+        series,
+        total=batch.total,
+        started_at=batch.in_progress_at,
+        ended_at=ended,
+        now=now,
+        running=batch.status == BatchStatus.IN_PROGRESS,
+    )
+
+
+def report(tp: Throughput) -> list[str]:
+    """What `batchyard run` prints at its end: the chart's summary and its tokens/s bars."""
+    lines = [f"throughput: {summary(tp)}"]
+    bars = sparkline([b.tokens_per_s for b in tp.buckets])
+    if bars:
+        lines.append(f"tokens/s over the run (peak {tp.peak_tokens_per_s or 0:.1f}): {bars}")
+    return lines

@@ -50,20 +50,7 @@ def explorer_context(
 def chart_context(batches: BatchService, batch: Batch, now: float | None = None) -> dict[str, Any]:
     """The throughput chart of a batch's whole life, from its finished lines."""
     now = time.time() if now is None else now
-    series = batches.progress_series(batch.id, batch.owner)
-    ended = (
-        batch.finalizing_at or batch.completed_at or batch.cancelled_at or batch.expired_at
-        if batch.status not in BatchStatus.ACTIVE
-        else None
-    )
-    tp = throughput.throughput(
-        series,
-        total=batch.total,
-        started_at=batch.in_progress_at,
-        ended_at=ended,
-        now=now,
-        running=batch.status == BatchStatus.IN_PROGRESS,
-    )
+    tp = throughput.of_batch(batch, batches.progress_series(batch.id, batch.owner), now)
     return {
         "chart": views.throughput_chart(tp),
         "chart_running": batch.status in BatchStatus.ACTIVE,
