@@ -14,7 +14,6 @@ from typing import Any
 from app import __version__
 from app.config import Settings
 from app.engine import cpu_check
-from app.logs import LOG_FORMAT
 
 #: serve's flags: (flag, Settings field, type, help).
 SERVE_FLAGS: list[tuple[str, str, Any, str]] = [
@@ -216,6 +215,7 @@ def serve(settings: Settings) -> int:
         return 1
     import uvicorn
 
+    from app.logs import LOG_FORMAT
     from app.server import create_app
 
     logging.basicConfig(level=settings.log_level.upper(), format=LOG_FORMAT)
