@@ -50,6 +50,7 @@ def test_wheel_contains_templates_static_files_and_vendored_js(wheel: Path, sour
         ]
         assert vendored, sorted(n for n in names if "static" in n)
     assert "app/cli.py" in names
+    assert "app/engine/amx_tilecfg.h" in names  # `batchyard engine build` compiles with it
     entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
     assert "batchyard = app.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
     assert not any(n.startswith(("tests/", "app/tests/")) for n in names)
