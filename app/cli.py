@@ -1,4 +1,4 @@
-"""The `batchyard` command: serve | run | retry | engine | models | version."""
+"""The `batchyard` command: serve | worker | run | retry | engine | models | version."""
 
 from __future__ import annotations
 
@@ -50,8 +50,26 @@ SERVE_FLAGS: list[tuple[str, str, Any, str]] = [
     ),
     ("--api-keys-file", "api_keys_file", str, "file with one API key per line"),
     ("--log-level", "log_level", str, "debug, info, warning or error"),
-    ("--database-url", "database_url", str, "SQLAlchemy URL (default: SQLite in the data dir)"),
+    (
+        "--database-url",
+        "database_url",
+        str,
+        "SQLAlchemy URL: postgresql+psycopg://USER@HOST/DB shares one queue between nodes "
+        "(default: SQLite in the data dir, one process)",
+    ),
+    ("--node-name", "node_name", str, "this node's name in claims, /health and /metrics"),
+    (
+        "--lease-seconds",
+        "lease_seconds",
+        int,
+        "how long a claimed line may go unrenewed before another node takes it over",
+    ),
 ]
+#: What `batchyard worker` takes: a node runs lines; it serves no HTTP.
+WORKER_FLAGS = (
+    "model", "data_dir", "n_gpu_layers", "parallel", "ctx_size", "kv_cache_type", "threads",
+    "cpu_extra_buffers", "cache_dir", "log_level", "database_url", "node_name", "lease_seconds",
+)  # fmt: skip
 
 
 def _defaults() -> dict[str, Any]:
@@ -96,6 +114,15 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help=f"do not open the browser [env {Settings.env_name('no_browser')}=1; default: open it]",
     )
+
+    worker = sub.add_parser(
+        "worker",
+        help="run batch lines from a shared PostgreSQL queue, with no HTTP API",
+        description="A node without the HTTP API: claims lines from the database that "
+        "`batchyard serve` nodes share (--database-url postgresql+psycopg://…, the same "
+        "--data-dir on a shared mount) and runs them on its model. Stops on SIGTERM.",
+    )
+    _add_engine_flags(worker, WORKER_FLAGS)
 
     run = sub.add_parser(
         "run",
@@ -210,7 +237,9 @@ def serve(settings: Settings) -> int:
     from app.api.auth import keys_problem
     from app.files.storage import data_dir_problem
 
-    if problem := data_dir_problem(settings.data_path) or keys_problem(settings):
+    if problem := (
+        data_dir_problem(settings.data_path) or keys_problem(settings) or database_problem(settings)
+    ):
         print(f"batchyard: {problem}", file=sys.stderr)
         return 1
     import uvicorn
@@ -235,6 +264,31 @@ def serve(settings: Settings) -> int:
         access_log=False,
     )
     return 0
+
+
+def database_problem(settings: Settings) -> str | None:
+    """Why the database cannot be used, or None. A SQLite file is taken for this process
+    here, before anything starts (another process on it is refused with its pid)."""
+    from app.db import DatabaseError, hold_sqlite_file, sqlite_file
+
+    db_file = sqlite_file(settings.db_url)
+    if db_file is None:
+        return None
+    try:
+        hold_sqlite_file(db_file)  # held until the process ends
+    except DatabaseError as exc:
+        return str(exc)
+    return None
+
+
+def worker(settings: Settings) -> int:
+    from app.files.storage import data_dir_problem
+    from app.worker import run_worker
+
+    if problem := data_dir_problem(settings.data_path) or database_problem(settings):
+        print(f"batchyard: {problem}", file=sys.stderr)
+        return 1
+    return run_worker(settings)
 
 
 def run(args: argparse.Namespace, argv: list[str] | None) -> int:
@@ -308,6 +362,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "serve":
         return serve(_settings(args))
+    if args.command == "worker":
+        return worker(_settings(args))
     if args.command == "run":
         return run(args, argv)
     if args.command == "engine":

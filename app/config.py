@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import secrets
+import socket
 from dataclasses import dataclass, field, fields
 from importlib import resources
 from pathlib import Path
@@ -88,6 +90,9 @@ class Settings:
     # renews its leases every third of this, so it only bounds how long a restart after a
     # crash waits before it runs the lines that were in flight again.
     lease_seconds: int = 30
+    # This node's name in claims, /health and /metrics; empty means the host's name. Each
+    # process adds a random suffix, so a restarted node is told from the one that died.
+    node_name: str = ""
 
     def __post_init__(self) -> None:
         self.kv_cache_type = self.kv_cache_type.strip().lower()
@@ -119,6 +124,10 @@ class Settings:
     @property
     def db_url(self) -> str:
         return self.database_url or f"sqlite:///{self.data_path / 'batchyard.db'}"
+
+    def new_node_id(self) -> str:
+        """A node id for this process: the node name and a random suffix."""
+        return f"{self.node_name or socket.gethostname()}-{secrets.token_hex(3)}"
 
     def all_api_keys(self) -> list[str]:
         keys = list(self.api_keys)

@@ -1,15 +1,36 @@
-"""The database: SQLModel engine, SQLite pragmas, and read / write sessions."""
+"""The database: SQLModel engine, SQLite pragmas, migrations, and read / write sessions.
+
+SQLite in the data dir is the default, for one process; PostgreSQL (`--database-url
+postgresql+psycopg://…`) is for several nodes. Both run the same queries and the same
+Alembic revisions (app/migrations/).
+"""
 
 from __future__ import annotations
 
+import fcntl
+import os
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
-from sqlalchemy import event
+from sqlalchemy import event, inspect, make_url, text
+from sqlalchemy.engine import Connection
 from sqlalchemy.engine import Engine as SAEngine
-from sqlmodel import Session, SQLModel, create_engine
+from sqlmodel import Session, create_engine
 
 from app import models  # noqa: F401  (registers the tables)
+
+MIGRATIONS = Path(__file__).parent / "migrations"
+#: The revision that is exactly 0.1.0's tables, which create_all made without Alembic.
+LEGACY_REVISION = "0001"
+LEGACY_TABLES = ("file", "batch", "request")
+#: Key of the PostgreSQL advisory lock that lets one node at a time migrate.
+MIGRATION_LOCK_KEY = 0x62617463  # "batc"
+
+
+class DatabaseError(Exception):
+    """The database cannot be used as it is; the message says why and what to do."""
 
 
 class Database:
@@ -17,14 +38,23 @@ class Database:
 
     A deferred read-then-write transaction in SQLite fails at once with "database is
     locked" when another writer got in between; taking the write lock up front makes
-    the writer wait (busy_timeout) instead.
+    the writer wait (busy_timeout) instead. On PostgreSQL a write is a plain READ
+    COMMITTED transaction: rows that two nodes may change together are locked with
+    FOR UPDATE (SQLite leaves the clause out; its one writer at a time needs none).
     """
 
     def __init__(self, url: str) -> None:
         self.url = url
         self.is_sqlite = url.startswith("sqlite")
+        self._sqlite_file = sqlite_file(url)
+        if self._sqlite_file is not None:
+            hold_sqlite_file(self._sqlite_file)
         connect_args = {"check_same_thread": False, "timeout": 30} if self.is_sqlite else {}
-        self.engine: SAEngine = create_engine(url, connect_args=connect_args, pool_pre_ping=True)
+        # PostgreSQL: API threads, the runner and the dashboard each hold a connection briefly.
+        pool = {} if self.is_sqlite else {"pool_size": 5, "max_overflow": 15}
+        self.engine: SAEngine = create_engine(
+            url, connect_args=connect_args, pool_pre_ping=True, **pool
+        )
         if self.is_sqlite:
             self._install_sqlite_hooks()
         self._writer = self.engine.execution_options(batchyard_immediate=True)
@@ -46,8 +76,55 @@ class Database:
             immediate = conn.get_execution_options().get("batchyard_immediate")
             conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
 
-    def create_all(self) -> None:
-        SQLModel.metadata.create_all(self.engine)
+    def migrate(self) -> None:
+        """Bring the schema to the newest revision; a new database gets every table.
+
+        A database made by 0.1.0 (tables, no alembic_version) is stamped as revision
+        0001 once its tables are found, then upgraded. On PostgreSQL an advisory lock
+        lets one node migrate while the others starting beside it wait.
+        """
+        with self._writer.connect() as conn:
+            if self.is_sqlite:
+                # Alembic alters a SQLite table by copying it and dropping the old one; with
+                # foreign keys on, that drop would cascade into the rows pointing at it.
+                # The pragma does nothing inside a transaction, so it goes first.
+                conn.connection.dbapi_connection.execute("PRAGMA foreign_keys=OFF")  # type: ignore[union-attr]
+            try:
+                with conn.begin():
+                    self._migrate(conn)
+            finally:
+                if self.is_sqlite:
+                    conn.connection.dbapi_connection.execute("PRAGMA foreign_keys=ON")  # type: ignore[union-attr]
+
+    def _migrate(self, conn: Connection) -> None:
+        from alembic import command
+
+        if not self.is_sqlite:
+            conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK_KEY})
+        config = _alembic_config(conn)
+        if _current_revision(conn) is None:
+            found = set(inspect(conn).get_table_names())
+            if found & set(LEGACY_TABLES):
+                missing = [t for t in LEGACY_TABLES if t not in found]
+                if missing:
+                    raise DatabaseError(
+                        f"The database at {self.safe_url} has some of batchyard's tables "
+                        f"but not {', '.join(missing)}, and no migration history; it was "
+                        "not made by batchyard, so it is left as it is. Use an empty "
+                        "database or one batchyard made."
+                    )
+                command.stamp(config, LEGACY_REVISION)
+        command.upgrade(config, "head")
+
+    def revision(self) -> str | None:
+        """The schema's Alembic revision (None before the first migration)."""
+        with self.engine.connect() as conn:
+            return _current_revision(conn)
+
+    @property
+    def safe_url(self) -> str:
+        """The URL without its password, for messages and /health."""
+        return make_url(self.url).render_as_string(hide_password=True)
 
     @contextmanager
     def read(self) -> Iterator[Session]:
@@ -63,3 +140,87 @@ class Database:
 
     def close(self) -> None:
         self.engine.dispose()
+        if self._sqlite_file is not None:
+            release_sqlite_file(self._sqlite_file)
+            self._sqlite_file = None
+
+
+def _alembic_config(conn: Connection):  # type: ignore[no-untyped-def]
+    from alembic.config import Config
+
+    config = Config()
+    # ConfigParser reads % as interpolation.
+    config.set_main_option("script_location", str(MIGRATIONS).replace("%", "%%"))
+    config.attributes["connection"] = conn
+    return config
+
+
+def _current_revision(conn: Connection) -> str | None:
+    from alembic.runtime.migration import MigrationContext
+
+    return MigrationContext.configure(conn).get_current_revision()
+
+
+def head_revision() -> str:
+    from alembic.script import ScriptDirectory
+
+    head = ScriptDirectory(str(MIGRATIONS)).get_current_head()
+    assert head is not None
+    return head
+
+
+# -- one process per SQLite file ------------------------------------------------------------
+
+_held: dict[Path, tuple[int, int]] = {}  # lock file -> (descriptor, users in this process)
+_held_lock = threading.Lock()
+
+
+def sqlite_file(url: str) -> Path | None:
+    """The database file of a SQLite URL; None for other databases and in-memory ones."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
+        return None
+    return Path(parsed.database).expanduser().resolve()
+
+
+def hold_sqlite_file(db_file: Path) -> None:
+    """Take the SQLite file for this process, or raise DatabaseError naming the holder.
+
+    Two processes on one SQLite data dir would each run the queue, sweep the other's
+    files and expire its claims; one data dir serves one process, and several nodes share
+    PostgreSQL instead. The lock is the kernel's (flock), so a killed process frees it.
+    Within one process it is counted, so tests may open one data dir twice.
+    """
+    lock_path = db_file.with_name(db_file.name + ".lock")
+    with _held_lock:
+        if lock_path in _held:
+            fd, users = _held[lock_path]
+            _held[lock_path] = (fd, users + 1)
+            return
+        lock_path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise DatabaseError(
+                f"Another batchyard process (pid {holder}) is using the SQLite database "
+                f"{db_file}. One data dir serves one process: stop the other one, choose "
+                "another --data-dir, or run several nodes on one PostgreSQL database "
+                "(--database-url postgresql+psycopg://…)."
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        _held[lock_path] = (fd, 1)
+
+
+def release_sqlite_file(db_file: Path) -> None:
+    lock_path = db_file.with_name(db_file.name + ".lock")
+    with _held_lock:
+        fd, users = _held.get(lock_path, (-1, 0))
+        if users > 1:
+            _held[lock_path] = (fd, users - 1)
+        elif users == 1:
+            del _held[lock_path]
+            os.close(fd)  # closing the descriptor drops the flock

@@ -1,11 +1,15 @@
-"""Tables: File (bytes on disk), Batch, and Request (one line of a batch)."""
+"""Tables: File (bytes on disk), Batch, and Request (one line of a batch).
+
+A change here needs an Alembic revision too (app/migrations/README.md); a test fails
+when the two disagree.
+"""
 
 from __future__ import annotations
 
 import secrets
 import time
 
-from sqlalchemy import Column, Index, Text
+from sqlalchemy import BigInteger, Column, Index, Text
 from sqlmodel import Field, SQLModel
 
 
@@ -28,11 +32,11 @@ class File(SQLModel, table=True):
     owner: str = Field(default="", index=True)
     filename: str
     purpose: str = Field(index=True)
-    bytes: int
+    bytes: int = Field(sa_type=BigInteger)
     sha256: str = ""
     created_at: int = Field(default_factory=now)
     # Orders lists and cursors: created_at has only whole seconds.
-    created_ns: int = Field(default_factory=now_ns, index=True)
+    created_ns: int = Field(default_factory=now_ns, index=True, sa_type=BigInteger)
     expires_at: int | None = None
 
 
@@ -68,7 +72,7 @@ class Batch(SQLModel, table=True):
     output_expires_after: int | None = None
 
     created_at: int = Field(default_factory=now)
-    created_ns: int = Field(default_factory=now_ns, index=True)
+    created_ns: int = Field(default_factory=now_ns, index=True, sa_type=BigInteger)
     expires_at: int | None = None
     in_progress_at: int | None = None
     finalizing_at: int | None = None
@@ -109,7 +113,7 @@ class Request(SQLModel, table=True):
     batch_id: str = Field(foreign_key="batch.id", ondelete="CASCADE")
     line: int  # 1-based line number in the input file
     custom_id: str
-    offset: int
+    offset: int = Field(sa_type=BigInteger)
     length: int
     status: str = RequestStatus.PENDING
     attempts: int = 0

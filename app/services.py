@@ -47,7 +47,7 @@ def build_services(
     runner is not started."""
     settings.data_path.mkdir(parents=True, exist_ok=True)
     db = Database(settings.db_url)
-    db.create_all()
+    db.migrate()
     storage = Storage(settings.data_path)
     files = FileService(settings, db, storage)
     runner = Runner(settings, db, storage, files, None, **runner_options)

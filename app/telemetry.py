@@ -87,15 +87,29 @@ def count_by_status(db: Database) -> tuple[dict[str, int], dict[str, int]]:
     return dict(batches), dict(lines)  # type: ignore[arg-type]
 
 
+def running_by_node(db: Database) -> dict[str, int]:
+    """Running batch lines by the node holding their claim."""
+    with db.read() as s:
+        rows = s.exec(
+            select(Request.claimed_by, func.count())
+            .where(col(Request.status) == RequestStatus.RUNNING)
+            .group_by(col(Request.claimed_by))
+        ).all()
+    return {str(n): c for n, c in rows}
+
+
 def render(
     *,
     db: Database,
     engine: Engine | None,
     requests: RequestMetrics,
     engine_failure: str | None = None,
+    node: str = "",
+    in_flight: int = 0,
 ) -> str:
-    """The whole /metrics page."""
+    """The whole /metrics page: the database's figures (all nodes) and this node's own."""
     batches, lines = count_by_status(db)
+    running = running_by_node(db)
     out: list[str] = []
 
     def family(name: str, kind: str, text: str, samples: Iterable[tuple[str, Any]]) -> None:
@@ -103,7 +117,7 @@ def render(
         out.append(f"# TYPE {name} {kind}")
         out.extend(f"{name}{labels} {_number(value)}" for labels, value in samples)
 
-    info_labels = {"version": __version__}
+    info_labels = {"version": __version__, "node": node}
     if engine is not None:
         info_labels |= {"model": engine.info.id, "backend": engine.info.backend}
     family(
@@ -130,6 +144,19 @@ def render(
         "gauge",
         "Batch lines by status: pending and running ones, then processed ones by outcome.",
         [(_labels(status=st), lines.get(st, 0)) for st in LINE_STATUSES],
+    )
+
+    family(
+        "batchyard_node_lines_running",
+        "gauge",
+        "Batch lines running now, by the node that claimed them (a count in the database).",
+        [(_labels(node=n), count) for n, count in sorted(running.items())],
+    )
+    family(
+        "batchyard_node_in_flight",
+        "gauge",
+        "Lines this node has handed to its engine and not yet recorded.",
+        [(_labels(node=node), in_flight)],
     )
 
     stats = engine.stats() if engine is not None else None

@@ -10,6 +10,7 @@ Only 127.0.0.1 is contacted; every phase is bounded in count and time.
 
     python bench/api_load.py --help
     python bench/api_load.py --clients 20 --duration 30 --json result.json
+    python bench/api_load.py --database-url postgresql+psycopg://postgres@127.0.0.1/EMPTY_DB
 """
 
 from __future__ import annotations
@@ -86,7 +87,7 @@ def free_port() -> int:
 
 
 def start_server(
-    data_dir: Path, log_path: Path, parallel: int
+    data_dir: Path, log_path: Path, parallel: int, database_url: str = ""
 ) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
     cmd = [
@@ -105,6 +106,7 @@ def start_server(
         str(parallel),
         "--ctx-size",
         "1024",
+        *(["--database-url", database_url] if database_url else []),
     ]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
     log = open(log_path, "ab")  # noqa: SIM115 - the server writes it until it stops
@@ -288,6 +290,12 @@ def main(argv: list[str] | None = None) -> int:
         default=0.25,
         help="seconds each client waits between its requests (0: a tight loop)",
     )
+    p.add_argument(
+        "--database-url",
+        default="",
+        help="the server's --database-url, e.g. postgresql+psycopg://postgres@127.0.0.1/EMPTY_DB "
+        "(an empty database; default: SQLite in the data dir)",
+    )
     p.add_argument("--json", type=Path, default=None, help="also write the figures here")
     p.add_argument(
         "--keep", type=Path, default=None, help="data dir to use and keep (default: a temp dir)"
@@ -300,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
     data = args.keep or Path(tmp.name) / "data"
     log_path = Path(tmp.name) / "server.log" if args.keep is None else args.keep / "server.log"
     data.mkdir(parents=True, exist_ok=True)
-    proc, url = start_server(data, log_path, args.parallel)
+    proc, url = start_server(data, log_path, args.parallel, args.database_url)
     api = url + "/v1"
     try:
         with httpx.Client(timeout=60) as c:
@@ -330,6 +338,7 @@ def main(argv: list[str] | None = None) -> int:
             proc.kill()
     log_text = log_path.read_text(errors="replace")
     result = {
+        "database": "postgresql" if args.database_url else "sqlite",
         "clients": clients,
         "duration_s": duration,
         "idle": idle,
@@ -342,6 +351,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     tmp.cleanup()
     print(
+        f"database: {result['database']}\n"
         f"idle: {idle['requests']} requests, p50 {idle['p50_ms']} ms, p99 {idle['p99_ms']} ms\n"
         f"load ({clients} clients, {duration:g} s): {loaded['requests']} requests, "
         f"{loaded['failed']} failed, p50 {loaded['p50_ms']} ms, p99 {loaded['p99_ms']} ms, "

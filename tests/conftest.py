@@ -10,6 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests import pg
 from tests.live import OUTPUT, LiveServer, start_server, stop_server
 
 
@@ -19,3 +20,19 @@ def live_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer
     server = start_server(data, OUTPUT / "live-server.log")
     yield server
     stop_server(server)
+
+
+@pytest.fixture(scope="session")
+def postgres_database() -> Iterator[str]:
+    """A database of its own for this test session on BATCHYARD_TEST_DATABASE_URL's server."""
+    if reason := pg.unreachable():
+        pytest.skip(reason)
+    with pg.fresh_database() as url:
+        yield url
+
+
+@pytest.fixture
+def postgres_url(postgres_database: str) -> Iterator[str]:
+    """A SQLAlchemy URL on an empty schema of the session's PostgreSQL database."""
+    with pg.fresh_schema(postgres_database) as url:
+        yield url

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from litestar import get, post
 from litestar.di import NamedDependency
@@ -31,13 +31,22 @@ from app.api.schemas.inference import (
     Health,
     Model,
     ModelPage,
+    ResponseCreateParams,
     model_card,
 )
-from app.engine.base import CHAT, COMPLETIONS, EMBEDDINGS, Engine, Priority
+from app.api.schemas.inference import (
+    Response as ResponseObject,
+)
+from app.engine.base import CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES, Engine, Priority
 from app.errors import APIError, error_body
 from app.services import Services
 
 STREAM_NOTE = " With `stream: true` the answer is `text/event-stream`: one chunk per `data:` event, then `data: [DONE]`."
+RESPONSES_STREAM_NOTE = (
+    " With `stream: true` the answer is `text/event-stream`: the Responses events "
+    "(`response.created`, `response.output_text.delta`, ..., `response.completed`), each as "
+    "`event: <type>` and `data: <event>`."
+)
 
 
 async def _run(engine: Engine, endpoint: str, body: dict[str, Any]) -> Any:
@@ -53,7 +62,8 @@ async def _run(engine: Engine, endpoint: str, body: dict[str, Any]) -> Any:
 
 def _stream(engine: Engine, endpoint: str, body: dict[str, Any]) -> Stream:
     """Relay the engine's chunks as server-sent events. The engine itself sends the
-    usage-only chunk that `stream_options.include_usage` asks for."""
+    usage-only chunk that `stream_options.include_usage` asks for. A request the engine
+    refuses at once (a bad parameter) is answered with its error status, not a stream."""
     loop = asyncio.get_running_loop()
     chunks: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
     fut = engine.submit(
@@ -62,12 +72,17 @@ def _stream(engine: Engine, endpoint: str, body: dict[str, Any]) -> Stream:
         priority=Priority.ONLINE,
         on_chunk=lambda c: loop.call_soon_threadsafe(chunks.put_nowait, c),
     )
+    if fut.done() and isinstance(fut.exception(), APIError):
+        raise fut.exception()  # type: ignore[misc]
     fut.add_done_callback(lambda _: loop.call_soon_threadsafe(chunks.put_nowait, None))
+    responses = endpoint == RESPONSES
 
     async def events() -> AsyncIterator[bytes]:
+        sent = 0
         try:
             while (chunk := await chunks.get()) is not None:
-                yield b"data: " + json.dumps(chunk).encode() + b"\n\n"
+                sent += 1
+                yield _sse(chunk, responses)
             exc = fut.exception()
             if exc is not None:
                 err = (
@@ -75,13 +90,22 @@ def _stream(engine: Engine, endpoint: str, body: dict[str, Any]) -> Stream:
                     if isinstance(exc, APIError)
                     else error_body(str(exc), type="server_error")
                 )
-                yield b"data: " + json.dumps(err).encode() + b"\n\n"
-            yield b"data: [DONE]\n\n"
+                if responses:  # the Responses stream's own error event
+                    err = {"type": "error", "sequence_number": sent, **err["error"]}
+                yield _sse(err, responses)
+            if not responses:
+                yield b"data: [DONE]\n\n"
         finally:
             if not fut.done():
                 engine.cancel(fut)
 
     return Stream(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+
+def _sse(data: dict[str, Any], named: bool) -> bytes:
+    """One server-sent event; Responses events also carry their type as the event name."""
+    head = f"event: {data.get('type')}\n".encode() if named else b""
+    return head + b"data: " + json.dumps(data).encode() + b"\n\n"
 
 
 def _answers(body: type) -> dict[int, ResponseSpec]:
@@ -102,6 +126,24 @@ async def chat_completions(
 ) -> Any:
     """Answer a chat (`messages`), whole or streamed."""
     return await _run(engine, CHAT, data)
+
+
+@post(
+    "/v1/responses",
+    operation_id="CreateResponse",
+    description="A model response to `input` (text or items, with function tools), run on the "
+    "chat path. Responses are not stored: `previous_response_id` is refused; send the earlier "
+    "turns in `input`." + RESPONSES_STREAM_NOTE,
+    status_code=200,
+    before_request=json_object_body,
+    responses=_answers(ResponseObject),
+)
+async def create_response(
+    data: JSONBody[Annotated[dict[str, Any], EngineBody(ResponseCreateParams)]],
+    engine: NamedDependency[SkipValidation[Engine]],
+) -> Any:
+    """Answer a Responses request, whole or streamed."""
+    return await _run(engine, RESPONSES, data)
 
 
 @post(
@@ -165,14 +207,20 @@ async def retrieve_model(
 async def health(services: NamedDependency[Services]) -> Response[Health]:
     """Ready (200) once the model is loaded; 503 while it loads or when it failed to."""
     engine = services.engine
+    node = services.runner.worker_id
+    database: Literal["sqlite", "postgresql"] = "sqlite" if services.db.is_sqlite else "postgresql"
     if engine is None:
         failure = services.engine_failure
         status = "failed" if failure else "starting"
-        return Response(Health(status=status, error=failure), status_code=503)
+        return Response(
+            Health(status=status, node=node, database=database, error=failure), status_code=503
+        )
     info = engine.info
     return Response(
         Health(
             status="ready",
+            node=node,
+            database=database,
             model=info.id,
             backend=info.backend,
             slots=info.n_slots,
@@ -184,4 +232,12 @@ async def health(services: NamedDependency[Services]) -> Response[Health]:
     )
 
 
-ROUTES = [chat_completions, completions, embeddings, list_models, retrieve_model, health]
+ROUTES = [
+    chat_completions,
+    create_response,
+    completions,
+    embeddings,
+    list_models,
+    retrieve_model,
+    health,
+]

@@ -94,6 +94,8 @@ def metrics(request: Request[Any, Any, Any], services: NamedDependency[Services]
         engine=services.engine,
         requests=request_metrics(request.app),
         engine_failure=services.engine_failure,
+        node=services.runner.worker_id,
+        in_flight=services.runner.in_flight,
     )
     return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")
 

@@ -8,7 +8,7 @@ from sqlmodel import col, select
 
 from app.api.schemas.batches import batch_output_line, encode_line
 from app.db import Database
-from app.files.storage import PartialWrite, Storage
+from app.files.storage import PartialWrite, Storage, older_than
 from app.models import Batch, File, Request, RequestStatus, new_id
 
 #: Rows read from the database at a time while writing, so 50,000 results never sit in memory.
@@ -67,13 +67,14 @@ def write_results(db: Database, storage: Storage, batch: Batch) -> dict[str, Wri
         raise
 
 
-def sweep_orphans(db: Database, storage: Storage) -> int:
-    """Delete stored bytes that no File row names (left by a crash during finalizing)."""
+def sweep_orphans(db: Database, storage: Storage, min_age: float = 0.0) -> int:
+    """Delete stored bytes that no File row names (left by a crash during finalizing),
+    older than `min_age` seconds (younger ones may be another node's output in the making)."""
     with db.read() as s:
         known = set(s.exec(select(File.id)).all())
     removed = 0
     for path in storage.files_dir.iterdir():
-        if path.name not in known:
+        if path.name not in known and older_than(path, min_age):
             path.unlink(missing_ok=True)
             removed += 1
     return removed

@@ -127,7 +127,8 @@ class BatchService:
             )
         created = now()
         with self.db.write() as s:
-            f = s.get(File, input_file_id)
+            # Locked, so that a delete on another node waits for this batch to exist.
+            f = s.get(File, input_file_id, with_for_update=True)
             if f is None or f.owner != owner:
                 raise APIError(
                     400,

@@ -18,7 +18,9 @@ from app.errors import APIError
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
 EMBEDDINGS = "/v1/embeddings"
-ENDPOINTS = (CHAT, COMPLETIONS, EMBEDDINGS)
+#: Runs on the chat path (engine/response_request.py and response_object.py translate).
+RESPONSES = "/v1/responses"
+ENDPOINTS = (CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES)
 
 
 class Priority(enum.IntEnum):
@@ -107,8 +109,9 @@ class Engine(Protocol):
         """Queue one request. Thread-safe, returns at once.
 
         `endpoint` is one of ENDPOINTS; `body` the OpenAI request body. The future
-        resolves to the OpenAI response body (`chat.completion`, `text_completion`, or an
-        embeddings `list`, each with `usage`) or fails with `EngineError`.
+        resolves to the OpenAI response body (`chat.completion`, `text_completion`, an
+        embeddings `list` or a `response`, each with `usage`) or fails with `EngineError`.
+        For RESPONSES, `on_chunk` gets the Responses stream events (each with its `type`).
         """
         ...
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from app.engine import tools
 from app.engine.base import EngineError
 
 # llama.cpp falls back to ChatML when a model ships no template; so do we.
@@ -14,7 +15,7 @@ CHATML_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
 
-ROLES = ("system", "developer", "user", "assistant")
+ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
 def message_text(content: Any, index: int) -> str:
@@ -47,12 +48,18 @@ def message_text(content: Any, index: int) -> str:
 
 
 def normalise_messages(messages: Any) -> list[dict[str, str]]:
-    """Check the roles and flatten each content to a string, as chat templates expect."""
+    """Check the roles and flatten each content to a string, as chat templates expect.
+
+    An assistant turn's `tool_calls` become the call text the model writes, and a `tool`
+    message a user turn saying what the function returned (engine/tools.py), so every
+    template, with tool support or without, renders a conversation with tool calls.
+    """
     if not isinstance(messages, list) or not messages:
         raise EngineError(
             "'messages' must be a non-empty list.", param="messages", code="invalid_value"
         )
     out = []
+    call_names: dict[str, str] = {}
     for i, message in enumerate(messages):
         if not isinstance(message, dict):
             raise EngineError(
@@ -65,13 +72,22 @@ def normalise_messages(messages: Any) -> list[dict[str, str]]:
                 param=f"messages[{i}].role",
                 code="invalid_value",
             )
+        content = message_text(message.get("content"), i)
+        if role == "assistant" and message.get("tool_calls"):
+            calls, ids = tools.assistant_calls_text(message["tool_calls"], i)
+            call_names.update(ids)
+            content = f"{content}\n{calls}" if content else calls
+        elif role == "tool":
+            call_id = message.get("tool_call_id")
+            if not isinstance(call_id, str):
+                raise EngineError(
+                    f"messages[{i}].tool_call_id is required for a tool message.",
+                    param=f"messages[{i}].tool_call_id",
+                    code="missing_required_parameter",
+                )
+            role, content = "user", tools.tool_result_text(call_names.get(call_id), content)
         # Templates know "system"; OpenAI's newer "developer" role means the same thing.
-        out.append(
-            {
-                "role": "system" if role == "developer" else role,
-                "content": message_text(message.get("content"), i),
-            }
-        )
+        out.append({"role": "system" if role == "developer" else role, "content": content})
     return out
 
 
@@ -90,9 +106,10 @@ class ChatTemplate:
             add_generation_prompt=True,
         )
 
-    def render(self, messages: Any) -> str:
-        """The prompt text, ending with the assistant's generation prompt."""
-        normalised = normalise_messages(messages)
+    def render(self, messages: Any, plan: tools.ToolPlan | None = None) -> str:
+        """The prompt text, ending with the assistant's generation prompt; with the
+        functions of an active tool `plan` in its system message."""
+        normalised = tools.with_tools(normalise_messages(messages), plan)
         try:
             return self._formatter(messages=normalised).prompt
         except Exception as exc:  # a template's raise_exception(), e.g. roles out of order

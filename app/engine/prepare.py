@@ -10,7 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any, Protocol
 
-from app.engine.base import CHAT, EMBEDDINGS, EngineError
+from app.engine import response_request, tools
+from app.engine.base import CHAT, EMBEDDINGS, RESPONSES, EngineError
 from app.engine.sampling import parse_sampling
 from app.engine.slots import Choice, Job, Task
 from app.errors import invalid
@@ -32,7 +33,7 @@ class Tokenizer(Protocol):
 class Template(Protocol):
     """What preparing needs of a chat template (engine/chat.py's ChatTemplate)."""
 
-    def render(self, messages: Any) -> str: ...
+    def render(self, messages: Any, plan: tools.ToolPlan | None = None) -> str: ...
 
     def stop_strings(self) -> list[str]: ...
 
@@ -90,14 +91,41 @@ class Preparer:
         if job.endpoint == EMBEDDINGS:
             job.prompts = self._embedding_inputs(body)
             return [Task(int(job.priority), next(seq), job)]
-        chat = job.endpoint == CHAT
+        if job.endpoint == RESPONSES:
+            # A Responses body runs as the chat body it translates to; the chat path's
+            # errors are told back in the Responses names.
+            body, job.response = response_request.to_chat(body)
+            try:
+                return self._prepare_generation(job, body, seq)
+            except EngineError as exc:
+                raise response_request.renamed(exc) from None
+        return self._prepare_generation(job, body, seq)
+
+    def _prepare_generation(self, job: Job, body: dict[str, Any], seq: Iterator[int]) -> list[Task]:
+        chat = job.endpoint in (CHAT, RESPONSES)
         job.params = parse_sampling(body, chat=chat, n_vocab=self.tokenizer.n_vocab)
         stream_options = body.get("stream_options")
         job.include_usage = bool(
             isinstance(stream_options, dict) and stream_options.get("include_usage")
         )
         if chat:
-            text = self.template.render(body.get("messages"))
+            job.tools = tools.parse_tools(body)
+            call_grammar = tools.grammar(job.tools)
+            if call_grammar is not None:
+                if job.params.grammar is not None and job.tools.choice == "auto":
+                    raise invalid(
+                        "'response_format' together with tools that the model may call "
+                        "('tool_choice' auto) is not supported; use tool_choice 'none' or "
+                        "'required', or drop the response_format.",
+                        param="response_format",
+                        cls=EngineError,
+                    )
+                job.params.grammar = call_grammar
+            if job.tools is not None and job.tools.active and job.params.n > 1:
+                raise invalid(
+                    "'n' above 1 together with tools is not supported.", param="n", cls=EngineError
+                )
+            text = self.template.render(body.get("messages"), job.tools)
             job.prompt_texts = [text]
             job.prompts = [self.tokenizer.tokenize(text, add_special=False)]
             job.stop_strings = job.params.stop + self.template.stop_strings()

@@ -13,13 +13,16 @@ from typing import Any
 
 import numpy as np
 
-from app.engine.base import CHAT
+from app.engine import response_object, tools
+from app.engine.base import CHAT, RESPONSES
 from app.engine.slots import Choice, Job
 
 
 def usage(job: Job) -> dict[str, Any]:
     """Token counts. OpenAI counts every prompt token, cached or not, and reports the cached
-    part apart (chat only)."""
+    part apart (chat only; a `response` has its own usage shape)."""
+    if job.endpoint == RESPONSES:
+        return response_object.usage(job)
     prompt = sum(len(p) for p in job.prompts)
     completion = sum(c.completion_tokens for c in job.choices)
     out: dict[str, Any] = {
@@ -64,11 +67,15 @@ def completion_logprobs(choice: Choice) -> dict[str, Any]:
 
 
 def _chat_choice(job: Job, c: Choice) -> dict[str, Any]:
+    calls = tools.calls_of(job.tools, c.index, c.text)
+    message: dict[str, Any] = {"role": "assistant", "content": c.text, "refusal": None}
+    if calls:
+        message = {"role": "assistant", "content": None, "refusal": None, "tool_calls": calls}
     return {
         "index": c.index,
-        "message": {"role": "assistant", "content": c.text, "refusal": None},
+        "message": message,
         "logprobs": {"content": c.logprobs, "refusal": None} if job.params.logprobs else None,
-        "finish_reason": c.finish_reason,
+        "finish_reason": "tool_calls" if calls else c.finish_reason,
     }
 
 
@@ -83,7 +90,10 @@ def _text_choice(job: Job, c: Choice) -> dict[str, Any]:
 
 
 def completion(job: Job, model: str, fingerprint: str) -> dict[str, Any]:
-    """The whole response: a `chat.completion` or a `text_completion`, by the job's endpoint."""
+    """The whole response: a `chat.completion`, a `text_completion` or a `response`, by the
+    job's endpoint."""
+    if job.endpoint == RESPONSES:
+        return response_object.body(job, model)
     chat = job.endpoint == CHAT
     choice = _chat_choice if chat else _text_choice
     return {
@@ -114,7 +124,12 @@ def choice_chunks(
     """The stream chunks for one delta (`text`) or the closing chunk (None) of a choice.
 
     A chat choice's first delta is preceded by its role chunk (until `choice.started`).
+    A `response` streams its own events (response_object.stream_events).
     """
+    if job.endpoint == RESPONSES:
+        return response_object.stream_events(job, choice, text, model)
+    if job.tools is not None and job.tools.active:
+        return _tool_choice_chunks(job, choice, text, model, fingerprint)
     finish = None if text is not None else choice.finish_reason
     if job.endpoint != CHAT:
         delta = {
@@ -145,6 +160,40 @@ def choice_chunks(
         )
     )
     return chunks
+
+
+def _tool_choice_chunks(
+    job: Job, choice: Choice, text: str | None, model: str, fingerprint: str
+) -> list[dict[str, Any]]:
+    """A chat choice that may be a call: its text is held back until it shows what it is.
+    Opening with `{` it is a call, sent whole at the end as `tool_calls`; anything else is
+    content, streamed from there on."""
+    plan = job.tools
+    mode = plan.modes.get(choice.index)
+
+    def one(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+        entry = {"index": choice.index, "delta": delta, "logprobs": None, "finish_reason": finish}
+        return _chunk(job, model, fingerprint, [entry])
+
+    if text is not None:
+        if mode == "text":
+            return [one({"content": text})]
+        if mode is None and choice.text.strip():
+            if choice.text.lstrip().startswith("{"):
+                plan.modes[choice.index] = "call"
+                return []
+            plan.modes[choice.index] = "text"
+            return [one({"role": "assistant", "content": choice.text})]
+        return []
+    calls = tools.calls_of(plan, choice.index, choice.text)
+    if calls:
+        listed = [{"index": k, **call} for k, call in enumerate(calls)]
+        return [
+            one({"role": "assistant", "content": None, "tool_calls": listed}),
+            one({}, "tool_calls"),
+        ]
+    opening = [] if mode == "text" else [one({"role": "assistant", "content": choice.text})]
+    return [*opening, one({}, choice.finish_reason)]
 
 
 def usage_chunk(job: Job, model: str, fingerprint: str) -> dict[str, Any]:

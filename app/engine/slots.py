@@ -18,7 +18,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.engine.base import CHAT, COMPLETIONS, EMBEDDINGS, ChunkCallback, Priority
+from app.engine.base import CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES, ChunkCallback, Priority
 from app.engine.sampling import SamplingParams, StopMatcher
 
 #: Prompt tokens admitted per step. Bounded so that a long new prompt delays the tokens of
@@ -34,7 +34,7 @@ ONLINE_BATCH_WINDOW = 8
 #: buffer, which costs about as much as evaluating a few tokens in a batched step.
 MIN_COPY_TOKENS = 8
 
-_ID_PREFIX = {CHAT: "chatcmpl-", COMPLETIONS: "cmpl-", EMBEDDINGS: "emb-"}
+_ID_PREFIX = {CHAT: "chatcmpl-", COMPLETIONS: "cmpl-", EMBEDDINGS: "emb-", RESPONSES: "resp_"}
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
@@ -85,6 +85,8 @@ class Job:
         self.stop_strings: list[str] = []
         self.echo = False
         self.include_usage = False
+        self.tools: Any = None  # engine/tools.py's ToolPlan when the request has tools
+        self.response: Any = None  # engine/response_request.py's ResponseRequest for RESPONSES
 
 
 @dataclass(order=True)

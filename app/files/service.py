@@ -129,7 +129,8 @@ class FileService:
 
     def delete(self, file_id: str, owner: str) -> None:
         with self.db.write() as s:
-            row = self._get(s, file_id, owner)
+            # Locked: a batch created on another node meanwhile makes this wait, then refuse.
+            row = self._get(s, file_id, owner, lock=True)
             busy = s.exec(
                 select(Batch.id).where(
                     Batch.input_file_id == file_id, col(Batch.status).in_(BatchStatus.ACTIVE)
@@ -167,8 +168,8 @@ class FileService:
 
     # -- reads --------------------------------------------------------------------------
 
-    def _get(self, s: Session, file_id: str, owner: str) -> File:
-        row = s.get(File, file_id)
+    def _get(self, s: Session, file_id: str, owner: str, *, lock: bool = False) -> File:
+        row = s.get(File, file_id, with_for_update=lock or None)
         if row is None or row.owner != owner:
             raise not_found("file", file_id, param="file_id")
         return row

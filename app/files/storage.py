@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import os
 import secrets
+import time
 from pathlib import Path
 from typing import BinaryIO
 
@@ -106,10 +107,22 @@ class Storage:
     def delete(self, file_id: str) -> None:
         self.path(file_id).unlink(missing_ok=True)
 
-    def sweep_tmp(self) -> int:
-        """Remove temporary files left by a crash; returns how many."""
+    def sweep_tmp(self, min_age: float = 0.0) -> int:
+        """Remove temporary files left by a crash (those older than `min_age` seconds:
+        on a shared files location, younger ones may be another node's uploads)."""
         count = 0
         for leftover in self.tmp_dir.iterdir():
-            leftover.unlink(missing_ok=True)
-            count += 1
+            if older_than(leftover, min_age):
+                leftover.unlink(missing_ok=True)
+                count += 1
         return count
+
+
+def older_than(path: Path, seconds: float) -> bool:
+    """Whether `path` was last changed more than `seconds` ago (True when it is gone)."""
+    if seconds <= 0:
+        return True
+    try:
+        return time.time() - path.stat().st_mtime > seconds
+    except FileNotFoundError:
+        return True

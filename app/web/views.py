@@ -237,7 +237,18 @@ def answer_text(body: dict[str, Any]) -> str:
     if choices:
         first = choices[0]
         message = first.get("message") or {}
+        calls = [c.get("function") or {} for c in message.get("tool_calls") or []]
+        if calls:
+            return " ".join(f"{c.get('name')}({c.get('arguments')})" for c in calls)
         return message.get("content") or first.get("text") or ""
+    if body.get("object") == "response":  # /v1/responses: a message, or function calls
+        parts = []
+        for item in body.get("output") or []:
+            if item.get("type") == "message":
+                parts += [c.get("text") or "" for c in item.get("content") or []]
+            elif item.get("type") == "function_call":
+                parts.append(f"{item.get('name')}({item.get('arguments')})")
+        return " ".join(parts)
     data = body.get("data")
     if isinstance(data, list) and data:
         emb = data[0].get("embedding") or []

@@ -24,10 +24,11 @@ from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import response_schema_conformance
 
-from tests.conftest import OUTPUT, LiveServer, chat_line, jsonl_bytes, start_server, stop_server
+from tests.factories import batch_line, jsonl
+from tests.live import OUTPUT, LiveServer, start_server, stop_server
 
 #: Operations that would run the model for every example.
-GENERATION = r"^/v1/(chat/completions|completions|embeddings)$"
+GENERATION = r"^/v1/(chat/completions|completions|embeddings|responses)$"
 EXAMPLES = 25
 CHECKS = [not_a_server_error, response_schema_conformance]
 
@@ -54,7 +55,7 @@ def known_ids(fuzz_server: LiveServer) -> dict[str, str]:
     api = fuzz_server.api
     up = httpx.post(
         f"{api}/files",
-        files={"file": ("in.jsonl", jsonl_bytes([chat_line("a", "Hi.", 2)]))},
+        files={"file": ("in.jsonl", jsonl(batch_line("a", "Hi.", max_tokens=2)))},
         data={"purpose": "batch"},
     )
     assert up.status_code == 200, up.text

@@ -23,9 +23,21 @@ def engine() -> FakeEngine:
 
 
 @pytest.fixture
-def settings(tmp_path: Path) -> Settings:
+def database_url(request: pytest.FixtureRequest) -> str:
+    """SQLite in the data dir (""), unless a module parametrizes this fixture with
+    "postgres" (indirect=True): then an empty schema of the session's PostgreSQL database."""
+    if getattr(request, "param", "sqlite") == "postgres":
+        return str(request.getfixturevalue("postgres_url"))
+    return ""
+
+
+@pytest.fixture
+def settings(tmp_path: Path, database_url: str) -> Settings:
     return Settings(
-        data_dir=str(tmp_path / "data"), max_batch_file_bytes=64 * 1024, lease_seconds=5
+        data_dir=str(tmp_path / "data"),
+        database_url=database_url,
+        max_batch_file_bytes=64 * 1024,
+        lease_seconds=5,
     )
 
 

@@ -1,13 +1,17 @@
-"""Files and batches through the real app, a real SQLite file and the fake engine."""
+"""Files and batches through the real app, the fake engine, and SQLite or PostgreSQL."""
 
 from __future__ import annotations
 
 import json
 
+import pytest
 from litestar.testing import TestClient
 
 from tests.factories import batch_line, jsonl
 from tests.http_helpers import batch_getter, create_batch, upload, wait_for_status
+
+# One code path, two databases: each test runs on SQLite and on PostgreSQL.
+pytestmark = pytest.mark.parametrize("database_url", ["sqlite", "postgres"], indirect=True)
 
 # The batch's model is the lines' model, as OpenAI reports it.
 LINE = {"model": "gpt-4o-mini", "max_tokens": 8}
@@ -120,7 +124,7 @@ def test_batch_create_refusals(client: TestClient) -> None:
     }
     cases = [
         ({**base, "input_file_id": "file-nope"}, "input_file_id", "file_not_found"),
-        ({**base, "endpoint": "/v1/responses"}, "endpoint", None),
+        ({**base, "endpoint": "/v1/moderations"}, "endpoint", None),
         ({**base, "completion_window": "48h"}, "completion_window", None),
         ({**base, "metadata": {f"k{i}": "v" for i in range(17)}}, "metadata", None),
         ({**base, "metadata": {"k" * 65: "v"}}, "metadata", None),

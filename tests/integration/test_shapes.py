@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import pytest
 from litestar.testing import TestClient
 from openai.pagination import SyncCursorPage
 from openai.types import Batch, FileDeleted, FileObject
 
 from tests.factories import batch_line, jsonl
 from tests.http_helpers import batch_getter, create_batch, upload, wait_for_status
+
+# One code path, two databases: each test runs on SQLite and on PostgreSQL.
+pytestmark = pytest.mark.parametrize("database_url", ["sqlite", "postgres"], indirect=True)
 
 
 def test_wire_shapes_match_the_sdk_types(client: TestClient) -> None:

@@ -78,6 +78,10 @@ def test_metrics_report_lines_tokens_slots_batches_and_latency(live_server: Live
     assert value(samples, "batchyard_batches", status="completed") >= 1
     assert value(samples, "batchyard_batches", status="cancelled") >= 0
     assert value(samples, "batchyard_batch_lines", status="succeeded") >= 2
+    # Which node answered: the same id in /health, /metrics and the lines' claims.
+    node = httpx.get(live_server.url + "/health").json()["node"]
+    assert node and value(samples, "batchyard_node_in_flight", node=node) >= 0
+    assert any(n == "batchyard_info" and labels.get("node") == node for n, labels, _ in samples)
     assert (
         value(samples, "batchyard_tokens_total", direction="in") >= batch["usage"]["input_tokens"]
     )
@@ -162,6 +166,7 @@ def test_health_says_starting_until_the_model_is_loaded(
             time.sleep(0.1)
         body = r.json()
         assert body["status"] == "ready"
+        assert body["database"] == "sqlite" and body["node"].count("-") >= 1
         assert body["model"] == "SmolLM2-135M-Instruct.Q4_1"
         assert "batchyard_ready 1" in client.get("/metrics").text
 

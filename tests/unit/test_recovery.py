@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-import app.batches.runner as runner_module
+import app.batches.lifecycle as lifecycle_module
+import app.batches.output as output_module
 from app.batches.runner import MAX_ATTEMPTS
 from app.models import BatchStatus, RequestStatus
 from tests.factories import batch_line
@@ -37,10 +38,10 @@ def test_crash_during_validation_leaves_nothing_and_validation_starts_over(
 ) -> None:
     n = 300
     # Several insert statements, so the crash lands between two of them.
-    monkeypatch.setattr(runner_module, "INSERT_CHUNK", 100)
+    monkeypatch.setattr(lifecycle_module, "INSERT_CHUNK", 100)
     svc = services(tmp_path, FakeEngine(n_slots=64))
     batch_id = make_batch(svc, [batch_line(f"c{i}", f"line {i}") for i in range(n)])
-    real_insert = runner_module.insert
+    real_insert = lifecycle_module.insert
     calls = 0
 
     def insert_then_crash(*a: Any, **kw: Any) -> Any:
@@ -50,7 +51,7 @@ def test_crash_during_validation_leaves_nothing_and_validation_starts_over(
             raise Crash()
         return real_insert(*a, **kw)
 
-    monkeypatch.setattr(runner_module, "insert", insert_then_crash)
+    monkeypatch.setattr(lifecycle_module, "insert", insert_then_crash)
     with pytest.raises(Crash):
         svc.runner.step()
     assert calls == 2
@@ -59,7 +60,7 @@ def test_crash_during_validation_leaves_nothing_and_validation_starts_over(
     assert request_rows(svc, batch_id) == []
     svc.db.close()
 
-    monkeypatch.setattr(runner_module, "insert", real_insert)
+    monkeypatch.setattr(lifecycle_module, "insert", real_insert)
     svc2 = services(tmp_path, FakeEngine(n_slots=64))
     b = drive(svc2, batch_id, timeout=60)
     assert b.status == BatchStatus.COMPLETED
@@ -76,13 +77,13 @@ def test_crash_between_output_bytes_and_commit_finishes_once(
     svc = services(tmp_path, FakeEngine())
     lines = [batch_line(f"c{i}", "FAIL please" if i % 4 == 0 else f"hello {i}") for i in range(12)]
     batch_id = make_batch(svc, lines)
-    real_write = runner_module.write_results
+    real_write = output_module.write_results
 
     def write_then_crash(*a: Any, **kw: Any) -> Any:
         real_write(*a, **kw)  # the bytes are on disk under fresh ids...
         raise Crash()  # ...and the process dies before the transaction that names them
 
-    monkeypatch.setattr(runner_module, "write_results", write_then_crash)
+    monkeypatch.setattr(output_module, "write_results", write_then_crash)
     with pytest.raises(Crash):
         drive(svc, batch_id)
     b = batch(svc, batch_id)
@@ -94,7 +95,7 @@ def test_crash_between_output_bytes_and_commit_finishes_once(
     (svc.storage.tmp_dir / "upload-deadbeef").write_bytes(b'{"half": ')
     svc.db.close()
 
-    monkeypatch.setattr(runner_module, "write_results", real_write)
+    monkeypatch.setattr(output_module, "write_results", real_write)
     svc2 = services(tmp_path, FakeEngine())
     svc2.runner.start()  # start() sweeps what the crash left, then runs the loop
     try:

@@ -95,8 +95,8 @@ def test_first_endpoint_is_the_first_lines_url_if_known() -> None:
     def first(data: bytes) -> str:
         return v.first_endpoint(io.BytesIO(data))
 
-    # An unknown url first: the preview said embeddings, `run` said /v1/responses.
-    assert first(line("a", url="/v1/responses") + b"\n" + line("b", url=EMB)) == CHAT
+    # An unknown url first: the preview said embeddings, `run` said /v1/moderations.
+    assert first(line("a", url="/v1/moderations") + b"\n" + line("b", url=EMB)) == CHAT
     # A first line that is not JSON, or not an object: the preview read on to line 2.
     assert first(b"not json\n" + line("b", url=EMB)) == CHAT
     assert first(b"[1, 2]\n" + line("b", url=EMB)) == CHAT

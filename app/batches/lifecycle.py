@@ -1,0 +1,275 @@
+"""Status changes besides running lines: validation, cancel, expiry, and one line's result.
+
+Each function is one short write transaction. Where several nodes may change the same
+batch at once (PostgreSQL), the batch row is locked first (`locked_batch`) and request
+rows after it, in every transaction that touches both, so two nodes never deadlock and
+never both move a batch. Counters move by SQL (`completed = completed + 1`), in the same
+transaction as the row they count, so no node's update is lost.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import Any
+
+from sqlalchemy import func, insert, update
+from sqlmodel import Session, col, select
+
+from app.batches.validate import validate_jsonl
+from app.config import Settings
+from app.db import Database
+from app.errors import APIError, error_body
+from app.files.storage import Storage
+from app.models import Batch, BatchStatus, Request, RequestStatus, new_id, now
+
+log = logging.getLogger("batchyard.runner")
+
+#: Request rows inserted per statement while validating (SQLite's variable limit).
+INSERT_CHUNK = 5000
+EXPIRED_ERROR = {
+    "code": "batch_expired",
+    "message": "This request could not be executed before the completion window expired.",
+}
+OPEN = (RequestStatus.PENDING, RequestStatus.RUNNING)
+
+
+def locked_batch(s: Session, batch_id: str) -> Batch | None:
+    """The batch row as committed now, locked until the transaction ends (FOR UPDATE on
+    PostgreSQL; SQLite's write transaction already holds the whole database)."""
+    return s.get(Batch, batch_id, with_for_update=True, populate_existing=True)
+
+
+def failure(
+    status_code: int, message: str, *, code: str, type: str = "invalid_request_error"
+) -> tuple[int, dict[str, Any]]:
+    return status_code, error_body(message, type=type, code=code)
+
+
+def record(s: Session, req: Request, outcome: tuple[int, dict[str, Any]], t: float) -> None:
+    """Store one line's result and move its batch's counters, in the caller's transaction
+    (which has locked the batch row first)."""
+    status_code, body = outcome
+    ok = status_code == 200
+    usage = body.get("usage") or {} if ok else {}
+    req.status = RequestStatus.SUCCEEDED if ok else RequestStatus.FAILED
+    req.status_code = status_code
+    req.request_id = new_id("req_")
+    req.body_json = json.dumps(body)
+    req.finished_at = int(t)
+    # Chat and completions count prompt/completion tokens, a `response` input/output.
+    req.prompt_tokens = int(usage.get("prompt_tokens") or usage.get("input_tokens") or 0)
+    req.completion_tokens = int(usage.get("completion_tokens") or usage.get("output_tokens") or 0)
+    s.add(req)
+    s.exec(
+        update(Batch)
+        .where(col(Batch.id) == req.batch_id)
+        .values(
+            completed=Batch.completed + (1 if ok else 0),
+            failed=Batch.failed + (0 if ok else 1),
+            input_tokens=Batch.input_tokens + req.prompt_tokens,
+            output_tokens=Batch.output_tokens + req.completion_tokens,
+        )
+    )
+
+
+# -- validation ---------------------------------------------------------------------------
+
+
+def validate_next(settings: Settings, db: Database, storage: Storage) -> bool:
+    """Validate the oldest batch still validating; True when a batch changed.
+
+    Two nodes may validate one batch at the same time; the first to commit inserts its
+    lines, and the other finds the batch no longer validating under the row lock.
+    """
+    with db.read() as s:
+        b = s.exec(
+            select(Batch)
+            .where(Batch.status == BatchStatus.VALIDATING)
+            .order_by(col(Batch.created_ns))
+        ).first()
+    if b is None:
+        return False
+    try:
+        with open(storage.path(b.input_file_id), "rb") as fh:
+            result = validate_jsonl(fh, b.endpoint, max_requests=settings.max_requests_per_batch)
+    except OSError as exc:
+        unreadable = {
+            "code": "file_unreadable",
+            "message": f"The input file cannot be read: {exc.strerror}.",
+            "param": "input_file_id",
+            "line": None,
+        }
+        return fail_validation(db, b.id, [unreadable])
+    if not result.ok:
+        return fail_validation(db, b.id, result.reported_errors())
+    rows = [
+        {
+            "id": new_id("batch_req_"),
+            "batch_id": b.id,
+            "line": line.number,
+            "custom_id": line.custom_id,
+            "offset": line.offset,
+            "length": line.length,
+            "status": RequestStatus.PENDING,
+            "attempts": 0,
+            "prompt_tokens": 0,
+            "completion_tokens": 0,
+        }
+        for line in result.lines
+    ]
+    with db.write() as s:
+        fresh = locked_batch(s, b.id)
+        if not still_validating(s, fresh):
+            return True
+        assert fresh is not None
+        # A crash mid-validation leaves nothing behind (this is one transaction),
+        # but clear any rows anyway so validation can always start over.
+        s.exec(Request.__table__.delete().where(Request.__table__.c.batch_id == b.id))  # type: ignore[attr-defined]
+        for start in range(0, len(rows), INSERT_CHUNK):
+            s.exec(insert(Request), params=rows[start : start + INSERT_CHUNK])
+        fresh.status = BatchStatus.IN_PROGRESS
+        fresh.in_progress_at = now()
+        fresh.total = len(rows)
+        fresh.model = result.model
+        s.add(fresh)
+    log.info("batch=%s status=in_progress total=%d", b.id, len(rows))
+    return True
+
+
+def still_validating(s: Session, b: Batch | None) -> bool:
+    """False when the batch left validation meanwhile; a cancel that arrived during
+    validation is settled here, as the batch never ran a line."""
+    if b is None or b.status != BatchStatus.VALIDATING:
+        if b is not None and b.status == BatchStatus.CANCELLING:
+            settle_cancelled_validation(s, b)
+        return False
+    return True
+
+
+def settle_cancelled_validation(s: Session, b: Batch) -> None:
+    b.status = BatchStatus.CANCELLED
+    b.cancelled_at = now()
+    s.add(b)
+
+
+def fail_validation(db: Database, batch_id: str, errors: list[dict[str, Any]]) -> bool:
+    with db.write() as s:
+        b = locked_batch(s, batch_id)
+        if not still_validating(s, b):
+            return True
+        assert b is not None
+        b.status = BatchStatus.FAILED
+        b.failed_at = now()
+        b.errors_json = json.dumps(errors)
+        s.add(b)
+    log.info("batch=%s status=failed errors=%d", batch_id, len(errors))
+    return True
+
+
+# -- cancel ---------------------------------------------------------------------------------
+
+
+def request_cancel(db: Database, batch_id: str) -> Batch:
+    """The API's cancel: the batch becomes cancelling and its lines that never started
+    never will. Each node then withdraws its own lines of it (`settle_cancel`)."""
+    with db.write() as s:
+        b = locked_batch(s, batch_id)
+        assert b is not None
+        if b.status in (BatchStatus.CANCELLING, BatchStatus.CANCELLED):
+            return b
+        if b.status not in BatchStatus.CANCELLABLE:
+            raise APIError(
+                400,
+                f"Cannot cancel batch '{batch_id}': its status is '{b.status}'. "
+                "Only a batch that is validating or in progress can be cancelled.",
+                param="batch_id",
+                code="batch_not_cancellable",
+            )
+        b.status = BatchStatus.CANCELLING
+        b.cancelling_at = now()
+        s.add(b)
+        s.exec(
+            update(Request)
+            .where(col(Request.batch_id) == batch_id, col(Request.status) == RequestStatus.PENDING)
+            .values(status=RequestStatus.CANCELLED, finished_at=now())
+        )
+    log.info("batch=%s status=cancelling", batch_id)
+    return b
+
+
+def settle_cancel(db: Database, batch_id: str, node_id: str) -> str:
+    """Cancel the lines nobody is running any more; what is left to do: "finalize",
+    "wait" (another live node still holds lines of it), or "done"."""
+    t = time.time()
+    with db.write() as s:
+        b = locked_batch(s, batch_id)
+        if b is None or b.status != BatchStatus.CANCELLING:
+            return "done"
+        # Lines this node held (it has none in flight now) and claims whose lease ran
+        # out (their node died): nobody will finish them now.
+        abandoned = (col(Request.status) == RequestStatus.PENDING) | (
+            (col(Request.status) == RequestStatus.RUNNING)
+            & ((col(Request.claimed_by) == node_id) | (col(Request.lease_until) < t))
+        )
+        s.exec(
+            update(Request)
+            .where(col(Request.batch_id) == batch_id, abandoned)
+            .values(status=RequestStatus.CANCELLED, finished_at=int(t))
+        )
+        if b.total == 0 and b.in_progress_at is None:
+            settle_cancelled_validation(s, b)
+            return "done"
+        held = s.exec(
+            select(func.count())
+            .select_from(Request)
+            .where(col(Request.batch_id) == batch_id, col(Request.status) == RequestStatus.RUNNING)
+        ).one()
+    return "wait" if held else "finalize"
+
+
+# -- expiry ---------------------------------------------------------------------------------
+
+
+def due_to_expire(db: Database) -> list[str]:
+    with db.read() as s:
+        return list(
+            s.exec(
+                select(Batch.id).where(
+                    col(Batch.status).in_(BatchStatus.CANCELLABLE),
+                    col(Batch.expires_at) <= now(),
+                )
+            ).all()
+        )
+
+
+def expire(db: Database, batch_id: str) -> bool:
+    """End the batch's open lines as expired and move it to finalizing; False when it
+    already left (another node expired or finished it)."""
+    t = now()
+    with db.write() as s:
+        b = locked_batch(s, batch_id)
+        # Both statuses can still run out of their window (and both can be cancelled).
+        if b is None or b.status not in BatchStatus.CANCELLABLE:
+            return False
+        result = s.exec(
+            update(Request)
+            .where(col(Request.batch_id) == batch_id, col(Request.status).in_(OPEN))
+            .values(
+                status=RequestStatus.EXPIRED, finished_at=t, error_json=json.dumps(EXPIRED_ERROR)
+            )
+        )
+        # finalizing with expired_at set: a crash from here on still ends as expired.
+        s.exec(
+            update(Batch)
+            .where(col(Batch.id) == batch_id)
+            .values(
+                failed=Batch.failed + (result.rowcount or 0),
+                expired_at=t,
+                status=BatchStatus.FINALIZING,
+                finalizing_at=t,
+            )
+        )
+    log.info("batch=%s status=expired", batch_id)
+    return True

@@ -1,0 +1,166 @@
+"""Several real nodes on one PostgreSQL database: kill -9 one mid-batch, lose no line.
+
+Three processes on the real default model share one database and one files location:
+node A and node B are `batchyard serve`, node C is `batchyard worker`. The batch is made
+on A and read on B (any node answers any call); its lines spread over all three; B is
+killed with SIGKILL after it has recorded lines and while it holds more. The others take
+B's lines over when their 3 s leases lapse, and the batch completes with every custom_id
+exactly once, its counts agreeing with its files. The database is read directly to count
+who did what (Request.claimed_by).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from sqlalchemy import create_engine, text
+
+from tests.factories import batch_line, jsonl
+from tests.live import OUTPUT, start_batchyard, start_server, stop_process, stop_server
+
+pytestmark = pytest.mark.slow
+
+LINES = 40
+LEASE = "3"
+#: Each node runs two lines at a time on one thread: three models share the machine's cores.
+NODE_ARGS = ["--parallel", "2", "--threads", "1", "--lease-seconds", LEASE]
+
+
+def by_node(url: str, batch_id: str) -> list[dict[str, Any]]:
+    engine = create_engine(url)
+    try:
+        with engine.connect() as conn:
+            found = conn.execute(
+                text(
+                    "SELECT custom_id, status, claimed_by, attempts FROM request "
+                    "WHERE batch_id = :b"
+                ),
+                {"b": batch_id},
+            )
+            return [dict(r._mapping) for r in found]
+    finally:
+        engine.dispose()
+
+
+def start_worker(data: Path, url: str, log_path: Path, timeout: float = 180) -> tuple[Any, str]:
+    """`batchyard worker` as a real process; (process, node id) once it says it is ready."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    log = open(log_path, "w")  # noqa: SIM115  (the child keeps its own copy)
+    proc = start_batchyard(
+        "worker", "--data-dir", str(data), "--database-url", url, "--node-name", "nodeC",
+        *NODE_ARGS, "--ctx-size", "1024", stdout=log, stderr=log,
+    )  # fmt: skip
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        text_so_far = log_path.read_text(errors="replace")
+        for line in text_so_far.splitlines():
+            if line.startswith("batchyard worker ") and " ready:" in line:
+                return proc, line.split()[2]
+        assert proc.poll() is None, f"worker exited {proc.returncode}:\n{text_so_far}"
+        time.sleep(0.3)
+    proc.kill()
+    raise AssertionError(f"worker not ready in {timeout}s:\n{log_path.read_text()}")
+
+
+def test_kill_one_node_mid_batch_the_others_finish_every_line_once(
+    tmp_path: Path, postgres_url: str
+) -> None:
+    data = tmp_path / "shared"  # the files location all nodes mount
+    common = ["--database-url", postgres_url, *NODE_ARGS]
+    a = start_server(data, OUTPUT / "node-a.log", args=[*common, "--node-name", "nodeA"])
+    b = start_server(data, OUTPUT / "node-b.log", args=[*common, "--node-name", "nodeB"])
+    worker, c_id = start_worker(data, postgres_url, OUTPUT / "node-c.log")
+    try:
+        a_id = httpx.get(a.url + "/health").json()["node"]
+        b_health = httpx.get(b.url + "/health").json()
+        b_id = b_health["node"]
+        assert a_id.startswith("nodeA-") and b_id.startswith("nodeB-") and c_id.startswith("nodeC-")
+        assert b_health["database"] == "postgresql"
+
+        sdk_a = openai.OpenAI(base_url=a.api, api_key="unused", max_retries=0)
+        sdk_b = openai.OpenAI(base_url=b.api, api_key="unused", max_retries=0)
+        lines = [
+            batch_line(f"line-{i}", f"Count to {i % 7 + 2}.", max_tokens=8, temperature=0)
+            for i in range(LINES)
+        ]
+        f = sdk_a.files.create(file=("in.jsonl", jsonl(*lines)), purpose="batch")
+        created = sdk_a.batches.create(
+            input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h"
+        )
+        assert sdk_b.batches.retrieve(created.id).id == created.id  # any node answers
+
+        # Kill B once it has recorded lines of its own and holds more.
+        deadline = time.time() + 240
+        while True:
+            rows = by_node(postgres_url, created.id)
+            b_done = sum(r["claimed_by"] == b_id and r["status"] == "succeeded" for r in rows)
+            b_held = sum(r["claimed_by"] == b_id and r["status"] == "running" for r in rows)
+            pending = sum(r["status"] == "pending" for r in rows)
+            if b_done >= 2 and b_held >= 1:
+                break
+            assert pending or b_held, f"the batch ran out before node B held lines: {rows}"
+            assert time.time() < deadline, (
+                f"node B recorded too little: {Counter(r['claimed_by'] for r in rows)}"
+            )
+            time.sleep(0.05)
+        b.process.send_signal(signal.SIGKILL)
+        b.process.wait(10)
+        at_kill = by_node(postgres_url, created.id)
+        held = {
+            r["custom_id"] for r in at_kill if r["claimed_by"] == b_id and r["status"] == "running"
+        }
+        done_before = Counter(r["claimed_by"] for r in at_kill if r["status"] == "succeeded")
+
+        finished = created
+        deadline = time.time() + 300
+        while finished.status not in ("completed", "failed", "expired", "cancelled"):
+            assert time.time() < deadline, f"batch stayed {finished.status}"
+            time.sleep(0.5)
+            finished = sdk_a.batches.retrieve(created.id)
+        assert finished.status == "completed", finished
+        out = [
+            json.loads(x)
+            for x in sdk_a.files.content(finished.output_file_id or "").text.splitlines()
+        ]
+        errors = (
+            sdk_a.files.content(finished.error_file_id).text.splitlines()
+            if finished.error_file_id
+            else []
+        )
+        counts = finished.request_counts
+        assert counts is not None
+        ids = Counter(o["custom_id"] for o in out)
+        duplicates = sum(n - 1 for n in ids.values())
+        assert sorted(ids) == sorted(x["custom_id"] for x in lines) and duplicates == 0
+        assert (counts.total, counts.completed, counts.failed) == (LINES, len(out), len(errors))
+        assert all(o["response"]["status_code"] == 200 for o in out)
+
+        final = by_node(postgres_url, created.id)
+        done_after = Counter(r["claimed_by"] for r in final)
+        retaken = [r for r in final if r["custom_id"] in held]
+        # B's lines at the kill were run again by a live node, B's earlier results kept.
+        assert retaken and all(r["claimed_by"] in (a_id, c_id) for r in retaken)
+        assert all(r["attempts"] == 2 for r in retaken)
+        assert done_after[b_id] == done_before[b_id] >= 2
+        # Lines spread over every node.
+        assert min(done_after[a_id], done_after[b_id], done_after[c_id]) >= 1, done_after
+        print(
+            f"\nkill-one-node: {LINES} lines; before the kill A={done_before[a_id]} "
+            f"B={done_before[b_id]} C={done_before[c_id]} done, B held {len(held)}; "
+            f"after: A={done_after[a_id]} B={done_after[b_id]} C={done_after[c_id]}; "
+            f"retaken {len(retaken)}; duplicates: {duplicates}; "
+            f"counts total={counts.total} completed={counts.completed} failed={counts.failed}"
+        )
+    finally:
+        stop_process(worker)
+        stop_server(a)
+        if b.process.poll() is None:
+            stop_server(b)
