@@ -29,9 +29,13 @@ def sh(*cmd: str, **kw: object) -> subprocess.CompletedProcess[str]:
 
 
 def make_venv(where: Path, stock: Path) -> Path:
-    sh(sys.executable, "-m", "venv", str(where))
+    """A venv with batchyard from this checkout and the stock llama-cpp-python wheel."""
     py = where / "bin/python"
-    sh(str(py), "-m", "pip", "install", "-q", "--find-links", str(stock), str(ROOT))
+    if not py.exists():
+        sh(sys.executable, "-m", "venv", str(where))
+        sh(str(py), "-m", "pip", "install", "-q", "--find-links", str(stock), str(ROOT))
+    (wheel,) = stock.glob("llama_cpp_python-*.whl")
+    sh(str(py), "-m", "pip", "install", "-q", "--force-reinstall", "--no-deps", str(wheel))
     return where / "bin/batchyard"
 
 
@@ -83,9 +87,11 @@ def main() -> int:
     p.add_argument("--lines", type=int, default=128)
     p.add_argument("--max-tokens", type=int, default=48)
     p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--work", type=Path, default=None, help="keep (and reuse) the venvs here")
     args = p.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-engine-") as tmp:
-        work = Path(tmp)
+        work = args.work or Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
         t = time.monotonic()
         stock = make_venv(work / "stock", args.stock_wheel)
         fixed = make_venv(work / "fixed", args.stock_wheel)
