@@ -48,7 +48,14 @@ SERVE_FLAGS: list[tuple[str, str, Any, str]] = [
         str,
         "where the CPU check keeps its verdicts (default: the platform's user cache dir)",
     ),
-    ("--api-keys-file", "api_keys_file", str, "file with one API key per line"),
+    (
+        "--api-keys-file",
+        "api_keys_file",
+        str,
+        "file with one API key per line (optionally: KEY webhook_url=URL webhook_secret=whsec_...)",
+    ),
+    ("--webhook-url", "webhook_url", str, "where batch events are sent (Standard Webhooks)"),
+    ("--webhook-secret", "webhook_secret", str, "the secret that signs webhooks (whsec_...)"),
     ("--log-level", "log_level", str, "debug, info, warning or error"),
     (
         "--database-url",
@@ -90,6 +97,27 @@ def _add_engine_flags(p: argparse.ArgumentParser, names: tuple[str, ...]) -> Non
             )
 
 
+def _add_upstream_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--engine",
+        dest="engine",
+        action="append",
+        default=None,
+        metavar="NAME=openai:URL[,key=K,models=a|b,concurrency=N]",
+        help="an upstream OpenAI-compatible server (vLLM, SGLang, llama-server, Ollama, another "
+        "batchyard) that serves the models it lists, or the ones named in models= (repeatable) "
+        f"[env {Settings.env_name('engine')}, ';'-separated; default: none]",
+    )
+    p.add_argument(
+        "--no-embedded",
+        dest="no_embedded",
+        action="store_true",
+        default=None,
+        help="do not load the embedded model: serve the --engine upstreams only, and answer "
+        f"404 for other models [env {Settings.env_name('no_embedded')}=1; default: load it]",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="batchyard",
@@ -107,6 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help=f"an API key clients must send (repeatable) [env {Settings.env_name('api_keys')}, comma-separated; default: none, no key needed]",
     )
+    _add_upstream_flags(serve)
     serve.add_argument(
         "--no-browser",
         dest="no_browser",
@@ -123,6 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--data-dir on a shared mount) and runs them on its model. Stops on SIGTERM.",
     )
     _add_engine_flags(worker, WORKER_FLAGS)
+    _add_upstream_flags(worker)
 
     run = sub.add_parser(
         "run",

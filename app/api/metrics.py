@@ -20,6 +20,7 @@ from litestar.middleware import ASGIMiddleware
 from litestar.response import Response
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
+from app.api.request_ids import client_request_id, request_id
 from app.services import Services
 from app.telemetry import RequestMetrics, render
 
@@ -42,9 +43,21 @@ def request_metrics(app: Litestar) -> RequestMetrics:
         return found  # type: ignore[no-any-return]
 
 
-def _log_request(method: str, path: str, status: int, seconds: float) -> None:
+def _log_request(scope: Scope, status: int, seconds: float) -> None:
+    """One line per request; `request_id` is the response's x-request-id."""
+    path = str(scope.get("path", ""))
     level = logging.DEBUG if path in QUIET_PATHS else logging.INFO
-    log.log(level, "method=%s path=%s status=%d ms=%.1f", method, path, status, seconds * 1000)
+    client_id = client_request_id(scope)
+    log.log(
+        level,
+        "method=%s path=%s status=%d ms=%.1f request_id=%s%s",
+        scope.get("method", ""),
+        path,
+        status,
+        seconds * 1000,
+        request_id(scope),
+        f" client_request_id={client_id!r}" if client_id else "",
+    )
 
 
 class RequestTiming(ASGIMiddleware):
@@ -70,7 +83,7 @@ class RequestTiming(ASGIMiddleware):
             route = str(scope.get("path_template") or scope.get("path", ""))
             method = str(scope.get("method", ""))
             request_metrics(scope["litestar_app"]).observe(method, route, status, seconds)  # type: ignore[typeddict-item]
-            _log_request(method, str(scope.get("path", "")), status, seconds)
+            _log_request(scope, status, seconds)
 
 
 async def count_unmatched(message: Message, scope: Scope) -> None:
@@ -83,7 +96,7 @@ async def count_unmatched(message: Message, scope: Scope) -> None:
     status = int(message["status"])
     # No start time is known here; such answers are immediate, so they count as zero.
     request_metrics(scope["litestar_app"]).observe(method, UNMATCHED, status, 0.0)  # type: ignore[typeddict-item]
-    _log_request(method, str(scope.get("path", "")), status, 0.0)
+    _log_request(scope, status, 0.0)
 
 
 @get("/metrics", include_in_schema=False, sync_to_thread=True)

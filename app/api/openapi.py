@@ -34,7 +34,6 @@ _ERROR_TEXT = {
     400: "A parameter is missing or has a wrong value; `param` names it.",
     401: "No API key, or an unknown one (only when the server has keys).",
     404: "No such object for this owner; `param` names the id.",
-    409: "The file is the input of a batch that is still running.",
     413: "The upload is larger than the server's limit.",
     503: "The model is still loading, or failed to load.",
     507: "The server's disk is full.",
@@ -88,6 +87,21 @@ class MultipartUpload(Operation):
                     description="Seconds after creation the file expires (1 hour to 30 days).",
                 ),
             },
+        )
+        self.request_body = RequestBody(
+            required=True, content={"multipart/form-data": OpenAPIMediaType(schema=form)}
+        )
+
+
+@dataclass
+class UploadPartForm(Operation):
+    """The request body of `POST /v1/uploads/{upload_id}/parts`, as the SDK sends it."""
+
+    def __post_init__(self) -> None:
+        form = Schema(
+            type=OpenAPIType.OBJECT,
+            required=["data"],
+            properties={"data": _text("The part's bytes (at most 64 MB).", format="binary")},
         )
         self.request_body = RequestBody(
             required=True, content={"multipart/form-data": OpenAPIMediaType(schema=form)}

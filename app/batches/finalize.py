@@ -18,7 +18,7 @@ from sqlalchemy import update
 from sqlmodel import col, select
 
 from app.batches import output
-from app.batches.lifecycle import OPEN, locked_batch
+from app.batches.lifecycle import OPEN, Ended, locked_batch, no_hook
 from app.config import Settings
 from app.db import Database
 from app.files.service import FileService
@@ -41,6 +41,7 @@ class Finalizer:
         files: FileService,
         on_change: Callable[[], None],
         retry_delays: tuple[float, ...] = FINALIZE_RETRY_DELAYS,
+        ended: Ended = no_hook,
     ) -> None:
         self.settings = settings
         self.db = db
@@ -48,6 +49,7 @@ class Finalizer:
         self.files = files
         self.on_change = on_change
         self.retry_delays = retry_delays
+        self.ended = ended
         # batch id -> (failed attempts, monotonic time of the next try): batches this node
         # is finalizing and will try again.
         self._failures: dict[str, tuple[int, float]] = {}
@@ -150,6 +152,7 @@ class Finalizer:
             elif final_status == BatchStatus.EXPIRED and fresh.expired_at is None:
                 fresh.expired_at = stamp
             s.add(fresh)
+            self.ended(s, fresh)
         log.info(
             "batch=%s status=%s completed=%d failed=%d",
             batch_id,
@@ -191,4 +194,5 @@ class Finalizer:
                 ]
             )
             s.add(fresh)
+            self.ended(s, fresh)
         self.on_change()

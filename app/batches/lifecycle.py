@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from sqlalchemy import func, insert, update
@@ -33,6 +34,16 @@ EXPIRED_ERROR = {
     "message": "This request could not be executed before the completion window expired.",
 }
 OPEN = (RequestStatus.PENDING, RequestStatus.RUNNING)
+#: Validating batches a node looks at for one no other node is validating.
+VALIDATION_LOOKAHEAD = 8
+
+#: Called with the transaction and the batch when a batch reaches a final status, before
+#: the transaction commits (the runner's `ended`: webhooks, releasing deleted inputs).
+Ended = Callable[[Session, Batch], object]
+
+
+def no_hook(s: Session, b: Batch) -> None:
+    pass
 
 
 def locked_batch(s: Session, batch_id: str) -> Batch | None:
@@ -59,8 +70,7 @@ def record(s: Session, req: Request, outcome: tuple[int, dict[str, Any]], t: flo
     req.body_json = json.dumps(body)
     req.finished_at = int(t)
     # Chat and completions count prompt/completion tokens, a `response` input/output.
-    req.prompt_tokens = int(usage.get("prompt_tokens") or usage.get("input_tokens") or 0)
-    req.completion_tokens = int(usage.get("completion_tokens") or usage.get("output_tokens") or 0)
+    req.prompt_tokens, req.completion_tokens, req.cached_tokens = usage_counts(usage)
     s.add(req)
     s.exec(
         update(Batch)
@@ -70,27 +80,54 @@ def record(s: Session, req: Request, outcome: tuple[int, dict[str, Any]], t: flo
             failed=Batch.failed + (0 if ok else 1),
             input_tokens=Batch.input_tokens + req.prompt_tokens,
             output_tokens=Batch.output_tokens + req.completion_tokens,
+            cached_tokens=Batch.cached_tokens + req.cached_tokens,
         )
     )
+
+
+def usage_counts(usage: dict[str, Any]) -> tuple[int, int, int]:
+    """(prompt, completion, cached) tokens of one line's `usage`, in chat/completions names
+    (`prompt_tokens`, `prompt_tokens_details`) or responses names (`input_tokens`, ...)."""
+    prompt = usage.get("prompt_tokens") or usage.get("input_tokens")
+    completion = usage.get("completion_tokens") or usage.get("output_tokens")
+    details = usage.get("prompt_tokens_details") or usage.get("input_tokens_details") or {}
+    cached = details.get("cached_tokens") if isinstance(details, dict) else 0
+    return int(prompt or 0), int(completion or 0), int(cached or 0)
 
 
 # -- validation ---------------------------------------------------------------------------
 
 
-def validate_next(settings: Settings, db: Database, storage: Storage) -> bool:
-    """Validate the oldest batch still validating; True when a batch changed.
+def validate_next(
+    settings: Settings, db: Database, storage: Storage, ended: Ended = no_hook
+) -> bool:
+    """Validate the oldest batch still validating that no other node is validating;
+    True when a batch changed.
 
-    Two nodes may validate one batch at the same time; the first to commit inserts its
-    lines, and the other finds the batch no longer validating under the row lock.
+    A node claims a batch's validation for as long as it reads the file (Database.exclusive);
+    the row lock in the last transaction makes sure the lines are inserted once anyway.
     """
     with db.read() as s:
-        b = s.exec(
-            select(Batch)
+        waiting = s.exec(
+            select(Batch.id)
             .where(Batch.status == BatchStatus.VALIDATING)
             .order_by(col(Batch.created_ns))
-        ).first()
-    if b is None:
-        return False
+            .limit(VALIDATION_LOOKAHEAD)
+        ).all()
+    for batch_id in waiting:
+        with db.exclusive(f"validate {batch_id}") as mine:
+            if mine:
+                return _validate(settings, db, storage, batch_id, ended)
+    return False
+
+
+def _validate(
+    settings: Settings, db: Database, storage: Storage, batch_id: str, ended: Ended
+) -> bool:
+    with db.read() as s:
+        b = s.get(Batch, batch_id)
+    if b is None or b.status != BatchStatus.VALIDATING:
+        return False  # another node validated it before this one got the claim
     try:
         with open(storage.path(b.input_file_id), "rb") as fh:
             result = validate_jsonl(fh, b.endpoint, max_requests=settings.max_requests_per_batch)
@@ -101,9 +138,9 @@ def validate_next(settings: Settings, db: Database, storage: Storage) -> bool:
             "param": "input_file_id",
             "line": None,
         }
-        return fail_validation(db, b.id, [unreadable])
+        return fail_validation(db, b.id, [unreadable], ended)
     if not result.ok:
-        return fail_validation(db, b.id, result.reported_errors())
+        return fail_validation(db, b.id, result.reported_errors(), ended)
     rows = [
         {
             "id": new_id("batch_req_"),
@@ -116,12 +153,13 @@ def validate_next(settings: Settings, db: Database, storage: Storage) -> bool:
             "attempts": 0,
             "prompt_tokens": 0,
             "completion_tokens": 0,
+            "cached_tokens": 0,
         }
         for line in result.lines
     ]
     with db.write() as s:
         fresh = locked_batch(s, b.id)
-        if not still_validating(s, fresh):
+        if not still_validating(s, fresh, ended):
             return True
         assert fresh is not None
         # A crash mid-validation leaves nothing behind (this is one transaction),
@@ -138,32 +176,36 @@ def validate_next(settings: Settings, db: Database, storage: Storage) -> bool:
     return True
 
 
-def still_validating(s: Session, b: Batch | None) -> bool:
+def still_validating(s: Session, b: Batch | None, ended: Ended = no_hook) -> bool:
     """False when the batch left validation meanwhile; a cancel that arrived during
     validation is settled here, as the batch never ran a line."""
     if b is None or b.status != BatchStatus.VALIDATING:
         if b is not None and b.status == BatchStatus.CANCELLING:
-            settle_cancelled_validation(s, b)
+            settle_cancelled_validation(s, b, ended)
         return False
     return True
 
 
-def settle_cancelled_validation(s: Session, b: Batch) -> None:
+def settle_cancelled_validation(s: Session, b: Batch, ended: Ended = no_hook) -> None:
     b.status = BatchStatus.CANCELLED
     b.cancelled_at = now()
     s.add(b)
+    ended(s, b)
 
 
-def fail_validation(db: Database, batch_id: str, errors: list[dict[str, Any]]) -> bool:
+def fail_validation(
+    db: Database, batch_id: str, errors: list[dict[str, Any]], ended: Ended = no_hook
+) -> bool:
     with db.write() as s:
         b = locked_batch(s, batch_id)
-        if not still_validating(s, b):
+        if not still_validating(s, b, ended):
             return True
         assert b is not None
         b.status = BatchStatus.FAILED
         b.failed_at = now()
         b.errors_json = json.dumps(errors)
         s.add(b)
+        ended(s, b)
     log.info("batch=%s status=failed errors=%d", batch_id, len(errors))
     return True
 
@@ -199,7 +241,7 @@ def request_cancel(db: Database, batch_id: str) -> Batch:
     return b
 
 
-def settle_cancel(db: Database, batch_id: str, node_id: str) -> str:
+def settle_cancel(db: Database, batch_id: str, node_id: str, ended: Ended = no_hook) -> str:
     """Cancel the lines nobody is running any more; what is left to do: "finalize",
     "wait" (another live node still holds lines of it), or "done"."""
     t = time.time()
@@ -219,7 +261,7 @@ def settle_cancel(db: Database, batch_id: str, node_id: str) -> str:
             .values(status=RequestStatus.CANCELLED, finished_at=int(t))
         )
         if b.total == 0 and b.in_progress_at is None:
-            settle_cancelled_validation(s, b)
+            settle_cancelled_validation(s, b, ended)
             return "done"
         held = s.exec(
             select(func.count())

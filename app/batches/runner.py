@@ -17,11 +17,12 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
 from sqlalchemy import func, update
-from sqlmodel import col, select
+from sqlmodel import Session, col, select
 
 from app.batches import lifecycle
 from app.batches.finalize import FINALIZE_RETRY_DELAYS, Finalizer
@@ -39,6 +40,8 @@ log = logging.getLogger("batchyard.runner")
 #: A line whose claim ran out this many times (the server died while running it) fails
 #: instead of taking the server down again.
 MAX_ATTEMPTS = 3
+#: Seconds between two looks at what other nodes changed (PostgreSQL).
+NOTICE_INTERVAL = 1.0
 #: Seconds between two sweeps of expired files.
 SWEEP_INTERVAL = 60.0
 #: Files and temporary uploads younger than this are never swept at start-up: on a shared
@@ -79,12 +82,26 @@ class Runner:
         self._last_sweep = 0.0
         self._sweep_interval = sweep_interval
         self._finalizer = Finalizer(
-            settings, db, storage, files, self._bump, retry_delays=finalize_retry_delays
+            settings,
+            db,
+            storage,
+            files,
+            self._bump,
+            retry_delays=finalize_retry_delays,
+            ended=self._ended,
         )
+        # Set when a batch ended: deleted input files it held may be released.
+        self._batch_ended = False
+        #: Run every sweep interval, after the files' sweep (the services add theirs).
+        self.sweeps: list[Callable[[], object]] = []
+        #: Called with the transaction and the batch each time a batch reaches a final
+        #: status, before it commits (the webhooks service queues its event here).
+        self.end_hooks: list[Callable[[Session, Batch], object]] = []
         #: Bumped after every write the dashboard may want to show; see wait_for_change().
         self.revision = 0
         self._changed = threading.Condition()
         self._seen: Any = None  # what the database looked like last time (other nodes' writes)
+        self._last_look = 0.0
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -176,13 +193,28 @@ class Runner:
         self._notice_other_nodes()
         if time.monotonic() - self._last_sweep > self._sweep_interval:
             self._last_sweep = time.monotonic()
+            self._batch_ended = False
             self.files.sweep_expired()
+            for sweep in self.sweeps:
+                sweep()
+        elif self._batch_ended:
+            self._batch_ended = False
+            self.files.release_deleted()
+
+    def _ended(self, s: Session, b: Batch) -> None:
+        """Every transition to a final status calls this, in its transaction."""
+        self._batch_ended = True
+        for hook in self.end_hooks:
+            hook(s, b)
 
     def _notice_other_nodes(self) -> None:
         """Bump the revision when other nodes changed batches or files, so this node's
         dashboard (which waits on the revision) shows their work too."""
         if self.db.is_sqlite:
             return  # one process per SQLite file: every write went through _bump
+        if time.monotonic() - self._last_look < NOTICE_INTERVAL:
+            return
+        self._last_look = time.monotonic()
         with self.db.read() as s:
             batches = s.exec(
                 select(Batch.status, func.count(), func.sum(Batch.completed + Batch.failed))
@@ -198,7 +230,7 @@ class Runner:
     # -- validation, cancel, expiry (lifecycle.py) --------------------------------------
 
     def _validate_next(self) -> None:
-        if lifecycle.validate_next(self.settings, self.db, self.storage):
+        if lifecycle.validate_next(self.settings, self.db, self.storage, self._ended):
             self._bump()
 
     def cancel(self, batch_id: str) -> Batch:
@@ -220,7 +252,7 @@ class Runner:
             self._withdraw(batch_id)
             if any(bid == batch_id for bid, _ in self._inflight.values()):
                 continue  # their cancelled futures come back through _record_results
-            left = lifecycle.settle_cancel(self.db, batch_id, self.worker_id)
+            left = lifecycle.settle_cancel(self.db, batch_id, self.worker_id, self._ended)
             if left == "finalize":
                 self._finalizer.finalize(batch_id, BatchStatus.CANCELLED)
             elif left == "done":

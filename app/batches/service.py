@@ -129,7 +129,7 @@ class BatchService:
         with self.db.write() as s:
             # Locked, so that a delete on another node waits for this batch to exist.
             f = s.get(File, input_file_id, with_for_update=True)
-            if f is None or f.owner != owner:
+            if f is None or f.owner != owner or f.deleted_at is not None:
                 raise APIError(
                     400,
                     f"The input file '{input_file_id}' does not exist.",

@@ -127,50 +127,67 @@ class FileService:
         s.add(row)
         return row
 
-    def delete(self, file_id: str, owner: str) -> None:
+    def delete(self, file_id: str, owner: str) -> bool:
+        """Delete a file as OpenAI does: at once for the API. The input of a batch that is
+        still running keeps its row (marked deleted) and its bytes until the batch ends.
+        Returns whether the bytes went now."""
         with self.db.write() as s:
-            # Locked: a batch created on another node meanwhile makes this wait, then refuse.
+            # Locked: a batch created on another node meanwhile makes this wait.
             row = self._get(s, file_id, owner, lock=True)
-            busy = s.exec(
-                select(Batch.id).where(
-                    Batch.input_file_id == file_id, col(Batch.status).in_(BatchStatus.ACTIVE)
-                )
-            ).first()
-            if busy:
-                raise APIError(
-                    409,
-                    f"File '{file_id}' is the input of batch '{busy}', which is still running. "
-                    "Cancel the batch or wait for it to finish, then delete the file.",
-                    param="file_id",
-                    code="file_in_use",
-                )
+            if self._needed_by(s, file_id):
+                row.deleted_at = now()
+                s.add(row)
+                return False
             s.delete(row)
         self.storage.delete(file_id)
+        return True
+
+    @staticmethod
+    def _needed_by(s: Session, file_id: str) -> str | None:
+        """The id of a running batch that reads `file_id`, if any."""
+        return s.exec(
+            select(Batch.id).where(
+                Batch.input_file_id == file_id, col(Batch.status).in_(BatchStatus.ACTIVE)
+            )
+        ).first()
+
+    def release_deleted(self) -> int:
+        """Remove the rows and bytes of deleted files that no running batch reads any more
+        (the runner calls this when a batch ends, and on its sweeps); returns how many."""
+        with self.db.read() as s:
+            marked = s.exec(select(File.id).where(col(File.deleted_at).is_not(None))).all()
+        removed = 0
+        for file_id in marked:
+            with self.db.write() as s:
+                row = s.get(File, file_id, with_for_update=True)
+                if row is None or self._needed_by(s, file_id):
+                    continue
+                s.delete(row)
+            self.storage.delete(file_id)
+            removed += 1
+        return removed
 
     def sweep_expired(self, t: int | None = None) -> int:
-        """Delete files whose expires_at has passed by `t` (default: now); inputs of active
-        batches wait until their batch ends."""
+        """Delete files whose expires_at has passed by `t` (default: now), as a delete by
+        their owner would; then release deleted files no batch needs. Returns how many
+        files' bytes were removed."""
         t = now() if t is None else t
         with self.db.read() as s:
             due = s.exec(
                 select(File.id, File.owner).where(
-                    col(File.expires_at).is_not(None), col(File.expires_at) <= t
+                    col(File.expires_at).is_not(None),
+                    col(File.expires_at) <= t,
+                    col(File.deleted_at).is_(None),
                 )
             ).all()
-        removed = 0
-        for file_id, owner in due:
-            try:
-                self.delete(file_id, owner)
-                removed += 1
-            except APIError:
-                pass
-        return removed
+        removed = sum(self.delete(file_id, owner) for file_id, owner in due)
+        return removed + self.release_deleted()
 
     # -- reads --------------------------------------------------------------------------
 
     def _get(self, s: Session, file_id: str, owner: str, *, lock: bool = False) -> File:
         row = s.get(File, file_id, with_for_update=lock or None)
-        if row is None or row.owner != owner:
+        if row is None or row.owner != owner or row.deleted_at is not None:
             raise not_found("file", file_id, param="file_id")
         return row
 
@@ -201,12 +218,12 @@ class FileService:
         if order not in ("asc", "desc"):
             raise invalid("order must be 'asc' or 'desc'.", param="order")
         with self.db.read() as s:
-            q = select(File).where(File.owner == owner)
+            q = select(File).where(File.owner == owner, col(File.deleted_at).is_(None))
             if purpose:
                 q = q.where(File.purpose == purpose)
             if after:
                 cursor = s.get(File, after)
-                if cursor is None or cursor.owner != owner:
+                if cursor is None or cursor.owner != owner or cursor.deleted_at is not None:
                     raise not_found("file", after, param="after")
                 if order == "desc":
                     q = q.where(col(File.created_ns) < cursor.created_ns)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import os
 import secrets
+import shutil
 import time
 from pathlib import Path
 from typing import BinaryIO
@@ -67,12 +68,15 @@ class PartialWrite:
         return self._sha.hexdigest()
 
     def commit(self, file_id: str) -> Path:
+        return self.commit_to(self.storage.path(file_id))
+
+    def commit_to(self, final: Path) -> Path:
+        """Move the written bytes to `final` (a file id's path, or an upload part's)."""
         assert self._fh is not None
         self._fh.flush()
         os.fsync(self._fh.fileno())
         self._fh.close()
         self._fh = None
-        final = self.storage.path(file_id)
         os.replace(self.tmp_path, final)
         return final
 
@@ -88,13 +92,25 @@ class Storage:
         self.root = root
         self.files_dir = root / "files"
         self.tmp_dir = root / "tmp"
+        # The parts of unfinished uploads (POST /v1/uploads), one folder per upload.
+        self.uploads_dir = root / "uploads"
         self.files_dir.mkdir(parents=True, exist_ok=True)
         self.tmp_dir.mkdir(parents=True, exist_ok=True)
+        self.uploads_dir.mkdir(parents=True, exist_ok=True)
 
     def path(self, file_id: str) -> Path:
         if not file_id.replace("-", "").replace("_", "").isalnum():
             raise ValueError(f"not a file id: {file_id!r}")
         return self.files_dir / file_id
+
+    def part_path(self, upload_id: str, part_id: str) -> Path:
+        """Where an upload part's bytes live; the upload's folder is made on first use."""
+        folder = self.uploads_dir / self.path(upload_id).name
+        folder.mkdir(exist_ok=True)
+        return folder / self.path(part_id).name
+
+    def delete_parts(self, upload_id: str) -> None:
+        shutil.rmtree(self.uploads_dir / self.path(upload_id).name, ignore_errors=True)
 
     def begin_write(self, limit: int) -> PartialWrite:
         return PartialWrite(self, limit)

@@ -1,14 +1,14 @@
 """Streaming multipart uploads: the bytes of `file` go to disk as they arrive.
 
 Litestar's own form parsing holds the whole body in memory; a 200 MB batch file must not,
-so both `POST /v1/files` and the dashboard's upload read the request stream here and
-write it through storage's size-capped writer.
+so `POST /v1/files`, the dashboard's upload and `POST /v1/uploads/{id}/parts` (its `data`
+part) read the request stream here and write it through storage's size-capped writer.
 """
 
 from __future__ import annotations
 
 import errno
-from collections.abc import AsyncIterable
+from collections.abc import AsyncIterable, Callable
 from dataclasses import dataclass, field
 
 import anyio.to_thread
@@ -35,8 +35,11 @@ class _Part:
 class _Collector:
     """Callbacks for python-multipart's streaming parser."""
 
-    def __init__(self, files: FileService) -> None:
-        self.files = files
+    def __init__(
+        self, file_field: str, begin_write: Callable[[dict[str, str]], PartialWrite]
+    ) -> None:
+        self.file_field = file_field
+        self.begin_write = begin_write
         self.fields: dict[str, str] = {}
         self.partial: PartialWrite | None = None
         self.filename: str | None = None
@@ -69,18 +72,18 @@ class _Collector:
         self._part.name = opts.get(b"name", b"").decode("utf-8", "replace")
         raw_name = opts.get(b"filename")
         self._part.filename = raw_name.decode("utf-8", "replace") if raw_name is not None else None
-        if self._part.name == "file":
+        if self._part.name == self.file_field:
             if self.file_seen:
-                raise APIError(400, "Send exactly one 'file' part.", param="file")
+                raise APIError(
+                    400, f"Send exactly one '{self.file_field}' part.", param=self.file_field
+                )
             self.file_seen = True
             self.filename = self._part.filename or "upload"
-            # The purpose may arrive before the file (the SDK sends it first): cap by it.
-            self.partial = self.files.storage.begin_write(
-                self.files.limit_for(self.fields.get("purpose"))
-            )
+            # Fields sent before the file (the SDK sends `purpose` first) may set its cap.
+            self.partial = self.begin_write(self.fields)
 
     def on_part_data(self, data: bytes, start: int, end: int) -> None:
-        if self._part.name == "file":
+        if self._part.name == self.file_field:
             self.pending += data[start:end]
         else:
             self._part.data += data[start:end]
@@ -90,37 +93,31 @@ class _Collector:
                 )
 
     def on_part_end(self) -> None:
-        if self._part.name and self._part.name != "file":
+        if self._part.name and self._part.name != self.file_field:
             self.fields[self._part.name] = self._part.data.decode("utf-8", "replace")
 
 
-async def receive_upload(
-    files: FileService,
-    owner: str,
+async def stream_form(
     *,
     content_type: str,
-    content_length: str | None,
     body: AsyncIterable[bytes],
-) -> File:
-    """Parse a multipart upload (`file`, `purpose`, optional `expires_after[...]`) from the
-    request's headers and its body as it streams in, and store it."""
+    file_field: str,
+    begin_write: Callable[[dict[str, str]], PartialWrite],
+    expected: str,
+) -> _Collector:
+    """Parse a multipart body as it streams in: the `file_field` part goes to disk through
+    the writer `begin_write(fields so far)` gives, small fields stay in memory. A part over
+    the writer's limit raises TooLarge; nothing half-written is kept on any error.
+    `expected` says what the form holds, for the message about a wrong content type."""
     ctype, params = parse_options_header(content_type)
     if ctype != b"multipart/form-data" or b"boundary" not in params:
         raise APIError(
             400,
-            "Uploads must be sent as multipart/form-data with a 'file' part and a 'purpose' field.",
-            param="file",
+            f"{expected} must be sent as multipart/form-data.",
+            param=file_field,
             code="invalid_content_type",
         )
-    declared = content_length
-    if (
-        declared
-        and declared.isdigit()
-        and int(declared) > files.settings.max_file_bytes + MAX_FIELD_BYTES
-    ):
-        raise too_large(None, files.settings.max_file_bytes)
-
-    col = _Collector(files)
+    col = _Collector(file_field, begin_write)
     callbacks = {
         "on_part_begin": col.on_part_begin,
         "on_part_data": col.on_part_data,
@@ -144,11 +141,7 @@ async def receive_upload(
             await flush(False)
         parser.finalize()
         await flush(True)
-    except TooLarge as exc:
-        if col.partial is not None:
-            col.partial.discard()
-        raise too_large(col.fields.get("purpose"), exc.limit) from None
-    except APIError:
+    except (TooLarge, APIError):
         if col.partial is not None:
             col.partial.discard()
         raise
@@ -160,8 +153,44 @@ async def receive_upload(
         if col.partial is not None:
             col.partial.discard()
         raise APIError(
-            400, f"The multipart body could not be parsed: {exc}", param="file"
+            400, f"The multipart body could not be parsed: {exc}", param=file_field
         ) from None
+    return col
+
+
+async def receive_upload(
+    files: FileService,
+    owner: str,
+    *,
+    content_type: str,
+    content_length: str | None,
+    body: AsyncIterable[bytes],
+) -> File:
+    """Parse a multipart upload (`file`, `purpose`, optional `expires_after[...]`) from the
+    request's headers and its body as it streams in, and store it."""
+    declared = content_length
+    if (
+        declared
+        and declared.isdigit()
+        and int(declared) > files.settings.max_file_bytes + MAX_FIELD_BYTES
+    ):
+        raise too_large(None, files.settings.max_file_bytes)
+    purpose_sent: dict[str, str | None] = {}
+
+    def begin_write(fields: dict[str, str]) -> PartialWrite:
+        purpose_sent["purpose"] = fields.get("purpose")
+        return files.storage.begin_write(files.limit_for(fields.get("purpose")))
+
+    try:
+        col = await stream_form(
+            content_type=content_type,
+            body=body,
+            file_field="file",
+            begin_write=begin_write,
+            expected="Uploads (a 'file' part and a 'purpose' field)",
+        )
+    except TooLarge as exc:
+        raise too_large(purpose_sent.get("purpose"), exc.limit) from None
 
     try:
         if col.partial is None:

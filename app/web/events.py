@@ -23,7 +23,7 @@ from app.models import BatchStatus
 from app.services import Services
 from app.web import views
 from app.web.explorer import chart_context
-from app.web.pages import PAGE_SIZE, summary_context
+from app.web.pages import PAGE_SIZE, engines_context, summary_context
 
 #: Seconds between two looks at the database in a live stream.
 TICK = 1.0
@@ -129,13 +129,12 @@ async def batch_events(
 async def engine_events(
     request: Request[Any, Any, Any], services: NamedDependency[Services]
 ) -> ServerSentEvent:
-    """The engine's live figures once a second, for as long as the page is open."""
+    """Every engine's live figures once a second, for as long as the page is open."""
 
     async def look() -> Frame:
-        engine = services.engine
-        if engine is None:  # still loading: nothing to show yet
+        if services.engine is None:  # still loading: nothing to show yet
             return {}, False
-        html = render(request, "partials/engine_stats.html", stats=engine.stats(), info=engine.info)
+        html = render(request, "partials/engines_live.html", **engines_context(services))
         return {"stats": html}, False
 
     return ServerSentEvent(poll_until(look))

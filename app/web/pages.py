@@ -1,4 +1,4 @@
-"""Dashboard pages: the batch list, one batch, files, the model; and file downloads.
+"""Dashboard pages: the batch list, one batch, files, the engines; and file downloads.
 
 Thin by rule: each handler calls the same services the OpenAI API uses and renders a
 template. The contexts built here are shared with the partials and the live streams.
@@ -12,11 +12,12 @@ from litestar import Request, get
 from litestar.di import NamedDependency
 from litestar.params import FromPath, FromQuery
 from litestar.response import File as FileResponse
-from litestar.response import Template
+from litestar.response import Redirect, Template
 
 from app.api.schemas.batches import batch_object
 from app.api.schemas.common import to_builtins
 from app.batches.service import BatchService
+from app.engine.registry import members
 from app.errors import APIError
 from app.files.service import FileService
 from app.models import Batch, BatchStatus
@@ -63,6 +64,17 @@ def summary_context(
     }
 
 
+def deliveries_context(services: Services, batch_id: str, owner: str) -> dict[str, Any]:
+    """What partials/webhook_deliveries.html needs: the batch's webhook deliveries."""
+    rows = [views.delivery_row(d) for d in services.webhooks.deliveries(batch_id, owner)]
+    return {
+        "batch_id": batch_id,
+        "deliveries": rows,
+        "deliveries_pending": any(r["status"] == "pending" for r in rows),
+        "webhooks_enabled": services.webhooks.enabled,
+    }
+
+
 def batch_page_context(
     services: NamedDependency[Services],
     batch_id: FromPath[str],
@@ -94,6 +106,7 @@ def batch_page_context(
         **chart_context(services.batches, batch),
         "explorer": explorer,
         "opened": opened,
+        **deliveries_context(services, batch_id, owner),
     }
 
 
@@ -149,22 +162,27 @@ def files_page(
     )
 
 
+@get("/engines", name="web:engines", include_in_schema=False)
+async def engines_page(services: NamedDependency[Services]) -> Template:
+    """Each engine: its models, health, load and throughput (the live part comes by SSE)."""
+    return Template(template_name="engines.html", context=engines_context(services))
+
+
+def engines_context(services: Services) -> dict[str, Any]:
+    """What the engines page and its live partial show; no engines while the model loads."""
+    engines = members(services.engine)
+    return {
+        "engines": engines,
+        "failure": services.engine_failure,
+        "sizes": {e.name: views.size(e.info.size_bytes) for e in engines},
+        "total": services.engine.stats() if services.engine is not None else None,
+    }
+
+
 @get("/models", name="web:models", include_in_schema=False)
-async def models_page(services: NamedDependency[Services]) -> Template:
-    engine = services.engine
-    if engine is None:  # the model is still loading (or failed to load: /health says why)
-        return Template(
-            template_name="models.html",
-            context={"info": None, "failure": services.engine_failure},
-        )
-    return Template(
-        template_name="models.html",
-        context={
-            "info": engine.info,
-            "size": views.size(engine.info.size_bytes),
-            "stats": engine.stats(),
-        },
-    )
+async def models_page() -> Redirect:
+    """The page's old address."""
+    return Redirect("/engines")
 
 
 @get(
@@ -187,4 +205,4 @@ def download(
     )
 
 
-ROUTES = [home, batch_page, files_page, models_page, download]
+ROUTES = [home, batch_page, files_page, engines_page, models_page, download]

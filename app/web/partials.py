@@ -21,7 +21,7 @@ from app.files.service import FileService
 from app.files.upload import receive_upload
 from app.services import Services
 from app.web import views
-from app.web.pages import batch_list_context, batch_page_context
+from app.web.pages import batch_list_context, batch_page_context, deliveries_context
 from app.web.preview import preview_file
 
 
@@ -157,4 +157,47 @@ def delete_file(
     return Response("", media_type="text/html")
 
 
-ROUTES = [upload_form, upload, create_batch, batch_list, cancel, delete_file]
+@get(
+    "/web/batches/{batch_id:str}/webhooks",
+    name="web:webhook_deliveries",
+    sync_to_thread=True,
+    include_in_schema=False,
+)
+def webhook_deliveries(
+    services: NamedDependency[Services], owner: NamedDependency[str], batch_id: FromPath[str]
+) -> Template:
+    services.batches.get(batch_id, owner)  # 404 for another owner's batch
+    return Template(
+        template_name="partials/webhook_deliveries.html",
+        context=deliveries_context(services, batch_id, owner),
+    )
+
+
+@post(
+    "/web/webhooks/{delivery_id:str}/redeliver",
+    name="web:redeliver",
+    sync_to_thread=True,
+    include_in_schema=False,
+    status_code=200,
+)
+def redeliver(
+    services: NamedDependency[Services], owner: NamedDependency[str], delivery_id: FromPath[str]
+) -> Template:
+    """Send a batch's webhook event again (same event id), then show its deliveries."""
+    row = services.webhooks.redeliver(delivery_id, owner)
+    return Template(
+        template_name="partials/webhook_deliveries.html",
+        context=deliveries_context(services, row.batch_id, owner),
+    )
+
+
+ROUTES = [
+    upload_form,
+    upload,
+    create_batch,
+    batch_list,
+    cancel,
+    delete_file,
+    webhook_deliveries,
+    redeliver,
+]

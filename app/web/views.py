@@ -16,7 +16,7 @@ from typing import Any
 
 from app.batches import throughput
 from app.batches.service import LineDetail
-from app.models import Batch, BatchStatus, File, Request, RequestStatus
+from app.models import Batch, BatchStatus, File, Request, RequestStatus, WebhookDelivery
 
 STATUS_TONE = {
     BatchStatus.VALIDATING: "info",
@@ -382,4 +382,22 @@ def line_detail(detail: LineDetail) -> dict[str, Any]:
         "usage": (body or {}).get("usage") if isinstance(body, dict) else None,
         "raw": json.dumps(body or error, indent=2, ensure_ascii=False) if (body or error) else "",
         "finished": when(r.finished_at),
+    }
+
+
+DELIVERY_TONES = {"pending": "warn", "delivered": "ok", "failed": "bad"}
+
+
+def delivery_row(d: WebhookDelivery, now: float | None = None) -> dict[str, Any]:
+    return {
+        "id": d.id,
+        "event_id": d.event_id,
+        "event_type": d.event_type,
+        "url": d.url,
+        "status": d.status,
+        "tone": DELIVERY_TONES.get(d.status, "muted"),
+        "attempts": d.attempts,
+        "last_status_code": d.last_status_code,
+        "last_error": d.last_error,
+        "next_try": when(d.next_attempt_at, now) if d.status == "pending" else None,
     }

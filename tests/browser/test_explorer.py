@@ -223,13 +223,13 @@ def test_model_page_names_the_fix(
         "`batchyard engine build --cpu` to rebuild llama-cpp-python with the fix."
     )
     try:
-        page.goto(f"{server.url}/models")
+        page.goto(f"{server.url}/engines")
         expect(page.locator("#advice-command")).to_have_text("batchyard engine build --cpu")
         shoot(page, "models-advice-light")
         for scheme, width, suffix in (("dark", 1280, "dark"), ("light", 390, "phone")):
             ctx = new_context(browser, scheme, width)
             other = ctx.new_page()
-            other.goto(f"{server.url}/models")
+            other.goto(f"{server.url}/engines")
             expect(other.locator(".engine-advice")).to_contain_text("SIGSEGV")
             shoot(other, f"models-advice-{suffix}")
             ctx.close()

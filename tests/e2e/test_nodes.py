@@ -106,7 +106,10 @@ def test_kill_one_node_mid_batch_the_others_finish_every_line_once(
             pending = sum(r["status"] == "pending" for r in rows)
             if b_done >= 2 and b_held >= 1:
                 break
-            assert pending or b_held, f"the batch ran out before node B held lines: {rows}"
+            # (no rows yet: the batch is still being validated)
+            assert not rows or pending or b_held, (
+                f"the batch ran out before node B held lines: {rows}"
+            )
             assert time.time() < deadline, (
                 f"node B recorded too little: {Counter(r['claimed_by'] for r in rows)}"
             )

@@ -51,7 +51,8 @@ def api_schema(fuzz_server: LiveServer) -> Any:
 
 @pytest.fixture(scope="module")
 def known_ids(fuzz_server: LiveServer) -> dict[str, str]:
-    """A real input file and a finished batch of one line, made the way a user would."""
+    """A real input file, a finished batch of one line and a pending upload, made the way
+    a user would."""
     api = fuzz_server.api
     up = httpx.post(
         f"{api}/files",
@@ -74,7 +75,16 @@ def known_ids(fuzz_server: LiveServer) -> dict[str, str]:
     while (b := httpx.get(f"{api}/batches/{batch_id}").json())["status"] != "completed":
         assert time.time() < deadline, b
         time.sleep(0.2)
-    return {"file_id": b["output_file_id"], "batch_id": batch_id}
+    pending = httpx.post(
+        f"{api}/uploads",
+        json={"bytes": 64, "filename": "u.bin", "mime_type": "text/plain", "purpose": "user_data"},
+    )
+    assert pending.status_code == 200, pending.text
+    return {
+        "file_id": b["output_file_id"],
+        "batch_id": batch_id,
+        "upload_id": pending.json()["id"],
+    }
 
 
 def fuzz(operation: Any, mode: GenerationMode, **path_parameters: str) -> str | None:
@@ -126,6 +136,10 @@ def test_the_schema_names_every_api_route(api_schema: Any) -> None:
         ("GET", "/v1/batches"),
         ("GET", "/v1/batches/{batch_id}"),
         ("POST", "/v1/batches/{batch_id}/cancel"),
+        ("POST", "/v1/uploads"),
+        ("POST", "/v1/uploads/{upload_id}/parts"),
+        ("POST", "/v1/uploads/{upload_id}/complete"),
+        ("POST", "/v1/uploads/{upload_id}/cancel"),
         ("GET", "/v1/models"),
         ("GET", "/v1/models/{model_id}"),
         ("GET", "/health"),

@@ -93,7 +93,7 @@ def test_a_visible_gpu_with_a_cpu_build_is_named_with_its_fix(tmp_path: Path) ->
         health = httpx.get(server.url + "/health").json()
         assert "`batchyard engine build --cuda`" in health["advice"]
         assert health["cpu_buffers"].startswith(("on (", "off ("))
-        page = httpx.get(server.url + "/models").text
+        page = httpx.get(server.url + "/engines").text
         assert "batchyard engine build --cuda" in page
         assert re.search(r"NVIDIA H200", page)
     finally:

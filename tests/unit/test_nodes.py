@@ -115,6 +115,25 @@ def test_cancel_on_one_node_stops_the_lines_of_another(tmp_path: Path, postgres_
     assert Counter(r.status for r in request_rows(api_node, batch_id)) == {"cancelled": 6}
 
 
+def test_a_batch_is_validated_by_one_node_while_others_take_the_next(
+    tmp_path: Path, postgres_url: str
+) -> None:
+    a = node(tmp_path, postgres_url, "a", FakeEngine())
+    b = node(tmp_path, postgres_url, "b", FakeEngine())
+    first = make_batch(a, [batch_line("x", "hi")])
+    second = make_batch(a, [batch_line("y", "hi")])
+    with a.db.exclusive(f"validate {first}") as mine:  # node a is validating `first`
+        assert mine
+        b.runner._validate_next()
+        assert batch(b, first).status == BatchStatus.VALIDATING and not request_rows(b, first)
+        assert batch(b, second).status == BatchStatus.IN_PROGRESS  # b took the next one
+        with b.db.exclusive(f"validate {first}") as also:
+            assert not also
+    b.runner._validate_next()  # a let go (here: without validating): b does it now
+    assert batch(b, first).status == BatchStatus.IN_PROGRESS
+    assert [r.custom_id for r in request_rows(b, first)] == ["x"]
+
+
 def test_a_second_process_on_one_sqlite_file_is_refused(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'batchyard.db'}"
     db = Database(url)  # this process holds the file

@@ -132,7 +132,7 @@ def batch_object(row: models.Batch) -> Batch:
         ),
         usage=BatchUsage(
             input_tokens=row.input_tokens,
-            input_tokens_details=InputTokensDetails(cached_tokens=0),
+            input_tokens_details=InputTokensDetails(cached_tokens=row.cached_tokens),
             output_tokens=row.output_tokens,
             output_tokens_details=OutputTokensDetails(reasoning_tokens=0),
             total_tokens=row.input_tokens + row.output_tokens,

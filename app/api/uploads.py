@@ -1,0 +1,139 @@
+"""/v1/uploads: create an upload, add parts (streamed to disk), complete, cancel."""
+
+from __future__ import annotations
+
+import anyio.to_thread
+import msgspec
+from litestar import Request, post
+from litestar.di import NamedDependency
+from litestar.params import FromPath, JSONBody
+
+from app.api.errors import json_object_body
+from app.api.openapi import UploadPartForm, errors
+from app.api.schemas.uploads import (
+    Upload,
+    UploadCompleteParams,
+    UploadCreateParams,
+    UploadPart,
+    upload_object,
+    upload_part_object,
+)
+from app.errors import APIError, missing
+from app.files.storage import PartialWrite, TooLarge
+from app.files.upload import MAX_FIELD_BYTES, stream_form
+from app.files.uploads import UploadService
+
+
+def part_too_large(limit: int) -> APIError:
+    return APIError(
+        413,
+        f"Upload parts may be at most {limit} bytes ({limit / (1024 * 1024):g} MB, the "
+        "server's max_upload_part_bytes); this part is larger. Split the file into more parts.",
+        param="data",
+        code="part_too_large",
+    )
+
+
+@post(
+    "/v1/uploads",
+    operation_id="CreateUpload",
+    status_code=200,
+    before_request=json_object_body,
+    responses=errors(),
+)
+async def create_upload(
+    data: JSONBody[UploadCreateParams],
+    uploads: NamedDependency[UploadService],
+    owner: NamedDependency[str],
+) -> Upload:
+    """Start an upload of `bytes` bytes; add its parts, then complete it."""
+    expires = data.expires_after
+    row = await anyio.to_thread.run_sync(
+        lambda: uploads.create(
+            owner,
+            filename=data.filename,
+            purpose=data.purpose,
+            bytes=data.bytes,
+            mime_type=data.mime_type,
+            expires_after=msgspec.structs.asdict(expires) if expires else None,
+        )
+    )
+    return upload_object(row)
+
+
+@post(
+    "/v1/uploads/{upload_id:str}/parts",
+    operation_id="AddUploadPart",
+    operation_class=UploadPartForm,
+    request_max_body_size=None,
+    status_code=200,
+    responses=errors(404, 413, 507),
+)
+async def add_upload_part(
+    request: Request,
+    uploads: NamedDependency[UploadService],
+    owner: NamedDependency[str],
+    upload_id: FromPath[str],
+) -> UploadPart:
+    """Add one part (multipart `data`, at most 64 MB); parts may come in any order and at once."""
+    limit = uploads.settings.max_upload_part_bytes
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > limit + MAX_FIELD_BYTES:
+        raise part_too_large(limit)
+    await anyio.to_thread.run_sync(lambda: uploads.check_open(upload_id, owner))
+
+    def begin_write(_: dict[str, str]) -> PartialWrite:
+        return uploads.storage.begin_write(limit)
+
+    try:
+        form = await stream_form(
+            content_type=request.headers.get("content-type", ""),
+            body=request.stream(),
+            file_field="data",
+            begin_write=begin_write,
+            expected="Upload parts (a 'data' part)",
+        )
+    except TooLarge:
+        raise part_too_large(limit) from None
+    if form.partial is None:
+        raise missing("data")
+    partial = form.partial
+    part = await anyio.to_thread.run_sync(lambda: uploads.add_part(upload_id, owner, partial))
+    return upload_part_object(part)
+
+
+@post(
+    "/v1/uploads/{upload_id:str}/complete",
+    operation_id="CompleteUpload",
+    status_code=200,
+    before_request=json_object_body,
+    responses=errors(404),
+)
+async def complete_upload(
+    data: JSONBody[UploadCompleteParams],
+    uploads: NamedDependency[UploadService],
+    owner: NamedDependency[str],
+    upload_id: FromPath[str],
+) -> Upload:
+    """Join the parts, in the order of `part_ids`, into a File (checked against `md5`)."""
+    row, file = await anyio.to_thread.run_sync(
+        lambda: uploads.complete(upload_id, owner, data.part_ids, data.md5)
+    )
+    return upload_object(row, file)
+
+
+@post(
+    "/v1/uploads/{upload_id:str}/cancel",
+    operation_id="CancelUpload",
+    status_code=200,
+    sync_to_thread=True,
+    responses=errors(404),
+)
+def cancel_upload(
+    uploads: NamedDependency[UploadService], owner: NamedDependency[str], upload_id: FromPath[str]
+) -> Upload:
+    """Cancel a pending upload; its parts are removed."""
+    return upload_object(uploads.cancel(upload_id, owner))
+
+
+ROUTES = [create_upload, add_upload_part, complete_upload, cancel_upload]

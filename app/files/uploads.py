@@ -1,0 +1,298 @@
+"""The uploads service: a file sent in parts (OpenAI's Uploads API), completed into a File.
+
+Parts stream to disk (app/files/upload.py) under data_dir/uploads/<upload id>/, may come in
+any order and in parallel, and are concatenated into the File on complete, a piece at a
+time, so memory stays flat whatever the size. An unfinished upload expires after
+`upload_expires_seconds` (an hour); the runner's sweep then removes its parts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from typing import Any
+
+from sqlmodel import col, func, select
+
+from app.config import Settings
+from app.db import Database
+from app.errors import APIError, invalid, missing, not_found
+from app.files.service import FileService, parse_expires_after
+from app.files.storage import PartialWrite, Storage
+from app.models import File, Upload, UploadPart, UploadStatus, new_id, now
+
+log = logging.getLogger("batchyard.uploads")
+
+#: Bytes read from a part at a time while completing.
+COPY_PIECE = 1 << 20
+#: OpenAI's limit on the number of parts in one upload's part_ids.
+MAX_PARTS = 10_000
+
+
+def status_of(upload: Upload, t: int | None = None) -> str:
+    """The status to show: a pending upload past its expiry is expired, swept or not."""
+    if upload.status == UploadStatus.PENDING and upload.expires_at <= (now() if t is None else t):
+        return UploadStatus.EXPIRED
+    return upload.status
+
+
+class UploadService:
+    def __init__(
+        self, settings: Settings, db: Database, storage: Storage, files: FileService
+    ) -> None:
+        self.settings = settings
+        self.db = db
+        self.storage = storage
+        self.files = files
+
+    # -- create -------------------------------------------------------------------------
+
+    def create(
+        self,
+        owner: str,
+        *,
+        filename: Any,
+        purpose: Any,
+        bytes: Any,
+        mime_type: Any,
+        expires_after: dict[str, Any] | None = None,
+    ) -> Upload:
+        if not isinstance(filename, str) or not filename:
+            raise missing("filename")
+        purpose = self.files.check_purpose(purpose)
+        if not isinstance(mime_type, str) or not mime_type:
+            raise missing("mime_type")
+        if isinstance(bytes, bool) or not isinstance(bytes, int) or bytes < 1:
+            raise invalid(f"bytes must be a positive integer; got {bytes!r}.", param="bytes")
+        limit = self.files.limit_for(purpose)
+        if bytes > limit:
+            what = "batch input files" if purpose == "batch" else "files"
+            setting = "max_batch_file_bytes" if purpose == "batch" else "max_file_bytes"
+            raise invalid(
+                f"bytes is {bytes}, over the limit for {what} of {limit} bytes "
+                f"({limit / (1024 * 1024):g} MB, the server's {setting}).",
+                param="bytes",
+                code="file_too_large",
+            )
+        file_ttl = None
+        if expires_after is not None:
+            file_ttl = parse_expires_after(
+                expires_after.get("anchor"), expires_after.get("seconds")
+            )
+        created = now()
+        row = Upload(
+            id=new_id("upload_"),
+            owner=owner,
+            filename=filename,
+            purpose=purpose,
+            bytes=bytes,
+            mime_type=mime_type,
+            created_at=created,
+            expires_at=created + self.settings.upload_expires_seconds,
+            file_expires_after=file_ttl,
+        )
+        with self.db.write() as s:
+            s.add(row)
+        return row
+
+    # -- reads --------------------------------------------------------------------------
+
+    def get(self, upload_id: str, owner: str) -> Upload:
+        with self.db.read() as s:
+            row = s.get(Upload, upload_id)
+        if row is None or row.owner != owner:
+            raise not_found("upload", upload_id, param="upload_id")
+        return row
+
+    def file_of(self, upload: Upload) -> File | None:
+        if upload.file_id is None:
+            return None
+        with self.db.read() as s:
+            return s.get(File, upload.file_id)
+
+    def _pending(self, upload: Upload) -> None:
+        """Refuse to change an upload that is no longer pending, naming its status."""
+        status = status_of(upload)
+        if status != UploadStatus.PENDING:
+            raise APIError(
+                400,
+                f"Upload '{upload.id}' is {status}; only a pending upload takes parts, "
+                "completes or is cancelled.",
+                param="upload_id",
+                code=f"upload_{status}",
+            )
+
+    # -- parts --------------------------------------------------------------------------
+
+    def check_open(self, upload_id: str, owner: str) -> None:
+        """404 or 400 before a part's bytes are read, when the upload cannot take them."""
+        self._pending(self.get(upload_id, owner))
+
+    def add_part(self, upload_id: str, owner: str, partial: PartialWrite) -> UploadPart:
+        """Keep a streamed part; its bytes may not take the upload past its `bytes`."""
+        part = UploadPart(id=new_id("part_"), upload_id=upload_id, bytes=partial.size)
+        path = self.storage.part_path(upload_id, part.id)
+        try:
+            with self.db.write() as s:
+                upload = s.get(Upload, upload_id)
+                if upload is None or upload.owner != owner:
+                    raise not_found("upload", upload_id, param="upload_id")
+                self._pending(upload)
+                held = s.exec(
+                    select(func.coalesce(func.sum(UploadPart.bytes), 0)).where(
+                        UploadPart.upload_id == upload_id
+                    )
+                ).one()
+                if held + partial.size > upload.bytes:
+                    raise invalid(
+                        f"This part of {partial.size} bytes would take the upload to "
+                        f"{held + partial.size} bytes, over the {upload.bytes} bytes it was "
+                        "created with.",
+                        param="data",
+                        code="upload_too_large",
+                    )
+                partial.commit_to(path)
+                s.add(part)
+        except BaseException:
+            partial.discard()
+            path.unlink(missing_ok=True)
+            raise
+        return part
+
+    # -- complete, cancel, expire ---------------------------------------------------------
+
+    def complete(
+        self, upload_id: str, owner: str, part_ids: Any, md5: Any = None
+    ) -> tuple[Upload, File]:
+        """Join the listed parts, in order, into a File; the upload becomes completed."""
+        upload = self.get(upload_id, owner)
+        self._pending(upload)
+        if not isinstance(part_ids, list) or not part_ids:
+            raise missing("part_ids")
+        if len(part_ids) > MAX_PARTS:
+            raise invalid(
+                f"part_ids may list at most {MAX_PARTS} parts; got {len(part_ids)}.",
+                param="part_ids",
+            )
+        if len(set(part_ids)) != len(part_ids):
+            raise invalid("part_ids lists a part more than once.", param="part_ids")
+        if md5 is not None and not isinstance(md5, str):
+            raise invalid("md5 must be a string of 32 hex digits.", param="md5")
+        with self.db.read() as s:
+            parts = {
+                p.id: p
+                for p in s.exec(select(UploadPart).where(UploadPart.upload_id == upload_id)).all()
+            }
+        for pid in part_ids:
+            if pid not in parts:
+                raise invalid(
+                    f"No part '{pid}' was added to upload '{upload_id}'.", param="part_ids"
+                )
+        total = sum(parts[pid].bytes for pid in part_ids)
+        if total != upload.bytes:
+            raise invalid(
+                f"The listed parts hold {total} bytes; upload '{upload_id}' was created "
+                f"with bytes={upload.bytes}.",
+                param="part_ids",
+                code="upload_size_mismatch",
+            )
+        partial = self.storage.begin_write(self.files.limit_for(upload.purpose))
+        try:
+            digest = hashlib.md5(usedforsecurity=False)
+            for pid in part_ids:
+                with open(self.storage.part_path(upload_id, pid), "rb") as fh:
+                    while piece := fh.read(COPY_PIECE):
+                        digest.update(piece)
+                        partial.write(piece)
+            if md5 is not None and md5.lower() != digest.hexdigest():
+                raise invalid(
+                    f"md5 {md5} does not match the parts' md5 {digest.hexdigest()}; "
+                    "the upload stays pending.",
+                    param="md5",
+                    code="md5_mismatch",
+                )
+        except FileNotFoundError:
+            # Another complete (or a cancel) of this upload finished first and removed the
+            # parts: say what became of the upload rather than fail with a 500.
+            partial.discard()
+            self._pending(self.get(upload_id, owner))
+            raise
+        except BaseException:
+            partial.discard()
+            raise
+        file = self.files.create(
+            partial=partial,
+            filename=upload.filename,
+            purpose=upload.purpose,
+            owner=owner,
+            expires_after=upload.file_expires_after,
+        )
+        with self.db.write() as s:
+            fresh = s.get(Upload, upload_id)
+            assert fresh is not None
+            if status_of(fresh) != UploadStatus.PENDING:  # cancelled or expired meanwhile
+                keep = None
+            else:
+                fresh.status = UploadStatus.COMPLETED
+                fresh.file_id = file.id
+                s.add(fresh)
+                keep = fresh
+        if keep is None:
+            self.files.delete(file.id, owner)
+            self._pending(fresh)
+        self.storage.delete_parts(upload_id)
+        log.info("upload=%s status=completed file=%s bytes=%d", upload_id, file.id, file.bytes)
+        assert keep is not None
+        return keep, file
+
+    def cancel(self, upload_id: str, owner: str) -> Upload:
+        with self.db.write() as s:
+            upload = s.get(Upload, upload_id)
+            if upload is None or upload.owner != owner:
+                raise not_found("upload", upload_id, param="upload_id")
+            self._pending(upload)
+            upload.status = UploadStatus.CANCELLED
+            s.add(upload)
+        self.storage.delete_parts(upload_id)
+        return upload
+
+    def sweep_expired(self, t: int | None = None) -> int:
+        """Mark pending uploads past their expiry expired and remove their parts."""
+        t = now() if t is None else t
+        with self.db.write() as s:
+            due = list(
+                s.exec(
+                    select(Upload).where(
+                        Upload.status == UploadStatus.PENDING, col(Upload.expires_at) <= t
+                    )
+                ).all()
+            )
+            for upload in due:
+                upload.status = UploadStatus.EXPIRED
+                s.add(upload)
+        for upload in due:
+            self.storage.delete_parts(upload.id)
+            log.info("upload=%s status=expired", upload.id)
+        self._sweep_leftover_parts()
+        return len(due)
+
+    def _sweep_leftover_parts(self) -> None:
+        """Remove part folders of uploads that are no longer pending (a crash between the
+        status change and the removal leaves them) or that have no row at all."""
+        folders = [p.name for p in self.storage.uploads_dir.iterdir() if p.is_dir()]
+        if not folders:
+            return
+        with self.db.read() as s:
+            pending = set(
+                s.exec(
+                    select(Upload.id).where(
+                        col(Upload.id).in_(folders), Upload.status == UploadStatus.PENDING
+                    )
+                ).all()
+            )
+        for name in folders:
+            if name not in pending:
+                try:
+                    self.storage.delete_parts(name)
+                except ValueError:  # not a name batchyard made: leave it alone
+                    log.warning("uploads folder holds %r, which is not an upload", name)
