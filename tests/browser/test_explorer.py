@@ -215,7 +215,7 @@ def test_chart_and_explorer_move_while_the_batch_runs(
         fake.delay = 0.0
 
 
-def test_model_page_names_the_fix(
+def test_engines_page_names_the_fix(
     page: Page, browser: Browser, server: InProcessServer, fake: FakeEngine
 ) -> None:
     fake.info.advice = (
@@ -225,13 +225,13 @@ def test_model_page_names_the_fix(
     try:
         page.goto(f"{server.url}/engines")
         expect(page.locator("#advice-command")).to_have_text("batchyard engine build --cpu")
-        shoot(page, "models-advice-light")
+        shoot(page, "engines-advice-light")
         for scheme, width, suffix in (("dark", 1280, "dark"), ("light", 390, "phone")):
             ctx = new_context(browser, scheme, width)
             other = ctx.new_page()
             other.goto(f"{server.url}/engines")
             expect(other.locator(".engine-advice")).to_contain_text("SIGSEGV")
-            shoot(other, f"models-advice-{suffix}")
+            shoot(other, f"engines-advice-{suffix}")
             ctx.close()
     finally:
         fake.info.advice = None
