@@ -36,7 +36,7 @@ from app.files.uploads import UploadService
 from app.logs import logging_config
 from app.resources import static_dir, templates_dir
 from app.services import Services, build_services
-from app.web import events, pages, partials
+from app.web import events, explorer, pages, partials
 from app.web.auth import AUTH_ROUTES, Auth, Sessions
 
 log = logging.getLogger("batchyard")
@@ -150,6 +150,7 @@ def create_app(settings: Settings, *, engine: Engine | None = None) -> Litestar:
         *pages.ROUTES,
         *partials.ROUTES,
         *events.ROUTES,
+        *explorer.ROUTES,
         *AUTH_ROUTES,
         create_static_files_router(path="/static", directories=[static_dir()]),
     ]

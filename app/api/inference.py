@@ -246,6 +246,8 @@ async def health(services: NamedDependency[Services]) -> Response[Health]:
             slots=info.n_slots,
             ctx_per_slot=info.ctx_per_slot,
             n_gpu_layers=info.n_gpu_layers,
+            cpu_buffers=info.cpu_buffers or None,
+            advice=info.advice,
             engines=[
                 EngineHealth(name=m.name, kind=m.kind, up=m.up, models=m.models)
                 for m in members(engine)

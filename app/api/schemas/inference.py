@@ -53,6 +53,10 @@ class Health(Struct, kw_only=True):
     slots: int | None = None
     ctx_per_slot: int | None = None
     n_gpu_layers: int | None = None
+    #: llama.cpp's extra CPU buffer types: "on (why)" or "off (why)".
+    cpu_buffers: str | None = None
+    #: The command that fixes the llama.cpp build (`batchyard engine build ...`), if any.
+    advice: str | None = None
     engines: list[EngineHealth] | None = None
 
 
