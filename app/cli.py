@@ -76,6 +76,8 @@ SERVE_FLAGS: list[tuple[str, str, Any, str]] = [
 WORKER_FLAGS = (
     "model", "data_dir", "n_gpu_layers", "parallel", "ctx_size", "kv_cache_type", "threads",
     "cpu_extra_buffers", "cache_dir", "log_level", "database_url", "node_name", "lease_seconds",
+    # A batch that ends on a worker queues its webhook there: the same endpoints as serve's.
+    "api_keys_file", "webhook_url", "webhook_secret",
 )  # fmt: skip
 
 
