@@ -102,9 +102,12 @@ class UploadService:
             return self._find(s, upload_id, owner)
 
     @staticmethod
-    def _find(s: Session, upload_id: str, owner: str) -> Upload:
-        """The owner's upload, or 404 (another owner's is as good as missing)."""
-        row = s.get(Upload, upload_id)
+    def _find(s: Session, upload_id: str, owner: str, *, lock: bool = False) -> Upload:
+        """The owner's upload, or 404 (another owner's is as good as missing). `lock` holds
+        its row to the end of a write transaction, so on PostgreSQL two nodes never add
+        parts past its `bytes`, or complete and cancel it, at the same time (SQLite's
+        writers already take turns)."""
+        row = s.get(Upload, upload_id, with_for_update=lock or None)
         if row is None or row.owner != owner:
             raise not_found("upload", upload_id, param="upload_id")
         return row
@@ -136,7 +139,7 @@ class UploadService:
             # holds every writer, and parts sent at once would sync one after the other.
             partial.sync()
             with self.db.write() as s:
-                upload = self._find(s, upload_id, owner)
+                upload = self._find(s, upload_id, owner, lock=True)
                 self._pending(upload)
                 held = s.exec(
                     select(func.coalesce(func.sum(UploadPart.bytes), 0)).where(
@@ -228,8 +231,7 @@ class UploadService:
             expires_after=upload.file_expires_after,
         )
         with self.db.write() as s:
-            fresh = s.get(Upload, upload_id)
-            assert fresh is not None
+            fresh = self._find(s, upload_id, owner, lock=True)
             still_pending = status_of(fresh) == UploadStatus.PENDING
             if still_pending:
                 fresh.status = UploadStatus.COMPLETED
@@ -244,7 +246,7 @@ class UploadService:
 
     def cancel(self, upload_id: str, owner: str) -> Upload:
         with self.db.write() as s:
-            upload = self._find(s, upload_id, owner)
+            upload = self._find(s, upload_id, owner, lock=True)
             self._pending(upload)
             upload.status = UploadStatus.CANCELLED
             s.add(upload)
