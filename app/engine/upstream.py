@@ -12,6 +12,9 @@ the body they answer. One asyncio loop in its own thread owns the HTTP client an
   number of times; only the final outcome resolves the future, so a line's result is
   recorded once. The upstream's own 4xx is the request's error: its status and error body.
 - `cancel` drops a queued request and aborts a running one's HTTP request.
+
+The `--engine` grammar is in upstream_spec, the window in upstream_window, and the reading
+of the upstream's answers (errors, Retry-After, streams) in upstream_wire.
 """
 
 from __future__ import annotations
@@ -22,22 +25,17 @@ import heapq
 import itertools
 import json
 import logging
-import re
 import threading
 import time
 from collections import deque
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
-from email.utils import parsedate_to_datetime
 from typing import Any
-from urllib.parse import urlsplit
 
 import httpx
 
 from app.engine.base import (
-    CHAT,
     ENDPOINTS,
-    RESPONSES,
     ChunkCallback,
     EngineError,
     EngineStats,
@@ -45,6 +43,9 @@ from app.engine.base import (
     Priority,
     RequestCancelled,
 )
+from app.engine.upstream_spec import UpstreamSpec
+from app.engine.upstream_window import AdaptiveWindow
+from app.engine.upstream_wire import StreamAssembler, error_from, retry_after_seconds
 
 log = logging.getLogger("batchyard.upstream")
 
@@ -54,105 +55,10 @@ THROTTLE_STATUSES = frozenset({429, 503})
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
 BACKOFF_BASE_S = 0.5
 BACKOFF_MAX_S = 30.0
-#: A longer Retry-After than this is cut to it, so a confused upstream cannot park lines for days.
-RETRY_AFTER_MAX_S = 120.0
 #: How often the upstream's /v1/models is read again (its models, and whether it is up).
 WATCH_INTERVAL_S = 15.0
 WATCH_INTERVAL_DOWN_S = 2.0
 RATE_WINDOW_S = 5.0
-NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-SPEC_HELP = "NAME=openai:URL[,key=KEY,models=a|b,concurrency=N,retries=N,timeout=SECONDS]"
-
-
-@dataclass(frozen=True)
-class UpstreamSpec:
-    """One `--engine` flag: where an OpenAI-compatible server is and how to use it."""
-
-    name: str
-    url: str  # the API base as the openai SDK takes it, e.g. http://gpu1:8000/v1
-    key: str = ""
-    models: tuple[str, ...] = ()
-    concurrency: int = 16
-    retries: int = 6  # tries after the first, for connection errors, timeouts, 429 and 5xx
-    timeout: float = 600.0  # seconds to wait for one answer
-
-    @property
-    def root(self) -> str:
-        """The URL the endpoints' paths (`/v1/...`) are appended to."""
-        base = self.url.rstrip("/")
-        return base[: -len("/v1")] if base.endswith("/v1") else base
-
-
-def parse_engine_spec(text: str) -> UpstreamSpec:
-    """`NAME=openai:URL[,key=...,models=a|b,concurrency=N]` -> UpstreamSpec; ValueError says
-    what is wrong with it."""
-    where = f"--engine {text!r}"
-    name, eq, rest = text.strip().partition("=")
-    name = name.strip()
-    if not eq or not rest:
-        raise ValueError(f"{where}: expected {SPEC_HELP}")
-    if not NAME_PATTERN.match(name):
-        raise ValueError(
-            f"{where}: the engine name {name!r} must be letters, digits, '.', '_' or '-'"
-        )
-    if name == "embedded":
-        raise ValueError(f"{where}: 'embedded' is the built-in engine's name; choose another")
-    kind, colon, rest = rest.partition(":")
-    if not colon or kind.strip() != "openai":
-        raise ValueError(
-            f"{where}: the engine kind must be 'openai' (an OpenAI-compatible server): {SPEC_HELP}"
-        )
-    url, *options = [part.strip() for part in rest.split(",")]
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise ValueError(f"{where}: {url!r} is not an http(s) URL, e.g. http://127.0.0.1:8000/v1")
-    values: dict[str, Any] = {"name": name, "url": url.rstrip("/")}
-    for option in options:
-        key, eq, value = option.partition("=")
-        key = key.strip()
-        if not eq:
-            raise ValueError(f"{where}: option {option!r} must be key=value ({SPEC_HELP})")
-        if key == "key":
-            values["key"] = value
-        elif key == "models":
-            models = tuple(m.strip() for m in value.split("|") if m.strip())
-            if not models:
-                raise ValueError(f"{where}: models= names no model (separate names with '|')")
-            values["models"] = models
-        elif key in ("concurrency", "retries"):
-            low, high = (1, 4096) if key == "concurrency" else (0, 100)
-            try:
-                number = int(value)
-            except ValueError:
-                number = low - 1
-            if not low <= number <= high:
-                raise ValueError(f"{where}: {key} must be a whole number from {low} to {high}")
-            values[key] = number
-        elif key == "timeout":
-            try:
-                seconds = float(value)
-            except ValueError:
-                seconds = 0.0
-            if seconds <= 0:
-                raise ValueError(f"{where}: timeout must be a number of seconds above 0")
-            values["timeout"] = seconds
-        else:
-            raise ValueError(
-                f"{where}: unknown option {key!r}; the options are key, models, concurrency, "
-                "retries and timeout"
-            )
-    return UpstreamSpec(**values)
-
-
-def parse_engine_specs(texts: list[str]) -> list[UpstreamSpec]:
-    """Every `--engine`, checked; two with one name are refused."""
-    specs = [parse_engine_spec(t) for t in texts]
-    seen: set[str] = set()
-    for spec in specs:
-        if spec.name in seen:
-            raise ValueError(f"--engine: two engines are named {spec.name!r}")
-        seen.add(spec.name)
-    return specs
 
 
 @dataclass(order=True)
@@ -213,9 +119,7 @@ class UpstreamEngine:
         self._queue: list[_Job] = []
         self._running: set[_Job] = set()
         self._waiting = 0  # jobs sleeping out their backoff
-        self._window = float(spec.concurrency)
-        self._last_decrease = 0.0
-        self._paused_until = 0.0
+        self._window = AdaptiveWindow(spec.concurrency)
         self._pause_timer: asyncio.TimerHandle | None = None
         self._client: httpx.AsyncClient | None = None
         self._watcher: asyncio.Task[None] | None = None
@@ -392,7 +296,7 @@ class UpstreamEngine:
             up=up,
             last_error=error,
             models=self.models(),
-            window=self._limit(),
+            window=self._window.limit(),
             concurrency=self.spec.concurrency,
             retries_total=retries,
             throttled_total=throttled,
@@ -427,9 +331,6 @@ class UpstreamEngine:
 
     # ------------------------------------------------------------------ the loop thread
 
-    def _limit(self) -> int:
-        return max(1, min(self.spec.concurrency, int(self._window)))
-
     def _enqueue(self, job: _Job) -> None:
         if job.future.done():
             return
@@ -444,12 +345,12 @@ class UpstreamEngine:
     def _pump(self) -> None:
         """Start queued jobs while the window has room and no Retry-After pause holds."""
         while self._queue and not self._closing:
-            wait = self._paused_until - time.monotonic()
+            wait = self._window.paused_until - time.monotonic()
             if wait > 0:
                 if self._pause_timer is None:
                     self._pause_timer = self._loop.call_later(wait, self._resume)
                 return
-            if len(self._running) >= self._limit():
+            if len(self._running) >= self._window.limit():
                 return
             job = heapq.heappop(self._queue)
             if job.future.done():
@@ -487,7 +388,7 @@ class UpstreamEngine:
             if self._settle(job, error=err):
                 self._count("failed")
         else:
-            self._grow()
+            self._window.grow()
             usage = result.get("usage") if isinstance(result, dict) else None
             if self._settle(job, result=result):
                 self._count("succeeded", usage if isinstance(usage, dict) else None)
@@ -519,20 +420,9 @@ class UpstreamEngine:
         self._loop.call_later(delay, self._requeue, job)
 
     def _shrink(self, job: _Job, retry_after: float | None) -> None:
-        """Halve the window, once per round trip (the requests already out when the first
-        429 came back do not halve it again), and pause for a Retry-After."""
         with self._lock:
             self._throttled_total += 1
-        if job.started >= self._last_decrease:
-            self._window = max(1.0, self._window / 2)
-            self._last_decrease = time.monotonic()
-        if retry_after is not None:
-            self._paused_until = max(self._paused_until, time.monotonic() + retry_after)
-
-    def _grow(self) -> None:
-        # About one more slot per window of successes, up to the configured concurrency.
-        if self._window < self.spec.concurrency:
-            self._window = min(float(self.spec.concurrency), self._window + 1.0 / self._window)
+        self._window.shrink(job.started, retry_after)
 
     async def _attempt(self, job: _Job) -> dict[str, Any]:
         assert self._client is not None
@@ -560,7 +450,7 @@ class UpstreamEngine:
 
     async def _stream(self, job: _Job, url: str) -> dict[str, Any]:
         assert self._client is not None
-        chunks = _StreamAssembler()
+        chunks = StreamAssembler()
         async with self._client.stream("POST", url, json=job.body) as r:
             if r.status_code != 200:
                 raise self._http_error(r.status_code, await r.aread(), r.headers)
@@ -574,7 +464,7 @@ class UpstreamEngine:
                 if isinstance(chunk, dict) and (
                     isinstance(chunk.get("error"), dict) or chunk.get("type") == "error"
                 ):  # the upstream failed mid-stream: the API relays the error as its own
-                    raise _error_from(500, chunk, self.name)
+                    raise error_from(500, chunk, self.name)
                 job.emitted = True
                 chunks.add(chunk)
                 if job.on_chunk is not None and not job.future.done():
@@ -586,12 +476,12 @@ class UpstreamEngine:
             parsed = json.loads(content)
         except ValueError:
             parsed = content.decode("utf-8", "replace")[:1000]
-        error = _error_from(status, parsed, self.name)
+        error = error_from(status, parsed, self.name)
         if status in RETRY_STATUSES:
             return _Retry(
                 error,
                 throttle=status in THROTTLE_STATUSES,
-                retry_after=_retry_after(headers.get("retry-after")),
+                retry_after=retry_after_seconds(headers.get("retry-after")),
             )
         return error
 
@@ -631,99 +521,4 @@ def _closed() -> EngineError:
     )
 
 
-def _retry_after(value: str | None) -> float | None:
-    """Seconds from a Retry-After header (a number of seconds or an HTTP date), capped."""
-    if not value:
-        return None
-    try:
-        seconds = float(value)
-    except ValueError:
-        try:
-            seconds = parsedate_to_datetime(value).timestamp() - time.time()
-        except (TypeError, ValueError):
-            return None
-    return min(RETRY_AFTER_MAX_S, max(0.0, seconds))
-
-
-def _error_from(status: int, answer: Any, engine: str) -> EngineError:
-    """The upstream's error as the request's error: its status, and its message, type, param
-    and code when it sent OpenAI's shape (vLLM's older flat shape is read too)."""
-    detail: dict[str, Any] = {}
-    if isinstance(answer, dict):
-        inner = answer.get("error")
-        detail = inner if isinstance(inner, dict) else answer
-    message = detail.get("message") if detail else None
-    if not isinstance(message, str) or not message:
-        text = answer if isinstance(answer, str) and answer else json.dumps(answer)[:1000]
-        message = f"The upstream engine '{engine}' answered HTTP {status}: {text}"
-    code, param, kind = detail.get("code"), detail.get("param"), detail.get("type")
-    return EngineError(
-        message,
-        status_code=status,
-        code=code if isinstance(code, str) else None,
-        param=param if isinstance(param, str) else None,
-        type=kind if isinstance(kind, str) and kind not in ("", "error") else _default_type(status),
-    )
-
-
-def _default_type(status: int) -> str:
-    if status == 429:
-        return "rate_limit_error"
-    return "server_error" if status >= 500 else "invalid_request_error"
-
-
-class _StreamAssembler:
-    """Builds the whole response body from a stream's chunks (the future's result)."""
-
-    def __init__(self) -> None:
-        self.first: dict[str, Any] = {}
-        self.usage: dict[str, Any] | None = None
-        self.choices: dict[int, dict[str, Any]] = {}
-        self.response: dict[str, Any] | None = None
-
-    def add(self, chunk: Any) -> None:
-        if not isinstance(chunk, dict):
-            return
-        if isinstance(chunk.get("response"), dict):  # a Responses event: keep the latest object
-            self.response = chunk["response"]
-            return
-        if not self.first:
-            self.first = chunk
-        if isinstance(chunk.get("usage"), dict):
-            self.usage = chunk["usage"]
-        for choice in chunk.get("choices") or []:
-            index = int(choice.get("index") or 0)
-            acc = self.choices.setdefault(
-                index, {"index": index, "text": "", "role": "assistant", "finish_reason": None}
-            )
-            delta = choice.get("delta")
-            piece = delta.get("content") if isinstance(delta, dict) else choice.get("text")
-            if isinstance(piece, str):
-                acc["text"] += piece
-            if choice.get("finish_reason"):
-                acc["finish_reason"] = choice["finish_reason"]
-
-    def body(self, endpoint: str) -> dict[str, Any]:
-        if endpoint == RESPONSES:  # `response.completed` carries the whole Response
-            return self.response or {}
-        chat = endpoint == CHAT
-        choices = []
-        for index in sorted(self.choices):
-            acc = self.choices[index]
-            if chat:
-                message = {"role": acc["role"], "content": acc["text"]}
-                choice = {"index": index, "message": message, "logprobs": None}
-            else:
-                choice = {"index": index, "text": acc["text"], "logprobs": None}
-            choices.append({**choice, "finish_reason": acc["finish_reason"]})
-        return {
-            "id": self.first.get("id", ""),
-            "object": "chat.completion" if chat else "text_completion",
-            "created": self.first.get("created", int(time.time())),
-            "model": self.first.get("model", ""),
-            "choices": choices,
-            "usage": self.usage,
-        }
-
-
-__all__ = ["UpstreamEngine", "UpstreamSpec", "UpstreamStatus", "parse_engine_spec"]
+__all__ = ["UpstreamEngine", "UpstreamStatus"]

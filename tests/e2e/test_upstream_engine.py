@@ -11,7 +11,8 @@ from concurrent.futures import wait
 import pytest
 
 from app.engine.base import CHAT, Priority, RequestCancelled
-from app.engine.upstream import UpstreamEngine, parse_engine_spec
+from app.engine.upstream import UpstreamEngine
+from app.engine.upstream_spec import parse_engine_spec
 from tests.factories import chat_body
 from tests.upstream_double import UPSTREAM_MODEL, FlakyUpstream, Fleet
 
