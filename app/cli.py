@@ -1,4 +1,4 @@
-"""The `batchyard` command: serve | worker | run | models | version."""
+"""The `batchyard` command: serve | worker | run | retry | engine | models | version."""
 
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ from typing import Any
 from app import __version__
 from app.config import Settings
 from app.engine import cpu_check
-from app.logs import LOG_FORMAT
 
 #: serve's flags: (flag, Settings field, type, help).
 SERVE_FLAGS: list[tuple[str, str, Any, str]] = [
@@ -77,6 +76,8 @@ SERVE_FLAGS: list[tuple[str, str, Any, str]] = [
 WORKER_FLAGS = (
     "model", "data_dir", "n_gpu_layers", "parallel", "ctx_size", "kv_cache_type", "threads",
     "cpu_extra_buffers", "cache_dir", "log_level", "database_url", "node_name", "lease_seconds",
+    # A batch that ends on a worker queues its webhook there: the same endpoints as serve's.
+    "api_keys_file", "webhook_url", "webhook_secret",
 )  # fmt: skip
 
 
@@ -98,6 +99,27 @@ def _add_engine_flags(p: argparse.ArgumentParser, names: tuple[str, ...]) -> Non
             )
 
 
+def _add_upstream_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--engine",
+        dest="engine",
+        action="append",
+        default=None,
+        metavar="NAME=openai:URL[,key=K,models=a|b,concurrency=N]",
+        help="an upstream OpenAI-compatible server (vLLM, SGLang, llama-server, Ollama, another "
+        "batchyard) that serves the models it lists, or the ones named in models= (repeatable) "
+        f"[env {Settings.env_name('engine')}, ';'-separated; default: none]",
+    )
+    p.add_argument(
+        "--no-embedded",
+        dest="no_embedded",
+        action="store_true",
+        default=None,
+        help="do not load the embedded model: serve the --engine upstreams only, and answer "
+        f"404 for other models [env {Settings.env_name('no_embedded')}=1; default: load it]",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="batchyard",
@@ -115,6 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help=f"an API key clients must send (repeatable) [env {Settings.env_name('api_keys')}, comma-separated; default: none, no key needed]",
     )
+    _add_upstream_flags(serve)
     serve.add_argument(
         "--no-browser",
         dest="no_browser",
@@ -131,6 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--data-dir on a shared mount) and runs them on its model. Stops on SIGTERM.",
     )
     _add_engine_flags(worker, WORKER_FLAGS)
+    _add_upstream_flags(worker)
 
     run = sub.add_parser(
         "run",
@@ -181,6 +205,52 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
 
+    retry = sub.add_parser(
+        "retry",
+        help="make a new batch of a finished batch's failed lines",
+        description="Make a new batch from the original input lines of BATCH_ID's failed lines "
+        "(a new input file), linked both ways in metadata (retry_of, retried_by). A `batchyard "
+        "serve` on the same data dir runs it.",
+    )
+    retry.add_argument("batch_id", help="the batch whose failed lines to run again")
+    _add_engine_flags(retry, ("data_dir", "database_url"))
+
+    engine = sub.add_parser(
+        "engine", help="build llama-cpp-python for this machine, or say how it is built"
+    )
+    engine_sub = engine.add_subparsers(dest="engine_command")
+    build = engine_sub.add_parser(
+        "build",
+        help="rebuild llama-cpp-python in batchyard's environment (the fast build)",
+        description="Rebuild llama-cpp-python at the version batchyard pins, inside batchyard's "
+        "own environment, with the AMX fix header and the backend's flags; then check it (the "
+        "CPU check, or one layer on the GPU) and go back to the previous build if that fails.",
+    )
+    which = build.add_mutually_exclusive_group()
+    for name in ("cpu", "cuda", "metal", "vulkan"):
+        which.add_argument(
+            f"--{name}",
+            dest="backend",
+            action="store_const",
+            const=name,
+            help=f"build for {name.upper() if name != 'metal' else 'Metal'}"
+            + (" (the default)" if name == "cpu" else ""),
+        )
+    build.add_argument(
+        "--wheel",
+        default=None,
+        help="install this prebuilt wheel (or a wheelhouse dir's) instead of compiling "
+        "[env BATCHYARD_ENGINE_WHEELHOUSE]",
+    )
+    engine_status = engine_sub.add_parser(
+        "status", help="which backend and CPU buffer types are in use, and why"
+    )
+    engine_status.add_argument(
+        "--check", action="store_true", help="run the CPU check now if it has no cached verdict"
+    )
+    for p in (build, engine_status):
+        _add_engine_flags(p, ("model", "threads", "cpu_extra_buffers", "cache_dir"))
+
     listing = sub.add_parser("models", help="list the models this install can serve")
     _add_engine_flags(listing, ("model", "data_dir"))
     sub.add_parser("version", help="print the version")
@@ -206,6 +276,7 @@ def serve(settings: Settings) -> int:
         return 1
     import uvicorn
 
+    from app.logs import LOG_FORMAT
     from app.server import create_app
 
     logging.basicConfig(level=settings.log_level.upper(), format=LOG_FORMAT)
@@ -268,6 +339,42 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> int:
     return run_batch(opts, {k: v for k, v in vars(args).items() if k in names}, argv=words)
 
 
+def engine_command(args: argparse.Namespace) -> int:
+    from app.engine import build
+
+    if args.engine_command == "build":
+        return build.build(args.backend or "cpu", _settings(args), sys.stdout, wheel=args.wheel)
+    if args.engine_command == "status":
+        for line in build.status(_settings(args), check=args.check).lines():
+            print(line)
+        return 0
+    print("usage: batchyard engine build [--cpu|--cuda|--metal|--vulkan] | batchyard engine status")
+    return 2
+
+
+def retry(settings: Settings, batch_id: str) -> int:
+    from app.errors import APIError
+    from app.services import build_services
+
+    services = build_services(settings)
+    try:
+        owner = services.batches.owner_of(batch_id)
+        new = services.batches.retry(batch_id, owner)
+    except APIError as exc:
+        print(f"batchyard retry: {exc.message}", file=sys.stderr)
+        return 1
+    finally:
+        services.db.close()
+    print(f"{new.id}")
+    print(
+        f"batchyard retry: {new.id} runs the failed lines of {batch_id} again "
+        f"(metadata retry_of={batch_id}; {batch_id} has retried_by={new.id}). "
+        f"`batchyard serve --data-dir {settings.data_path}` runs it.",
+        file=sys.stderr,
+    )
+    return 0
+
+
 def models(settings: Settings) -> int:
     from app.model_files import available_models
 
@@ -291,6 +398,10 @@ def main(argv: list[str] | None = None) -> int:
         return worker(_settings(args))
     if args.command == "run":
         return run(args, argv)
+    if args.command == "engine":
+        return engine_command(args)
+    if args.command == "retry":
+        return retry(_settings(args), args.batch_id)
     if args.command == "models":
         return models(_settings(args))
     if args.command == "version":

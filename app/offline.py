@@ -23,6 +23,7 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any, TextIO
 
+from app.batches import throughput
 from app.batches.validate import first_endpoint
 from app.config import Settings
 from app.errors import APIError
@@ -326,6 +327,12 @@ def run_batch(
                 print(f"  {where}: {e['message']} [{e['code']}]", file=err)
             return EXIT_INVALID
         progress.update(batch.completed + batch.failed, batch.total, 0.0, final=True)
+        # The same figures as the dashboard's throughput chart, from the same rows.
+        tp = throughput.of_batch(
+            batch, services.batches.progress_series(batch.id, OWNER), time.time()
+        )
+        for line in throughput.report(tp):
+            print(f"batchyard run: {line}", file=err, flush=True)
     except _Interrupted as exc:
         done = (batch.completed + batch.failed) if batch is not None else 0
         total = batch.total if batch is not None else 0

@@ -29,13 +29,14 @@ from app.api.request_ids import BEFORE_SEND as REQUEST_ID_HOOKS
 from app.batches.service import BatchService
 from app.config import Settings
 from app.engine.base import Engine
+from app.engine.registry import EngineRegistry, load_engines
 from app.errors import APIError
 from app.files.service import FileService
 from app.files.uploads import UploadService
 from app.logs import logging_config
 from app.resources import static_dir, templates_dir
 from app.services import Services, build_services
-from app.web import events, pages, partials
+from app.web import events, explorer, pages, partials
 from app.web.auth import AUTH_ROUTES, Auth, Sessions
 
 log = logging.getLogger("batchyard")
@@ -108,20 +109,14 @@ DEPENDENCIES = {
 
 
 def create_app(settings: Settings, *, engine: Engine | None = None) -> Litestar:
-    """The app. With `engine` given (tests) it is used as is; otherwise the model loads in
-    the background after the server starts, and /health says "starting" until then."""
+    """The app. With `engine` given (tests) it is the embedded engine as is; otherwise the
+    model loads in the background after the server starts, and /health says "starting" until
+    then. Either way a registry routes each request by `model` to it or to an upstream."""
 
     def load(svc: Services) -> None:
-        from app.engine.llama import load_engine
-
-        try:
-            eng = load_engine(settings)
-        except Exception as exc:  # a bad model path: say so on /health, keep the API up
-            log.exception("the model could not be loaded")
-            svc.engine_failure = f"{type(exc).__name__}: {exc}"
-            return
-        svc.attach_engine(eng)
-        log.info("ready: %s on %s, %d slots", eng.info.id, eng.info.backend, eng.info.n_slots)
+        registry, svc.engine_failure = load_engines(settings, engine)
+        if registry is not None:
+            svc.attach_engine(registry)
 
     # Read once: the key file and the session secret are not read again per request.
     auth = Auth(keys=Keys(settings), sessions=Sessions(settings.data_path))
@@ -133,8 +128,8 @@ def create_app(settings: Settings, *, engine: Engine | None = None) -> Litestar:
         svc = build_services(settings)
         app.state.services = svc
         svc.webhooks.start()
-        if engine is not None:
-            svc.attach_engine(engine)
+        if engine is not None and not settings.engine:
+            svc.attach_engine(EngineRegistry(engine, [], owns_default=False))
         else:
             threading.Thread(target=load, args=(svc,), name="batchyard-load", daemon=True).start()
         try:
@@ -142,8 +137,8 @@ def create_app(settings: Settings, *, engine: Engine | None = None) -> Litestar:
         finally:
             svc.runner.stop()
             svc.webhooks.stop()
-            if svc.engine is not None and engine is None:
-                svc.engine.close()
+            if svc.engine is not None:
+                svc.engine.close()  # the registry closes the upstreams, and what it loaded
             svc.db.close()
 
     route_handlers: list[Any] = [
@@ -155,6 +150,7 @@ def create_app(settings: Settings, *, engine: Engine | None = None) -> Litestar:
         *pages.ROUTES,
         *partials.ROUTES,
         *events.ROUTES,
+        *explorer.ROUTES,
         *AUTH_ROUTES,
         create_static_files_router(path="/static", directories=[static_dir()]),
     ]

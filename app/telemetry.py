@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import bisect
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import func
@@ -18,6 +18,7 @@ from sqlmodel import col, select
 
 from app import __version__
 from app.db import Database
+from app.engine.registry import EngineView, members
 from app.models import Batch, BatchStatus, Request, RequestStatus
 
 if TYPE_CHECKING:
@@ -200,8 +201,80 @@ def render(
         "Generated tokens per second over the last few seconds.",
         [("", stats.tokens_per_second if stats else 0.0)],
     )
+    per_engine(family, members(engine))
     out += requests.render()
     return "\n".join(out) + "\n"
+
+
+def per_engine(
+    family: Callable[[str, str, str, Iterable[tuple[str, Any]]], None], views: list[EngineView]
+) -> None:
+    """Each engine's own figures, labelled by its name (`embedded`, or an --engine NAME)."""
+
+    def each(value: Callable[[EngineView], Any]) -> list[tuple[str, Any]]:
+        return [(_labels(engine=v.name), value(v)) for v in views]
+
+    family(
+        "batchyard_engine_up",
+        "gauge",
+        "1 while the engine answers (an upstream's GET /v1/models succeeds), else 0.",
+        each(lambda v: 1 if v.up else 0),
+    )
+    family(
+        "batchyard_engine_in_flight",
+        "gauge",
+        "Requests the engine is working on now (embedded: busy slots; upstream: open requests).",
+        each(lambda v: v.stats.active_slots),
+    )
+    family(
+        "batchyard_engine_queue_depth",
+        "gauge",
+        "Requests waiting for the engine (an upstream's include those waiting out a backoff).",
+        each(lambda v: v.stats.queue_depth),
+    )
+    family(
+        "batchyard_engine_slots",
+        "gauge",
+        "Requests the engine may run at once (--parallel, or an upstream's concurrency=).",
+        each(lambda v: v.info.n_slots),
+    )
+    family(
+        "batchyard_engine_errors_total",
+        "counter",
+        "Requests the engine finished with an error (after an upstream's retries).",
+        each(lambda v: v.errors),
+    )
+    family(
+        "batchyard_engine_tokens_per_second",
+        "gauge",
+        "Generated tokens per second over the last few seconds, per engine.",
+        each(lambda v: v.stats.tokens_per_second),
+    )
+    family(
+        "batchyard_engine_completion_tokens_total",
+        "counter",
+        "Tokens the engine has generated.",
+        each(lambda v: v.stats.completion_tokens_total),
+    )
+    upstreams = [v for v in views if v.upstream is not None]
+    family(
+        "batchyard_upstream_window",
+        "gauge",
+        "Requests an upstream may have open now: its AIMD window, at most its concurrency.",
+        [(_labels(engine=v.name), v.upstream.window) for v in upstreams if v.upstream],
+    )
+    family(
+        "batchyard_upstream_retries_total",
+        "counter",
+        "Attempts an upstream's requests made again (connection errors, timeouts, 429, 5xx).",
+        [(_labels(engine=v.name), v.upstream.retries_total) for v in upstreams if v.upstream],
+    )
+    family(
+        "batchyard_upstream_throttled_total",
+        "counter",
+        "Answers of 429 or 503 from an upstream (each halves its window at most once per round trip).",
+        [(_labels(engine=v.name), v.upstream.throttled_total) for v in upstreams if v.upstream],
+    )
 
 
 def _escape(value: str) -> str:

@@ -22,7 +22,7 @@ log = logging.getLogger("batchyard")
 
 def run_worker(settings: Settings) -> int:
     from app.db import DatabaseError
-    from app.engine.llama import load_engine
+    from app.engine.registry import load_engines
     from app.services import build_services
 
     logging.basicConfig(level=settings.log_level.upper(), format=LOG_FORMAT)
@@ -40,7 +40,12 @@ def run_worker(settings: Settings) -> int:
         f"database {services.db.safe_url}, data {settings.data_path}",
         flush=True,
     )
-    engine = load_engine(settings)
+    # The same engines as `serve`: a line for an upstream's model goes to that upstream.
+    engine, failure = load_engines(settings)
+    if engine is None:
+        print(f"batchyard: the model could not be loaded: {failure}", file=sys.stderr, flush=True)
+        services.db.close()
+        return 1
     # Webhooks of batches that end here go out from here too (any node sends what is due).
     services.webhooks.start()
     try:

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Prints a wheelhouse that holds llama-cpp-python's wheel, built once per machine with
-# packaging/amx_tilecfg.h ahead of every source (ggml's AMX kernels are sound under GCC 12
+# app/engine/amx_tilecfg.h ahead of every source (ggml's AMX kernels are sound under GCC 12
 # then; see that file) and without the parts batchyard never loads. pip prefers a wheel found
 # with --find-links to the index's source package, so
 # `pip install --find-links "$(bash packaging/llama_wheel.sh PYTHON)" .` uses it.
@@ -14,7 +14,8 @@ cd "$(dirname "$0")/.."
 
 PY=$1
 VERSION=$(sed -n 's/.*"llama-cpp-python==\([^"]*\)".*/\1/p' pyproject.toml)
-FIX=packaging/amx_tilecfg.h
+# The one copy of the fix header: `batchyard engine build` uses it from the installed package.
+FIX=app/engine/amx_tilecfg.h
 COMMON_OFF=packaging/llama_common_off.cmake
 # libllama and ggml only: no libmtmd (multimodal; llama_cpp loads it only for its image chat
 # handlers) and no llama.cpp common library (see $COMMON_OFF).
@@ -22,7 +23,10 @@ CMAKE_FLAGS="-DLLAVA_BUILD=OFF -DCMAKE_PROJECT_llama_cpp_INCLUDE=$PWD/$COMMON_OF
 C_FLAGS="-include $PWD/$FIX"
 
 # Paths go into the hash as written here, not absolute, so every checkout shares the wheel.
-KEY=$(printf '%s\n' "$VERSION" "${CMAKE_FLAGS/"$PWD/"/}" "${C_FLAGS/"$PWD/"/}" \
+# The header goes in by its content (below); its flag is keyed by the path it had before it
+# moved into the package, so wheelhouses built before the move stay valid.
+KEY_C_FLAGS="-include packaging/amx_tilecfg.h"
+KEY=$(printf '%s\n' "$VERSION" "${CMAKE_FLAGS/"$PWD/"/}" "$KEY_C_FLAGS" \
   "CFLAGS=${CFLAGS:-}" "CXXFLAGS=${CXXFLAGS:-}" "CMAKE_ARGS=${CMAKE_ARGS:-}" |
   cat - "$FIX" "$COMMON_OFF" | sha256sum | cut -c1-12)
 WHEELS="${BATCHYARD_WHEELHOUSE:-${XDG_CACHE_HOME:-$HOME/.cache}/batchyard/wheels}/$KEY"

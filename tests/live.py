@@ -132,3 +132,36 @@ def stop_process(process: subprocess.Popen[Any], timeout: float = 15) -> None:
 
 def stop_server(server: LiveServer) -> None:
     stop_process(server.process)
+
+
+@dataclass
+class InProcessServer:
+    """A real HTTP server on a free port, serving an app made in this process (so a test
+    can hand it a FakeEngine): uvicorn in a thread."""
+
+    url: str
+    server: Any
+    thread: Any
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=15)
+
+
+def serve_in_thread(app: Any, timeout: float = 30) -> InProcessServer:
+    import threading
+
+    import uvicorn
+
+    port = free_port()
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, name="test-uvicorn", daemon=True)
+    thread.start()
+    deadline = time.time() + timeout
+    while not server.started:
+        if time.time() > deadline or not thread.is_alive():
+            server.should_exit = True
+            raise RuntimeError(f"the in-process server did not start in {timeout}s")
+        time.sleep(0.05)
+    return InProcessServer(f"http://127.0.0.1:{port}", server, thread)

@@ -28,6 +28,7 @@ from app.api.schemas.inference import (
     CreateEmbeddingResponse,
     EmbeddingCreateParams,
     EngineBody,
+    EngineHealth,
     Health,
     Model,
     ModelPage,
@@ -38,6 +39,7 @@ from app.api.schemas.inference import (
     Response as ResponseObject,
 )
 from app.engine.base import CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES, Engine, Priority
+from app.engine.registry import EngineRegistry, members
 from app.errors import APIError, error_body
 from app.services import Services
 
@@ -51,7 +53,7 @@ RESPONSES_STREAM_NOTE = (
 
 async def _run(engine: Engine, endpoint: str, body: dict[str, Any]) -> Any:
     if body.get("stream") and endpoint != EMBEDDINGS:
-        return _stream(engine, endpoint, body)
+        return await _stream(engine, endpoint, body)
     fut = engine.submit(endpoint, body, priority=Priority.ONLINE)
     try:
         return await asyncio.wrap_future(fut)
@@ -60,10 +62,11 @@ async def _run(engine: Engine, endpoint: str, body: dict[str, Any]) -> Any:
         raise
 
 
-def _stream(engine: Engine, endpoint: str, body: dict[str, Any]) -> Stream:
+async def _stream(engine: Engine, endpoint: str, body: dict[str, Any]) -> Stream:
     """Relay the engine's chunks as server-sent events. The engine itself sends the
-    usage-only chunk that `stream_options.include_usage` asks for. A request the engine
-    refuses at once (a bad parameter) is answered with its error status, not a stream."""
+    usage-only chunk that `stream_options.include_usage` asks for. The answer starts with
+    the first chunk: a request refused before any (a bad parameter, an upstream's 400) is
+    answered with its error status, not a stream holding the error."""
     loop = asyncio.get_running_loop()
     chunks: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
     fut = engine.submit(
@@ -72,17 +75,24 @@ def _stream(engine: Engine, endpoint: str, body: dict[str, Any]) -> Stream:
         priority=Priority.ONLINE,
         on_chunk=lambda c: loop.call_soon_threadsafe(chunks.put_nowait, c),
     )
-    if fut.done() and isinstance(fut.exception(), APIError):
-        raise fut.exception()  # type: ignore[misc]
     fut.add_done_callback(lambda _: loop.call_soon_threadsafe(chunks.put_nowait, None))
     responses = endpoint == RESPONSES
+    try:
+        first = await chunks.get()
+    except asyncio.CancelledError:
+        engine.cancel(fut)
+        raise
+    if first is None and isinstance(fut.exception(), APIError):
+        raise fut.exception()  # type: ignore[misc]
 
     async def events() -> AsyncIterator[bytes]:
         sent = 0
+        chunk = first
         try:
-            while (chunk := await chunks.get()) is not None:
+            while chunk is not None:
                 sent += 1
                 yield _sse(chunk, responses)
+                chunk = await chunks.get()
             exc = fut.exception()
             if exc is not None:
                 err = (
@@ -177,26 +187,35 @@ async def embeddings(
     return await _run(engine, EMBEDDINGS, data)
 
 
+def _cards(engine: Engine) -> list[Model]:
+    if isinstance(engine, EngineRegistry):
+        return [Model(**card) for card in engine.model_cards()]
+    return [model_card(engine.info)]
+
+
 @get("/v1/models", operation_id="ListModels", responses=errors(503))
 async def list_models(engine: NamedDependency[SkipValidation[Engine]]) -> ModelPage:
-    """The one model this server serves."""
-    return ModelPage(data=[model_card(engine.info)])
+    """Every engine's models: the embedded model, then each upstream's."""
+    return ModelPage(data=_cards(engine))
 
 
 @get("/v1/models/{model_id:path}", operation_id="RetrieveModel", responses=errors(404, 503))
 async def retrieve_model(
     engine: NamedDependency[SkipValidation[Engine]], model_id: FromPath[str]
 ) -> Model:
-    """The model, if `model_id` names the one this server serves."""
+    """The model, if `model_id` names one this server serves."""
     name = model_id.lstrip("/")
-    if name != engine.info.id:
-        raise APIError(
-            404,
-            f"The model '{name}' does not exist; this server serves '{engine.info.id}'.",
-            param="model",
-            code="model_not_found",
-        )
-    return model_card(engine.info)
+    cards = _cards(engine)
+    for card in cards:
+        if card.id == name:
+            return card
+    known = ", ".join(f"'{c.id}'" for c in cards)
+    raise APIError(
+        404,
+        f"The model '{name}' does not exist; this server serves {known}.",
+        param="model",
+        code="model_not_found",
+    )
 
 
 @get(
@@ -219,6 +238,7 @@ async def health(services: NamedDependency[Services]) -> Response[Health]:
     return Response(
         Health(
             status="ready",
+            error=services.engine_failure,  # the embedded model's, while upstreams serve
             node=node,
             database=database,
             model=info.id,
@@ -226,6 +246,12 @@ async def health(services: NamedDependency[Services]) -> Response[Health]:
             slots=info.n_slots,
             ctx_per_slot=info.ctx_per_slot,
             n_gpu_layers=info.n_gpu_layers,
+            cpu_buffers=info.cpu_buffers or None,
+            advice=info.advice,
+            engines=[
+                EngineHealth(name=m.name, kind=m.kind, up=m.up, models=m.models)
+                for m in members(engine)
+            ],
         )
     )
 

@@ -23,6 +23,7 @@ from litestar.typing import FieldDefinition
 
 from app.api.schemas.common import ErrorBody
 from app.api.schemas.inference import EngineBody
+from app.files.service import EXPIRES_MAX, EXPIRES_MIN, UPLOAD_PURPOSES
 
 if TYPE_CHECKING:
     from litestar._openapi.schema_generation import SchemaCreator
@@ -77,13 +78,13 @@ class MultipartUpload(Operation):
                 "file": _text("The file's bytes.", format="binary"),
                 "purpose": _text(
                     "What the file is for; 'batch' for a batch input file.",
-                    enum=["assistants", "batch", "fine-tune", "vision", "user_data", "evals"],
+                    enum=list(UPLOAD_PURPOSES),
                 ),
                 "expires_after[anchor]": _text("Only 'created_at'.", enum=["created_at"]),
                 "expires_after[seconds]": Schema(
                     type=OpenAPIType.INTEGER,
-                    minimum=3600,
-                    maximum=30 * 24 * 3600,
+                    minimum=EXPIRES_MIN,
+                    maximum=EXPIRES_MAX,
                     description="Seconds after creation the file expires (1 hour to 30 days).",
                 ),
             },

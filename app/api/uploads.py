@@ -20,7 +20,7 @@ from app.api.schemas.uploads import (
 )
 from app.errors import APIError, missing
 from app.files.storage import PartialWrite, TooLarge
-from app.files.upload import MAX_FIELD_BYTES, stream_form
+from app.files.upload import declared_over, stream_form
 from app.files.uploads import UploadService
 
 
@@ -77,8 +77,7 @@ async def add_upload_part(
 ) -> UploadPart:
     """Add one part (multipart `data`, at most 64 MB); parts may come in any order and at once."""
     limit = uploads.settings.max_upload_part_bytes
-    declared = request.headers.get("content-length")
-    if declared and declared.isdigit() and int(declared) > limit + MAX_FIELD_BYTES:
+    if declared_over(request.headers.get("content-length"), limit):
         raise part_too_large(limit)
     await anyio.to_thread.run_sync(lambda: uploads.check_open(upload_id, owner))
 

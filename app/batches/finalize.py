@@ -18,7 +18,7 @@ from sqlalchemy import update
 from sqlmodel import col, select
 
 from app.batches import output
-from app.batches.lifecycle import OPEN, Ended, locked_batch, no_hook
+from app.batches.lifecycle import OPEN, Ended, end, locked_batch, no_hook
 from app.config import Settings
 from app.db import Database
 from app.files.service import FileService
@@ -144,15 +144,7 @@ class Finalizer:
                 )
             fresh.output_file_id = written["output"].file_id if "output" in written else None
             fresh.error_file_id = written["error"].file_id if "error" in written else None
-            fresh.status = final_status
-            if final_status == BatchStatus.COMPLETED:
-                fresh.completed_at = stamp
-            elif final_status == BatchStatus.CANCELLED:
-                fresh.cancelled_at = stamp
-            elif final_status == BatchStatus.EXPIRED and fresh.expired_at is None:
-                fresh.expired_at = stamp
-            s.add(fresh)
-            self.ended(s, fresh)
+            end(s, fresh, final_status, self.ended, stamp)
         log.info(
             "batch=%s status=%s completed=%d failed=%d",
             batch_id,
@@ -180,8 +172,6 @@ class Finalizer:
             fresh = locked_batch(s, b.id)
             if fresh is None or fresh.status in BatchStatus.FINISHED:
                 return
-            fresh.status = BatchStatus.FAILED
-            fresh.failed_at = now()
             fresh.errors_json = json.dumps(
                 [
                     {
@@ -193,6 +183,5 @@ class Finalizer:
                     }
                 ]
             )
-            s.add(fresh)
-            self.ended(s, fresh)
+            end(s, fresh, BatchStatus.FAILED, self.ended)
         self.on_change()

@@ -46,6 +46,23 @@ def no_hook(s: Session, b: Batch) -> None:
     pass
 
 
+def end(s: Session, b: Batch, status: str, ended: Ended, stamp: int | None = None) -> None:
+    """Move `b` to the final `status`, stamped with its time (an expired batch keeps the
+    time its window ran out), and call `ended`, all in the caller's transaction."""
+    stamp = now() if stamp is None else stamp
+    b.status = status
+    if status == BatchStatus.COMPLETED:
+        b.completed_at = stamp
+    elif status == BatchStatus.FAILED:
+        b.failed_at = stamp
+    elif status == BatchStatus.CANCELLED:
+        b.cancelled_at = stamp
+    elif status == BatchStatus.EXPIRED and b.expired_at is None:
+        b.expired_at = stamp
+    s.add(b)
+    ended(s, b)
+
+
 def locked_batch(s: Session, batch_id: str) -> Batch | None:
     """The batch row as committed now, locked until the transaction ends (FOR UPDATE on
     PostgreSQL; SQLite's write transaction already holds the whole database)."""
@@ -181,16 +198,9 @@ def still_validating(s: Session, b: Batch | None, ended: Ended = no_hook) -> boo
     validation is settled here, as the batch never ran a line."""
     if b is None or b.status != BatchStatus.VALIDATING:
         if b is not None and b.status == BatchStatus.CANCELLING:
-            settle_cancelled_validation(s, b, ended)
+            end(s, b, BatchStatus.CANCELLED, ended)
         return False
     return True
-
-
-def settle_cancelled_validation(s: Session, b: Batch, ended: Ended = no_hook) -> None:
-    b.status = BatchStatus.CANCELLED
-    b.cancelled_at = now()
-    s.add(b)
-    ended(s, b)
 
 
 def fail_validation(
@@ -201,11 +211,8 @@ def fail_validation(
         if not still_validating(s, b, ended):
             return True
         assert b is not None
-        b.status = BatchStatus.FAILED
-        b.failed_at = now()
         b.errors_json = json.dumps(errors)
-        s.add(b)
-        ended(s, b)
+        end(s, b, BatchStatus.FAILED, ended)
     log.info("batch=%s status=failed errors=%d", batch_id, len(errors))
     return True
 
@@ -261,7 +268,7 @@ def settle_cancel(db: Database, batch_id: str, node_id: str, ended: Ended = no_h
             .values(status=RequestStatus.CANCELLED, finished_at=int(t))
         )
         if b.total == 0 and b.in_progress_at is None:
-            settle_cancelled_validation(s, b, ended)
+            end(s, b, BatchStatus.CANCELLED, ended)
             return "done"
         held = s.exec(
             select(func.count())

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
-from sqlalchemy import func, update
+from sqlalchemy import Update, func, update
 from sqlmodel import Session, col, select
 
 from app.batches import lifecycle
@@ -168,18 +168,20 @@ class Runner:
             return
         with self.db.write() as s:
             s.exec(
-                update(Request)
-                .where(
-                    col(Request.claimed_by) == self.worker_id,
-                    col(Request.status) == RequestStatus.RUNNING,
-                )
-                .values(
+                self._update_own_running().values(
                     status=RequestStatus.PENDING,
                     lease_until=None,
                     attempts=Request.attempts - 1,
                 )
             )
         self._inflight.clear()
+
+    def _update_own_running(self) -> Update:
+        """An UPDATE of the lines this node has claimed and is running."""
+        return update(Request).where(
+            col(Request.claimed_by) == self.worker_id,
+            col(Request.status) == RequestStatus.RUNNING,
+        )
 
     def step(self) -> None:
         """One pass over all the work there is. Public so tests can drive it directly."""
@@ -363,14 +365,7 @@ class Runner:
             return
         self._last_renew = t
         with self.db.write() as s:
-            s.exec(
-                update(Request)
-                .where(
-                    col(Request.claimed_by) == self.worker_id,
-                    col(Request.status) == RequestStatus.RUNNING,
-                )
-                .values(lease_until=t + self.settings.lease_seconds)
-            )
+            s.exec(self._update_own_running().values(lease_until=t + self.settings.lease_seconds))
 
     # -- results ------------------------------------------------------------------------
 

@@ -1,13 +1,18 @@
-"""The batches service: create, read, list and cancel batches (their wire shape: api/schemas)."""
+"""The batches service: create, read, list, cancel and retry batches, and read their lines
+(pages for the dashboard's explorer, one line, what finished so far, progress over time).
+Their wire shape: api/schemas."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from sqlmodel import col, select
+from sqlmodel import col, func, select
 
+from app.api.schemas.batches import batch_output_line, encode_line
+from app.batches.output import CHUNK
 from app.config import Settings
 from app.db import Database
 from app.engine.base import ENDPOINTS
@@ -20,6 +25,37 @@ if TYPE_CHECKING:
 
 COMPLETION_WINDOWS = ("24h",)
 METADATA_MAX_PAIRS, METADATA_KEY_MAX, METADATA_VALUE_MAX = 16, 64, 512
+
+#: The explorer's filters, by the line statuses each shows. "failed" is what the error file
+#: holds (failed and expired lines); cancelled lines never ran and show under "all" only.
+LINE_FILTERS: dict[str, tuple[str, ...] | None] = {
+    "all": None,
+    "succeeded": (RequestStatus.SUCCEEDED,),
+    "failed": (RequestStatus.FAILED, RequestStatus.EXPIRED),
+    "pending": (RequestStatus.PENDING, RequestStatus.RUNNING),
+}
+#: Lines that count as done (the batch's completed + failed counters).
+COUNTED = (RequestStatus.SUCCEEDED, RequestStatus.FAILED, RequestStatus.EXPIRED)
+#: A partial download's kinds, by the line statuses each holds (as the finished files will).
+PARTIAL_KINDS = {"output": (RequestStatus.SUCCEEDED,), "errors": LINE_FILTERS["failed"] or ()}
+LINES_PAGE_MAX = 200
+CUSTOM_ID_SEARCH_MAX = 512
+#: The metadata keys that link a retry and the batch it retried.
+RETRY_OF, RETRIED_BY = "retry_of", "retried_by"
+
+
+@dataclass
+class LinePage:
+    rows: list[Request]
+    has_more: bool
+    next_after: int | None
+
+
+@dataclass
+class LineDetail:
+    request: Request
+    #: The input line as sent ({"custom_id", "method", "url", "body"}); None if unreadable.
+    input: dict[str, Any] | None
 
 
 def check_metadata(metadata: Any) -> dict[str, str] | None:
@@ -157,24 +193,205 @@ class BatchService:
         self.get(batch_id, owner)  # 404 for another owner's batch
         return self.runner.cancel(batch_id)
 
-    def results(self, batch_id: str, owner: str, limit: int = 50) -> list[dict[str, Any]]:
-        """The first finished lines of a batch, for the dashboard."""
+    # -- the results explorer: pages of lines, one line, partial output, progress, retry ----
+
+    def line_counts(self, batch_id: str, owner: str) -> dict[str, int]:
+        """How many lines each explorer filter shows (one indexed GROUP BY)."""
         self.get(batch_id, owner)
         with self.db.read() as s:
             rows = s.exec(
-                select(Request)
-                .where(Request.batch_id == batch_id, col(Request.status).in_(RequestStatus.DONE))
-                .order_by(col(Request.line))
-                .limit(limit)
+                select(Request.status, func.count())
+                .where(Request.batch_id == batch_id)
+                .group_by(col(Request.status))
             ).all()
-        return [
-            {
-                "line": r.line,
-                "custom_id": r.custom_id,
-                "status": r.status,
-                "status_code": r.status_code,
-                "body": json.loads(r.body_json) if r.body_json else None,
-                "error": json.loads(r.error_json) if r.error_json else None,
-            }
-            for r in rows
-        ]
+        by_status = dict(rows)
+        counts = {
+            name: sum(by_status.get(st, 0) for st in statuses)
+            for name, statuses in LINE_FILTERS.items()
+            if statuses
+        }
+        counts["all"] = sum(by_status.values())
+        return counts
+
+    def lines(
+        self,
+        batch_id: str,
+        owner: str,
+        *,
+        status: str = "all",
+        search: str = "",
+        after: int = 0,
+        limit: int = 50,
+    ) -> LinePage:
+        """One page of a batch's lines in input order, `after` a line number (keyset paging),
+        filtered by status and by a piece of `custom_id`; works while the batch runs."""
+        if status not in LINE_FILTERS:
+            raise invalid(
+                f"Invalid status filter {json.dumps(status)}. Expected one of: "
+                f"{', '.join(LINE_FILTERS)}.",
+                param="status",
+            )
+        if not 1 <= limit <= LINES_PAGE_MAX:
+            raise invalid(
+                f"limit must be between 1 and {LINES_PAGE_MAX}; got {limit}.", param="limit"
+            )
+        if len(search) > CUSTOM_ID_SEARCH_MAX:
+            raise invalid(
+                f"The search may be at most {CUSTOM_ID_SEARCH_MAX} characters; got {len(search)}.",
+                param="q",
+            )
+        self.get(batch_id, owner)
+        q = select(Request).where(Request.batch_id == batch_id, col(Request.line) > after)
+        statuses = LINE_FILTERS[status]
+        if statuses:
+            q = q.where(col(Request.status).in_(statuses))
+        if search:
+            q = q.where(col(Request.custom_id).contains(search, autoescape=True))
+        with self.db.read() as s:
+            rows = list(s.exec(q.order_by(col(Request.line)).limit(limit + 1)).all())
+        has_more = len(rows) > limit
+        rows = rows[:limit]
+        return LinePage(
+            rows=rows, has_more=has_more, next_after=rows[-1].line if has_more and rows else None
+        )
+
+    def line(self, batch_id: str, owner: str, line: int) -> LineDetail:
+        """One line: its input (read back from the input file) and its answer or error."""
+        batch = self.get(batch_id, owner)
+        with self.db.read() as s:
+            req = s.exec(
+                select(Request).where(Request.batch_id == batch_id, Request.line == line)
+            ).first()
+        if req is None:
+            raise not_found("line", str(line), param="line")
+        try:
+            raw = self.runner.storage.read_range(batch.input_file_id, req.offset, req.length)
+            source: dict[str, Any] | None = json.loads(raw.decode("utf-8"))
+        except (OSError, ValueError):  # the input file expired or was deleted
+            source = None
+        return LineDetail(request=req, input=source)
+
+    def finished_output(self, batch_id: str, owner: str, kind: str) -> Iterator[bytes]:
+        """The output (`kind` "output") or error lines ("errors") of the lines finished so
+        far, in input order, as the output files will hold them; read in chunks."""
+        if kind not in PARTIAL_KINDS:
+            raise invalid(
+                f"Invalid kind {json.dumps(kind)}. Expected one of: {', '.join(PARTIAL_KINDS)}.",
+                param="kind",
+            )
+        self.get(batch_id, owner)
+        statuses = PARTIAL_KINDS[kind]
+
+        def chunks() -> Iterator[bytes]:
+            last = 0
+            while True:
+                with self.db.read() as s:
+                    rows = s.exec(
+                        select(Request)
+                        .where(
+                            Request.batch_id == batch_id,
+                            col(Request.line) > last,
+                            col(Request.status).in_(statuses),
+                        )
+                        .order_by(col(Request.line))
+                        .limit(CHUNK)
+                    ).all()
+                if not rows:
+                    return
+                yield b"".join(encode_line(batch_output_line(r)) for r in rows)
+                last = rows[-1].line
+
+        return chunks()
+
+    def progress_series(self, batch_id: str, owner: str) -> list[tuple[int, int, int]]:
+        """(second, lines finished in it, tokens generated by them) for each second in which
+        lines finished: the batch's whole life, from its rows, for the chart and `run`."""
+        self.get(batch_id, owner)
+        with self.db.read() as s:
+            rows = s.exec(
+                select(Request.finished_at, func.count(), func.sum(Request.completion_tokens))
+                .where(
+                    Request.batch_id == batch_id,
+                    col(Request.status).in_(COUNTED),
+                    col(Request.finished_at).is_not(None),
+                )
+                .group_by(col(Request.finished_at))
+                .order_by(col(Request.finished_at))
+            ).all()
+        return [(int(t), int(n), int(tok or 0)) for t, n, tok in rows]
+
+    def retry(self, batch_id: str, owner: str) -> Batch:
+        """A new batch of the failed lines' original input lines (a new input file), linked
+        both ways in metadata: `retry_of` on the new batch, `retried_by` on this one."""
+        batch = self.get(batch_id, owner)
+        if batch.status not in BatchStatus.FINISHED or batch.status == BatchStatus.FAILED:
+            raise invalid(
+                f"Batch {batch_id} is {batch.status}: only a completed, cancelled or expired "
+                "batch's failed lines can be retried.",
+                param="batch_id",
+            )
+        storage = self.runner.storage
+        partial = storage.begin_write(self.settings.max_batch_file_bytes)
+        count = 0
+        try:
+            with open(storage.path(batch.input_file_id), "rb") as source:
+                last = 0
+                while True:
+                    with self.db.read() as s:
+                        rows = s.exec(
+                            select(Request.line, Request.offset, Request.length)
+                            .where(
+                                Request.batch_id == batch_id,
+                                col(Request.line) > last,
+                                col(Request.status).in_(LINE_FILTERS["failed"]),
+                            )
+                            .order_by(col(Request.line))
+                            .limit(CHUNK)
+                        ).all()
+                    if not rows:
+                        break
+                    for _line, offset, length in rows:
+                        source.seek(offset)
+                        partial.write(source.read(length).rstrip(b"\r") + b"\n")
+                        count += 1
+                    last = rows[-1][0]
+        except FileNotFoundError:
+            partial.discard()
+            raise invalid(
+                f"The input file {batch.input_file_id} of batch {batch_id} no longer exists, "
+                "so its lines cannot be read again.",
+                param="batch_id",
+            ) from None
+        except BaseException:
+            partial.discard()
+            raise
+        if count == 0:
+            partial.discard()
+            raise invalid(f"Batch {batch_id} has no failed lines to retry.", param="batch_id")
+        retry_file = self.runner.files.create(
+            partial=partial, filename=f"{batch_id}_retry.jsonl", purpose="batch", owner=owner
+        )
+        meta = json.loads(batch.metadata_json) if batch.metadata_json else {}
+        meta.pop(RETRIED_BY, None)
+        meta.pop(RETRY_OF, None)
+        meta = dict(list(meta.items())[: METADATA_MAX_PAIRS - 1])
+        meta[RETRY_OF] = batch_id
+        new = self.create(owner, retry_file.id, batch.endpoint, metadata=meta)
+        with self.db.write() as s:
+            row = s.get(Batch, batch_id)
+            assert row is not None
+            linked = json.loads(row.metadata_json) if row.metadata_json else {}
+            if RETRIED_BY not in linked and len(linked) >= METADATA_MAX_PAIRS:
+                linked.pop(next(iter(linked)))  # the oldest pair makes room for the link
+            linked[RETRIED_BY] = new.id
+            row.metadata_json = json.dumps(linked)
+            s.add(row)
+        return new
+
+    def owner_of(self, batch_id: str) -> str:
+        """Whose a batch is: for `batchyard retry`, which acts on the data dir it is given."""
+        with self.db.read() as s:
+            b = s.get(Batch, batch_id)
+        if b is None:
+            raise not_found("batch", batch_id, param="batch_id")
+        return b.owner

@@ -73,6 +73,8 @@ class ModelInfo:
     embedding_dim: int
     has_chat_template: bool
     created: int  # unix time the model file was written, for /v1/models
+    cpu_buffers: str = ""  # llama.cpp's extra CPU buffer types: "on (why)" or "off (why)"
+    advice: str | None = None  # the command that fixes the build (engine/build.py), if any
 
 
 @dataclass

@@ -36,7 +36,18 @@ PROBE_TOKENS = 12
 CACHE_ENTRIES = 16
 
 
-def _llama_lib_dir() -> Path:
+def cpu_threads(requested: int) -> int:
+    """Threads for llama.cpp: the request, or every core this process may run on."""
+    if requested > 0:
+        return requested
+    # llama.cpp's own default is a fixed 4, which oversubscribes small machines.
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # pragma: no cover - macOS, Windows
+        return max(1, os.cpu_count() or 1)
+
+
+def llama_lib_dir() -> Path:
     import importlib.util
 
     if os.environ.get("LLAMA_CPP_LIB_PATH"):  # a frozen app's bundle, or the user's choice
@@ -54,7 +65,7 @@ def _fingerprint(model: Path, threads: int) -> str:
     kernels are: not modification times, since a frozen app unpacks them anew at each start.
     """
     digest = hashlib.sha256(f"threads={threads}\n".encode())
-    lib = _llama_lib_dir()
+    lib = llama_lib_dir()
     for path in sorted(lib.iterdir()) if lib.is_dir() else []:
         if path.is_file() and not path.is_symlink():
             digest.update(f"{path.name}:{path.stat().st_size}\n".encode())
@@ -199,6 +210,29 @@ def probe(model: Path, threads: int, command: list[str] | None = None) -> tuple[
     return True, "the check passed", True
 
 
+CACHE_FILE = "cpu-check.json"
+
+
+def _read_cache(cache: Path) -> dict[str, Any]:
+    try:
+        known = json.loads(cache.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return known if isinstance(known, dict) else {}
+
+
+def cached_verdict(model: Path, threads: int, cache_dir: Path) -> tuple[bool, str] | None:
+    """The check's cached verdict for the installed build, `model` and `threads`, without
+    running it; None when this build has not been checked yet."""
+    try:
+        entry = _read_cache(cache_dir / CACHE_FILE).get(_fingerprint(model, threads))
+    except OSError:
+        return None
+    if not isinstance(entry, dict):
+        return None
+    return bool(entry.get("ok")), str(entry.get("why", ""))
+
+
 def extra_buffers(model: Path, threads: int, setting: str, cache_dir: Path) -> tuple[bool, str]:
     """Whether to load with llama.cpp's extra CPU buffer types, and why.
 
@@ -207,24 +241,19 @@ def extra_buffers(model: Path, threads: int, setting: str, cache_dir: Path) -> t
     """
     if setting in ("on", "off"):
         return setting == "on", f"cpu_extra_buffers={setting}"
-    cache = cache_dir / "cpu-check.json"
+    cache = cache_dir / CACHE_FILE
     try:
         key = _fingerprint(model, threads)
     except OSError as exc:
         return False, f"cannot fingerprint the build: {exc}"
-    try:
-        known = json.loads(cache.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        known = {}
-    if isinstance(known, dict) and isinstance(known.get(key), dict):
+    known = _read_cache(cache)
+    if isinstance(known.get(key), dict):
         entry = known[key]
         return bool(entry.get("ok")), f"{entry.get('why', '')} (cached)"
     ok, why, final = probe(model, threads)
     if not final:
         log.warning("the CPU buffer check gave no verdict (%s); plain buffers this time", why)
         return ok, why
-    if not isinstance(known, dict):
-        known = {}
     known[key] = {"ok": ok, "why": why}
     known = dict(list(known.items())[-CACHE_ENTRIES:])
     try:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,8 @@ import numpy as np
 
 from app.config import Settings
 from app.engine.base import ModelInfo
-from app.engine.cpu_check import extra_buffers
+from app.engine.build import advice, gpu_libraries, visible_nvidia_gpu
+from app.engine.cpu_check import cpu_threads, extra_buffers
 from app.model_files import quantization
 
 log = logging.getLogger("batchyard.engine")
@@ -42,17 +42,6 @@ def default_parallel(n_gpu_layers: int) -> int:
         return 64
     # On a CPU too, more rows per forward pass is cheaper per token (bench/README.md).
     return 32
-
-
-def cpu_threads(requested: int) -> int:
-    """Threads for llama.cpp: the request, or every core this process may run on."""
-    if requested > 0:
-        return requested
-    # llama.cpp's own default is a fixed 4, which oversubscribes small machines.
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # pragma: no cover - macOS, Windows
-        return max(1, os.cpu_count() or 1)
 
 
 def gpu_backend_name() -> str | None:
@@ -177,6 +166,10 @@ class LoadedModel:
     chat_template: str | None
     gpu_backend: str | None  # None: the CPU runs it
     library_version: str
+    #: Whether llama.cpp's extra CPU buffer types are on, and why ("on (the check passed)").
+    cpu_buffers: str = ""
+    #: The command that fixes the build (engine/build.py advice), or None.
+    advice: str | None = None
 
     def model_info(self, *, has_chat_template: bool, n_gpu_layers: int) -> ModelInfo:
         stat = self.path.stat()
@@ -193,6 +186,8 @@ class LoadedModel:
             embedding_dim=self.n_embd,
             has_chat_template=has_chat_template,
             created=int(stat.st_mtime),
+            cpu_buffers=self.cpu_buffers,
+            advice=self.advice,
         )
 
     def free(self) -> None:
@@ -216,6 +211,9 @@ def load(settings: Settings, *, prompt_tokens_per_step: int) -> LoadedModel:
     # build is sound and crash where it is not; a child process checks once (cpu_check).
     extra, why = extra_buffers(path, threads, settings.cpu_extra_buffers, settings.cache_path)
     log.info("cpu extra buffer types: %s (%s)", "on" if extra else "off", why)
+    fix = advice(extra_ok=extra, why=why, gpu_built=gpu_libraries(), gpu_seen=visible_nvidia_gpu())
+    if fix:
+        log.warning("%s", fix)
     model = load_model(path, n_gpu_layers=settings.n_gpu_layers, use_extra_bufts=extra)
     n_slots = (
         settings.parallel if settings.parallel > 0 else default_parallel(settings.n_gpu_layers)
@@ -262,4 +260,6 @@ def load(settings: Settings, *, prompt_tokens_per_step: int) -> LoadedModel:
         chat_template=template.decode() if template else None,
         gpu_backend=gpu_backend_name() if settings.n_gpu_layers != 0 else None,
         library_version=lc.__version__,
+        cpu_buffers=f"{'on' if extra else 'off'} ({why})",
+        advice=fix,
     )

@@ -158,8 +158,8 @@ def stream_events(job: Job, choice: Choice, text: str | None, model: str) -> lis
         elif not calling:
             _open_message(state, out)
             out.append(_delta(state, text))
-        elif state.mode is None and choice.text.strip():
-            if choice.text.lstrip().startswith("{"):
+        elif state.mode is None and (kind := tools.answer_kind(choice.text)):
+            if kind == "call":
                 state.mode = "call"
             else:
                 _open_message(state, out)

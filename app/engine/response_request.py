@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from app.engine.base import EngineError
-from app.errors import invalid
+from app.engine.tools import bad_param
+from app.errors import missing
 
 #: Fields a Responses body may carry; anything else is refused by name, like OpenAI does.
 KNOWN = {
@@ -42,10 +43,6 @@ _RENAMES = (
 )
 
 
-def _bad(message: str, param: str, code: str = "invalid_value") -> EngineError:
-    return invalid(message, param=param, code=code, cls=EngineError)
-
-
 @dataclass
 class ResponseRequest:
     """What the `response` object echoes of the request, and its stream's progress."""
@@ -65,12 +62,14 @@ def _text(content: Any, param: str, kinds: tuple[str, ...]) -> str:
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
-        raise _bad(f"{param} must be a string or a list of content parts.", param, "invalid_type")
+        raise bad_param(
+            f"{param} must be a string or a list of content parts.", param, "invalid_type"
+        )
     texts = []
     for j, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else None
         if kind not in kinds or not isinstance(part.get("text"), str):
-            raise _bad(
+            raise bad_param(
                 f"{param}[{j}]: only text parts ({', '.join(kinds)}) are supported, got {kind!r}.",
                 f"{param}[{j}]",
             )
@@ -83,26 +82,26 @@ def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
     instructions = body.get("instructions")
     if instructions is not None:
         if not isinstance(instructions, str):
-            raise _bad("'instructions' must be a string.", "instructions", "invalid_type")
+            raise bad_param("'instructions' must be a string.", "instructions", "invalid_type")
         out.append({"role": "system", "content": instructions})
     items = body.get("input")
     if items is None:
-        raise _bad("Missing required parameter: 'input'.", "input", "missing_required_parameter")
+        raise missing("input", cls=EngineError)
     if isinstance(items, str):
         return [*out, {"role": "user", "content": items}]
     if not isinstance(items, list) or not items:
-        raise _bad(
+        raise bad_param(
             "'input' must be a string or a non-empty list of items.", "input", "invalid_type"
         )
     for i, item in enumerate(items):
         p = f"input[{i}]"
         if not isinstance(item, dict):
-            raise _bad(f"{p} must be an object.", p, "invalid_type")
+            raise bad_param(f"{p} must be an object.", p, "invalid_type")
         kind = item.get("type", "message")
         if kind == "message":
             role = item.get("role")
             if role not in ("user", "system", "developer", "assistant"):
-                raise _bad(
+                raise bad_param(
                     f"{p}.role {role!r} is not supported; use user, system, developer or assistant.",
                     f"{p}.role",
                 )
@@ -111,7 +110,7 @@ def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
         elif kind == "function_call":
             call_id, name, args = item.get("call_id"), item.get("name"), item.get("arguments")
             if not all(isinstance(x, str) for x in (call_id, name, args)):
-                raise _bad(f"{p} needs string 'call_id', 'name' and 'arguments'.", p)
+                raise bad_param(f"{p} needs string 'call_id', 'name' and 'arguments'.", p)
             call = {
                 "id": call_id,
                 "type": "function",
@@ -124,13 +123,13 @@ def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
         elif kind == "function_call_output":
             call_id = item.get("call_id")
             if not isinstance(call_id, str):
-                raise _bad(
+                raise bad_param(
                     f"{p}.call_id is required.", f"{p}.call_id", "missing_required_parameter"
                 )
             output = _text(item.get("output"), f"{p}.output", ("input_text", "output_text"))
             out.append({"role": "tool", "tool_call_id": call_id, "content": output})
         else:
-            raise _bad(
+            raise bad_param(
                 f"{p}.type {kind!r} is not supported; input items are messages, "
                 "function_call and function_call_output.",
                 f"{p}.type",
@@ -142,15 +141,19 @@ def _response_format(text: Any) -> dict[str, Any] | None:
     if text is None:
         return None
     if not isinstance(text, dict):
-        raise _bad("'text' must be an object.", "text", "invalid_type")
+        raise bad_param("'text' must be an object.", "text", "invalid_type")
     verbosity = text.get("verbosity")
     if verbosity not in (None, "medium"):
-        raise _bad("'text.verbosity' cannot be honoured by this model; omit it.", "text.verbosity")
+        raise bad_param(
+            "'text.verbosity' cannot be honoured by this model; omit it.", "text.verbosity"
+        )
     fmt = text.get("format")
     if fmt is None:
         return None
     if not isinstance(fmt, dict):
-        raise _bad("'text.format' must be an object with a 'type'.", "text.format", "invalid_type")
+        raise bad_param(
+            "'text.format' must be an object with a 'type'.", "text.format", "invalid_type"
+        )
     if fmt.get("type") == "json_schema":
         spec = {k: fmt[k] for k in ("name", "schema", "strict", "description") if k in fmt}
         return {"type": "json_schema", "json_schema": spec}
@@ -161,12 +164,12 @@ def _tools(raw: Any) -> list[dict[str, Any]] | None:
     if raw is None:
         return None
     if not isinstance(raw, list):
-        raise _bad("'tools' must be a list.", "tools", "invalid_type")
+        raise bad_param("'tools' must be a list.", "tools", "invalid_type")
     out = []
     for i, tool in enumerate(raw):
         kind = tool.get("type") if isinstance(tool, dict) else None
         if kind != "function":
-            raise _bad(
+            raise bad_param(
                 f"tools[{i}].type {kind!r} is not supported: this server runs no built-in tools; "
                 "only 'function' tools are.",
                 f"tools[{i}].type",
@@ -195,7 +198,7 @@ def _tool_choice(choice: Any) -> Any:
                 ],
             },
         }
-    raise _bad(
+    raise bad_param(
         f"tool_choice type {kind!r} is not supported; use 'none', 'auto', 'required' or "
         "{'type': 'function', 'name': ...}.",
         "tool_choice",
@@ -205,14 +208,14 @@ def _tool_choice(choice: Any) -> Any:
 def _refuse_unsupported(body: dict[str, Any]) -> None:
     for key in body:
         if key not in KNOWN:
-            raise _bad(
+            raise bad_param(
                 f"Unrecognized request argument supplied: '{key}'.", key, "unknown_parameter"
             )
     for key, why in REFUSED.items():
         if body.get(key) is not None:
-            raise _bad(f"'{key}' is not supported: {why}.", key, "unsupported_parameter")
+            raise bad_param(f"'{key}' is not supported: {why}.", key, "unsupported_parameter")
     if body.get("background"):
-        raise _bad(
+        raise bad_param(
             "'background' responses are not supported; use the Batch API for work that may "
             "wait, or a normal (optionally streamed) request.",
             "background",
@@ -222,43 +225,45 @@ def _refuse_unsupported(body: dict[str, Any]) -> None:
     if reasoning is not None and (
         not isinstance(reasoning, dict) or any(v is not None for v in reasoning.values())
     ):
-        raise _bad(
+        raise bad_param(
             "'reasoning' is not supported with this model (it does not reason).",
             "reasoning",
             "unsupported_parameter",
         )
     if body.get("include"):
-        raise _bad(
+        raise bad_param(
             "'include' is not supported: no extra output data is available.",
             "include",
             "unsupported_parameter",
         )
     if body.get("top_logprobs"):
-        raise _bad("'top_logprobs' is not supported on /v1/responses.", "top_logprobs")
+        raise bad_param("'top_logprobs' is not supported on /v1/responses.", "top_logprobs")
     if body.get("truncation") not in (None, "disabled"):
-        raise _bad(
+        raise bad_param(
             "'truncation' must be 'disabled': input is never cut to fit; a too-long input "
             "is refused.",
             "truncation",
         )
     if body.get("service_tier") not in (None, "auto", "default"):
-        raise _bad("'service_tier' must be 'auto' or 'default'.", "service_tier")
+        raise bad_param("'service_tier' must be 'auto' or 'default'.", "service_tier")
     store = body.get("store")
     if store is not None and not isinstance(store, bool):
-        raise _bad("'store' must be true or false.", "store", "invalid_type")
+        raise bad_param("'store' must be true or false.", "store", "invalid_type")
     metadata = body.get("metadata")
     if metadata is not None and (
         not isinstance(metadata, dict)
         or len(metadata) > MAX_METADATA_KEYS
         or not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items())
     ):
-        raise _bad(
+        raise bad_param(
             f"'metadata' must be an object of at most {MAX_METADATA_KEYS} string values.",
             "metadata",
         )
     limit = body.get("max_output_tokens")
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
-        raise _bad("'max_output_tokens' must be an integer of at least 1.", "max_output_tokens")
+        raise bad_param(
+            "'max_output_tokens' must be an integer of at least 1.", "max_output_tokens"
+        )
 
 
 def to_chat(body: dict[str, Any]) -> tuple[dict[str, Any], ResponseRequest]:

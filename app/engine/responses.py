@@ -178,12 +178,10 @@ def _tool_choice_chunks(
     if text is not None:
         if mode == "text":
             return [one({"content": text})]
-        if mode is None and choice.text.strip():
-            if choice.text.lstrip().startswith("{"):
-                plan.modes[choice.index] = "call"
-                return []
-            plan.modes[choice.index] = "text"
-            return [one({"role": "assistant", "content": choice.text})]
+        if mode is None and (kind := tools.answer_kind(choice.text)):
+            plan.modes[choice.index] = kind
+            if kind == "text":
+                return [one({"role": "assistant", "content": choice.text})]
         return []
     calls = tools.calls_of(plan, choice.index, choice.text)
     if calls:

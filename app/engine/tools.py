@@ -59,38 +59,39 @@ class ToolPlan:
         return self.choice != "none" and bool(self.allowed)
 
 
-def _bad(message: str, param: str, code: str = "invalid_value") -> EngineError:
+def bad_param(message: str, param: str, code: str = "invalid_value") -> EngineError:
+    """A 400 naming `param`, as the engine raises it (also for /v1/responses' fields)."""
     return invalid(message, param=param, code=code, cls=EngineError)
 
 
 def _function(tool: Any, i: int) -> Function:
     param = f"tools[{i}]"
     if not isinstance(tool, dict):
-        raise _bad(f"{param} must be an object.", param, "invalid_type")
+        raise bad_param(f"{param} must be an object.", param, "invalid_type")
     if tool.get("type") != "function":
-        raise _bad(
+        raise bad_param(
             f"{param}.type {tool.get('type')!r} is not supported; only 'function' tools are.",
             f"{param}.type",
         )
     fn = tool.get("function")
     if not isinstance(fn, dict):
-        raise _bad(f"{param}.function must be an object.", f"{param}.function", "invalid_type")
+        raise bad_param(f"{param}.function must be an object.", f"{param}.function", "invalid_type")
     name = fn.get("name")
     if not isinstance(name, str) or not NAME_RE.match(name):
-        raise _bad(
+        raise bad_param(
             f"{param}.function.name must be 1-64 letters, digits, '_' or '-'.",
             f"{param}.function.name",
         )
     description = fn.get("description")
     if description is not None and not isinstance(description, str):
-        raise _bad(
+        raise bad_param(
             f"{param}.function.description must be a string.",
             f"{param}.function.description",
             "invalid_type",
         )
     parameters = fn.get("parameters")
     if parameters is not None and not isinstance(parameters, dict):
-        raise _bad(
+        raise bad_param(
             f"{param}.function.parameters must be a JSON schema object.",
             f"{param}.function.parameters",
             "invalid_type",
@@ -102,9 +103,9 @@ def _named(value: Any, names: list[str], param: str) -> str:
     fn = value.get("function") if isinstance(value, dict) else None
     name = fn.get("name") if isinstance(fn, dict) else None
     if not isinstance(name, str):
-        raise _bad(f"{param} must name a function: {{'function': {{'name': ...}}}}.", param)
+        raise bad_param(f"{param} must name a function: {{'function': {{'name': ...}}}}.", param)
     if name not in names:
-        raise _bad(f"{param} names the function {name!r}, which is not among 'tools'.", param)
+        raise bad_param(f"{param} names the function {name!r}, which is not among 'tools'.", param)
     return name
 
 
@@ -112,30 +113,30 @@ def parse_tools(body: dict[str, Any]) -> ToolPlan | None:
     """Read and check `tools`, `tool_choice` and `parallel_tool_calls` of a chat body."""
     for legacy in ("functions", "function_call"):
         if body.get(legacy) is not None:
-            raise _bad(
+            raise bad_param(
                 f"'{legacy}' is deprecated and not supported; use 'tools' and 'tool_choice'.",
                 legacy,
             )
     parallel = body.get("parallel_tool_calls")
     if parallel is not None and not isinstance(parallel, bool):
-        raise _bad(
+        raise bad_param(
             "'parallel_tool_calls' must be true or false.", "parallel_tool_calls", "invalid_type"
         )
     tools = body.get("tools")
     choice = body.get("tool_choice")
     if tools is None or tools == []:
         if choice not in (None, "none", "auto"):
-            raise _bad("'tool_choice' needs 'tools' to choose from.", "tool_choice")
+            raise bad_param("'tool_choice' needs 'tools' to choose from.", "tool_choice")
         return None
     if not isinstance(tools, list):
-        raise _bad("'tools' must be a list.", "tools", "invalid_type")
+        raise bad_param("'tools' must be a list.", "tools", "invalid_type")
     if len(tools) > MAX_TOOLS:
-        raise _bad(f"'tools' takes at most {MAX_TOOLS} functions, got {len(tools)}.", "tools")
+        raise bad_param(f"'tools' takes at most {MAX_TOOLS} functions, got {len(tools)}.", "tools")
     functions = [_function(t, i) for i, t in enumerate(tools)]
     names = [f.name for f in functions]
     for i, name in enumerate(names):
         if name in names[:i]:
-            raise _bad(f"tools[{i}]: the function name {name!r} appears twice.", f"tools[{i}]")
+            raise bad_param(f"tools[{i}]: the function name {name!r} appears twice.", f"tools[{i}]")
     plan = ToolPlan(functions, allowed=list(names), parallel=parallel is not False)
     if choice is None or choice in ("auto", "required", "none"):
         plan.choice = choice or "auto"
@@ -148,14 +149,14 @@ def parse_tools(body: dict[str, Any]) -> ToolPlan | None:
         mode = spec.get("mode") if isinstance(spec, dict) else None
         chosen = spec.get("tools") if isinstance(spec, dict) else None
         if mode not in ("auto", "required") or not isinstance(chosen, list) or not chosen:
-            raise _bad(
+            raise bad_param(
                 "tool_choice allowed_tools needs {'mode': 'auto'|'required', 'tools': [...]}.",
                 "tool_choice",
             )
         plan.choice = mode
         plan.allowed = [_named(t, names, "tool_choice.allowed_tools.tools") for t in chosen]
     else:
-        raise _bad(
+        raise bad_param(
             "'tool_choice' must be 'none', 'auto', 'required' or {'type': 'function', "
             "'function': {'name': ...}}.",
             "tool_choice",
@@ -210,14 +211,14 @@ def assistant_calls_text(tool_calls: Any, index: int) -> tuple[str, dict[str, st
     call ids it used (id -> function name), for the tool results that follow."""
     param = f"messages[{index}].tool_calls"
     if not isinstance(tool_calls, list):
-        raise _bad(f"{param} must be a list.", param, "invalid_type")
+        raise bad_param(f"{param} must be a list.", param, "invalid_type")
     lines, ids = [], {}
     for j, call in enumerate(tool_calls):
         fn = call.get("function") if isinstance(call, dict) else None
         name = fn.get("name") if isinstance(fn, dict) else None
         args = fn.get("arguments") if isinstance(fn, dict) else None
         if not isinstance(name, str) or not isinstance(args, str):
-            raise _bad(
+            raise bad_param(
                 f"{param}[{j}] must be {{'id', 'type': 'function', 'function': "
                 "{'name': str, 'arguments': str}}.",
                 f"{param}[{j}]",
@@ -267,7 +268,7 @@ def grammar(plan: ToolPlan | None) -> str | None:
     try:
         gbnf = json_schema_to_gbnf(json.dumps(_call_schema(plan)))
     except Exception as exc:  # the converter raises plain errors on schemas it cannot express
-        raise _bad(
+        raise bad_param(
             f"The functions' parameter schemas cannot be turned into a grammar: {exc}", "tools"
         ) from None
     if plan.choice == "required":
@@ -281,6 +282,16 @@ def grammar(plan: ToolPlan | None) -> str | None:
 
 def new_call_id() -> str:
     return "call_" + uuid.uuid4().hex[:24]
+
+
+def answer_kind(text: str) -> str | None:
+    """What an answer held back while tools are active shows itself to be: "call" when it
+    opens with `{` (the grammar then makes it one), "text" when it opens with anything
+    else, None while it is only white space so far."""
+    head = text.lstrip()
+    if not head:
+        return None
+    return "call" if head.startswith("{") else "text"
 
 
 def parse_calls(text: str, plan: ToolPlan) -> list[dict[str, Any]] | None:

@@ -185,10 +185,13 @@ class FileService:
 
     # -- reads --------------------------------------------------------------------------
 
-    def _get(self, s: Session, file_id: str, owner: str, *, lock: bool = False) -> File:
+    def _get(
+        self, s: Session, file_id: str, owner: str, *, lock: bool = False, param: str = "file_id"
+    ) -> File:
+        """The owner's file, or 404 naming `param` (a deleted file is as good as missing)."""
         row = s.get(File, file_id, with_for_update=lock or None)
         if row is None or row.owner != owner or row.deleted_at is not None:
-            raise not_found("file", file_id, param="file_id")
+            raise not_found("file", file_id, param=param)
         return row
 
     def get(self, file_id: str, owner: str) -> File:
@@ -222,9 +225,7 @@ class FileService:
             if purpose:
                 q = q.where(File.purpose == purpose)
             if after:
-                cursor = s.get(File, after)
-                if cursor is None or cursor.owner != owner or cursor.deleted_at is not None:
-                    raise not_found("file", after, param="after")
+                cursor = self._get(s, after, owner, param="after")
                 if order == "desc":
                     q = q.where(col(File.created_ns) < cursor.created_ns)
                 else:

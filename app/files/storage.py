@@ -70,13 +70,18 @@ class PartialWrite:
     def commit(self, file_id: str) -> Path:
         return self.commit_to(self.storage.path(file_id))
 
+    def sync(self) -> None:
+        """Put the written bytes on disk (the slow part of a commit), so that a caller can
+        do it before it takes a lock; `commit_to` then only renames."""
+        if self._fh is not None:
+            self._fh.flush()
+            os.fsync(self._fh.fileno())
+            self._fh.close()
+            self._fh = None
+
     def commit_to(self, final: Path) -> Path:
         """Move the written bytes to `final` (a file id's path, or an upload part's)."""
-        assert self._fh is not None
-        self._fh.flush()
-        os.fsync(self._fh.fileno())
-        self._fh.close()
-        self._fh = None
+        self.sync()
         os.replace(self.tmp_path, final)
         return final
 

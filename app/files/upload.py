@@ -25,6 +25,16 @@ MAX_FIELD_BYTES = 64 * 1024
 WRITE_PIECE = 1 << 20
 
 
+def declared_over(content_length: str | None, limit: int) -> bool:
+    """Whether a body's declared Content-Length already puts its file part over `limit`
+    bytes (with room for the small fields), so it is refused before a byte is read."""
+    return bool(
+        content_length
+        and content_length.isdigit()
+        and int(content_length) > limit + MAX_FIELD_BYTES
+    )
+
+
 @dataclass
 class _Part:
     name: str = ""
@@ -168,12 +178,7 @@ async def receive_upload(
 ) -> File:
     """Parse a multipart upload (`file`, `purpose`, optional `expires_after[...]`) from the
     request's headers and its body as it streams in, and store it."""
-    declared = content_length
-    if (
-        declared
-        and declared.isdigit()
-        and int(declared) > files.settings.max_file_bytes + MAX_FIELD_BYTES
-    ):
+    if declared_over(content_length, files.settings.max_file_bytes):
         raise too_large(None, files.settings.max_file_bytes)
     purpose_sent: dict[str, str | None] = {}
 

@@ -12,7 +12,7 @@ import hashlib
 import logging
 from typing import Any
 
-from sqlmodel import col, func, select
+from sqlmodel import Session, col, func, select
 
 from app.config import Settings
 from app.db import Database
@@ -99,16 +99,18 @@ class UploadService:
 
     def get(self, upload_id: str, owner: str) -> Upload:
         with self.db.read() as s:
-            row = s.get(Upload, upload_id)
+            return self._find(s, upload_id, owner)
+
+    @staticmethod
+    def _find(s: Session, upload_id: str, owner: str, *, lock: bool = False) -> Upload:
+        """The owner's upload, or 404 (another owner's is as good as missing). `lock` holds
+        its row to the end of a write transaction, so on PostgreSQL two nodes never add
+        parts past its `bytes`, or complete and cancel it, at the same time (SQLite's
+        writers already take turns)."""
+        row = s.get(Upload, upload_id, with_for_update=lock or None)
         if row is None or row.owner != owner:
             raise not_found("upload", upload_id, param="upload_id")
         return row
-
-    def file_of(self, upload: Upload) -> File | None:
-        if upload.file_id is None:
-            return None
-        with self.db.read() as s:
-            return s.get(File, upload.file_id)
 
     def _pending(self, upload: Upload) -> None:
         """Refuse to change an upload that is no longer pending, naming its status."""
@@ -133,10 +135,11 @@ class UploadService:
         part = UploadPart(id=new_id("part_"), upload_id=upload_id, bytes=partial.size)
         path = self.storage.part_path(upload_id, part.id)
         try:
+            # The fsync of up to 64 MB goes before the write transaction: on SQLite that
+            # holds every writer, and parts sent at once would sync one after the other.
+            partial.sync()
             with self.db.write() as s:
-                upload = s.get(Upload, upload_id)
-                if upload is None or upload.owner != owner:
-                    raise not_found("upload", upload_id, param="upload_id")
+                upload = self._find(s, upload_id, owner, lock=True)
                 self._pending(upload)
                 held = s.exec(
                     select(func.coalesce(func.sum(UploadPart.bytes), 0)).where(
@@ -228,28 +231,22 @@ class UploadService:
             expires_after=upload.file_expires_after,
         )
         with self.db.write() as s:
-            fresh = s.get(Upload, upload_id)
-            assert fresh is not None
-            if status_of(fresh) != UploadStatus.PENDING:  # cancelled or expired meanwhile
-                keep = None
-            else:
+            fresh = self._find(s, upload_id, owner, lock=True)
+            still_pending = status_of(fresh) == UploadStatus.PENDING
+            if still_pending:
                 fresh.status = UploadStatus.COMPLETED
                 fresh.file_id = file.id
                 s.add(fresh)
-                keep = fresh
-        if keep is None:
+        if not still_pending:  # cancelled or expired meanwhile
             self.files.delete(file.id, owner)
-            self._pending(fresh)
+            self._pending(fresh)  # raises, naming what became of the upload
         self.storage.delete_parts(upload_id)
         log.info("upload=%s status=completed file=%s bytes=%d", upload_id, file.id, file.bytes)
-        assert keep is not None
-        return keep, file
+        return fresh, file
 
     def cancel(self, upload_id: str, owner: str) -> Upload:
         with self.db.write() as s:
-            upload = s.get(Upload, upload_id)
-            if upload is None or upload.owner != owner:
-                raise not_found("upload", upload_id, param="upload_id")
+            upload = self._find(s, upload_id, owner, lock=True)
             self._pending(upload)
             upload.status = UploadStatus.CANCELLED
             s.add(upload)

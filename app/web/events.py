@@ -22,10 +22,14 @@ from app.batches.service import BatchService
 from app.models import BatchStatus
 from app.services import Services
 from app.web import views
-from app.web.pages import PAGE_SIZE, results_rows, summary_context
+from app.web.explorer import chart_context
+from app.web.pages import PAGE_SIZE, engines_context, summary_context
 
 #: Seconds between two looks at the database in a live stream.
 TICK = 1.0
+
+#: Seconds between two drawings of a running batch's throughput chart when no line finished.
+CHART_TICK = 5.0
 
 #: One look: the HTML of each event by name, and whether the stream is over.
 Frame = tuple[dict[str, str], bool]
@@ -92,12 +96,14 @@ async def batch_events(
     owner: NamedDependency[str],
     batch_id: FromPath[str],
 ) -> ServerSentEvent:
-    """The batch page's summary (and its results table when lines finish) until it is done."""
+    """The batch page's summary, its throughput chart, and a `lines` event that tells the
+    results explorer to fetch its page again when lines finish; until the batch is done."""
     tracker = views.Throughput()
     seen_done = -1
+    chart_at = 0.0
 
     async def look() -> Frame:
-        nonlocal seen_done
+        nonlocal seen_done, chart_at
         batch = await anyio.to_thread.run_sync(services.batches.get, batch_id, owner)
         now = time.time()
         engine = services.engine
@@ -106,10 +112,14 @@ async def batch_events(
         over = batch.status in BatchStatus.FINISHED
         frame = {"summary": render(request, "partials/batch_summary.html", **context)}
         done = batch.completed + batch.failed
+        # The chart reads every finished line's second: at most every CHART_TICK seconds.
+        if done != seen_done or over or now - chart_at >= CHART_TICK:
+            chart_at = now
+            chart = await anyio.to_thread.run_sync(chart_context, services.batches, batch, now)
+            frame["chart"] = render(request, "partials/throughput_chart.html", **chart)
         if done != seen_done or over:
             seen_done = done
-            rows = await anyio.to_thread.run_sync(results_rows, services.batches, batch_id, owner)
-            frame["results"] = render(request, "partials/results.html", results=rows, **context)
+            frame["lines"] = f"{done} {batch.status}"
         return frame, over
 
     return ServerSentEvent(poll_until(look))
@@ -119,13 +129,12 @@ async def batch_events(
 async def engine_events(
     request: Request[Any, Any, Any], services: NamedDependency[Services]
 ) -> ServerSentEvent:
-    """The engine's live figures once a second, for as long as the page is open."""
+    """Every engine's live figures once a second, for as long as the page is open."""
 
     async def look() -> Frame:
-        engine = services.engine
-        if engine is None:  # still loading: nothing to show yet
+        if services.engine is None:  # still loading: nothing to show yet
             return {}, False
-        html = render(request, "partials/engine_stats.html", stats=engine.stats(), info=engine.info)
+        html = render(request, "partials/engines_live.html", **engines_context(services))
         return {"stats": html}, False
 
     return ServerSentEvent(poll_until(look))

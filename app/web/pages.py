@@ -1,4 +1,4 @@
-"""Dashboard pages: the batch list, one batch, files, the model; and file downloads.
+"""Dashboard pages: the batch list, one batch, files, the engines; and file downloads.
 
 Thin by rule: each handler calls the same services the OpenAI API uses and renders a
 template. The contexts built here are shared with the partials and the live streams.
@@ -12,20 +12,21 @@ from litestar import Request, get
 from litestar.di import NamedDependency
 from litestar.params import FromPath, FromQuery
 from litestar.response import File as FileResponse
-from litestar.response import Template
+from litestar.response import Redirect, Template
 
 from app.api.schemas.batches import batch_object
 from app.api.schemas.common import to_builtins
 from app.batches.service import BatchService
+from app.engine.registry import members
 from app.errors import APIError
 from app.files.service import FileService
 from app.models import Batch, BatchStatus
 from app.services import Services
 from app.web import views
+from app.web.explorer import chart_context, explorer_context
 
 PAGE_SIZE = 20
 FILES_PAGE_SIZE = 50
-RESULTS_SHOWN = 50
 
 
 def base_url(request: Request[Any, Any, Any]) -> str:
@@ -53,7 +54,7 @@ def batch_list_context(
 def summary_context(
     batch: Batch, tracker: views.Throughput, now: float | None = None
 ) -> dict[str, Any]:
-    """What batch_summary.html (and results.html's wording) needs."""
+    """What batch_summary.html needs."""
     wire = to_builtins(batch_object(batch))
     return {
         "row": views.batch_row(batch, tracker, now),
@@ -61,12 +62,6 @@ def summary_context(
         "timeline": views.timeline(wire, now),
         "live": batch.status not in BatchStatus.FINISHED,
     }
-
-
-def results_rows(
-    batches: NamedDependency[BatchService], batch_id: FromPath[str], owner: NamedDependency[str]
-) -> list[dict[str, Any]]:
-    return [views.result_row(r) for r in batches.results(batch_id, owner, limit=RESULTS_SHOWN)]
 
 
 def deliveries_context(services: Services, batch_id: str, owner: str) -> dict[str, Any]:
@@ -81,15 +76,36 @@ def deliveries_context(services: Services, batch_id: str, owner: str) -> dict[st
 
 
 def batch_page_context(
-    services: NamedDependency[Services], batch_id: FromPath[str], owner: NamedDependency[str]
+    services: NamedDependency[Services],
+    batch_id: FromPath[str],
+    owner: NamedDependency[str],
+    *,
+    status: str = "all",
+    q: str = "",
+    after: int = 0,
+    line: int | None = None,
 ) -> dict[str, Any]:
+    """The batch page: its summary, throughput chart, and one page of the results explorer
+    (filtered as the query says, with `line` opened)."""
     batch = services.batches.get(batch_id, owner)
     tracker = views.Throughput()
     if services.engine is not None and batch.status not in BatchStatus.FINISHED:
         tracker.add(batch, engine_tps=services.engine.stats().tokens_per_second)
+    try:
+        explorer = explorer_context(services.batches, batch_id, owner, status, q, after)
+    except APIError:  # a hand-edited query: show the first page unfiltered
+        explorer = explorer_context(services.batches, batch_id, owner)
+    opened = None
+    if line is not None:
+        try:
+            opened = views.line_detail(services.batches.line(batch_id, owner, line))
+        except APIError:
+            opened = None
     return {
         **summary_context(batch, tracker),
-        "results": results_rows(services.batches, batch_id, owner),
+        **chart_context(services.batches, batch),
+        "explorer": explorer,
+        "opened": opened,
         **deliveries_context(services, batch_id, owner),
     }
 
@@ -108,10 +124,18 @@ def home(
 
 @get("/batches/{batch_id:str}", name="web:batch", sync_to_thread=True, include_in_schema=False)
 def batch_page(
-    services: NamedDependency[Services], owner: NamedDependency[str], batch_id: FromPath[str]
+    services: NamedDependency[Services],
+    owner: NamedDependency[str],
+    batch_id: FromPath[str],
+    status: FromQuery[str] = "all",
+    q: FromQuery[str] = "",
+    after: FromQuery[int] = 0,
+    line: FromQuery[int | None] = None,
 ) -> Template:
     try:
-        context = batch_page_context(services, batch_id, owner)
+        context = batch_page_context(
+            services, batch_id, owner, status=status, q=q.strip(), after=after, line=line
+        )
     except APIError as exc:
         return Template(
             template_name="error.html", context={"error": exc}, status_code=exc.status_code
@@ -138,22 +162,27 @@ def files_page(
     )
 
 
+@get("/engines", name="web:engines", include_in_schema=False)
+async def engines_page(services: NamedDependency[Services]) -> Template:
+    """Each engine: its models, health, load and throughput (the live part comes by SSE)."""
+    return Template(template_name="engines.html", context=engines_context(services))
+
+
+def engines_context(services: Services) -> dict[str, Any]:
+    """What the engines page and its live partial show; no engines while the model loads."""
+    engines = members(services.engine)
+    return {
+        "engines": engines,
+        "failure": services.engine_failure,
+        "sizes": {e.name: views.size(e.info.size_bytes) for e in engines},
+        "total": services.engine.stats() if services.engine is not None else None,
+    }
+
+
 @get("/models", name="web:models", include_in_schema=False)
-async def models_page(services: NamedDependency[Services]) -> Template:
-    engine = services.engine
-    if engine is None:  # the model is still loading (or failed to load: /health says why)
-        return Template(
-            template_name="models.html",
-            context={"info": None, "failure": services.engine_failure},
-        )
-    return Template(
-        template_name="models.html",
-        context={
-            "info": engine.info,
-            "size": views.size(engine.info.size_bytes),
-            "stats": engine.stats(),
-        },
-    )
+async def models_page() -> Redirect:
+    """The page's old address."""
+    return Redirect("/engines")
 
 
 @get(
@@ -176,4 +205,4 @@ def download(
     )
 
 
-ROUTES = [home, batch_page, files_page, models_page, download]
+ROUTES = [home, batch_page, files_page, engines_page, models_page, download]

@@ -14,7 +14,9 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from app.models import Batch, BatchStatus, File, WebhookDelivery
+from app.batches import throughput
+from app.batches.service import LineDetail
+from app.models import Batch, BatchStatus, File, Request, RequestStatus, WebhookDelivery
 
 STATUS_TONE = {
     BatchStatus.VALIDATING: "info",
@@ -252,6 +254,135 @@ def answer_text(body: dict[str, Any]) -> str:
         emb = data[0].get("embedding") or []
         return f"embedding, {len(emb)} dimensions"
     return ""
+
+
+#: The throughput chart's drawing box (SVG user units); the plot sits inside the margins.
+CHART_W, CHART_H = 640, 200
+PLOT_X0, PLOT_X1, PLOT_Y0, PLOT_Y1 = 48, 592, 12, 172
+
+
+def throughput_chart(tp: throughput.Throughput) -> dict[str, Any]:
+    """The chart's shapes, drawn by the server: a line of lines done (left axis, 0 to the
+    batch's total) over bars of tokens/s (right axis, 0 to the peak), along the batch's life."""
+    w, h = PLOT_X1 - PLOT_X0, PLOT_Y1 - PLOT_Y0
+    span = tp.span or 1.0
+    total = max(tp.total, tp.done, 1)
+    peak = tp.peak_tokens_per_s or 0.0
+
+    def x(t: float) -> float:
+        return PLOT_X0 + w * t / span
+
+    def y_lines(n: int) -> float:
+        return PLOT_Y1 - h * n / total
+
+    points = [(PLOT_X0, PLOT_Y1)] + [(x(b.end), y_lines(b.done)) for b in tp.buckets]
+    line = " ".join(f"{px:.1f},{py:.1f}" for px, py in points)
+    bars = []
+    for b in tp.buckets:
+        if peak and b.tokens:
+            bh = h * b.tokens_per_s / peak
+            bars.append(
+                {
+                    "x": f"{x(b.start) + 0.5:.1f}",
+                    "y": f"{PLOT_Y1 - bh:.1f}",
+                    "w": f"{max(x(b.end) - x(b.start) - 1, 0.5):.1f}",
+                    "h": f"{bh:.1f}",
+                    "title": f"{b.tokens_per_s:.1f} tokens/s, {b.done} lines done at "
+                    f"{throughput.clock(b.end)}",
+                }
+            )
+    return {
+        "width": CHART_W,
+        "height": CHART_H,
+        "x0": PLOT_X0,
+        "x1": PLOT_X1,
+        "y0": PLOT_Y0,
+        "y1": PLOT_Y1,
+        "line": line,
+        "area": f"{line} {points[-1][0]:.1f},{PLOT_Y1} {PLOT_X0},{PLOT_Y1}",
+        "bars": bars,
+        "total": total,
+        "peak": f"{peak:.0f}" if peak else "—",
+        "span": throughput.clock(span),
+        "summary": throughput.summary(tp),
+        "eta": throughput.clock(tp.eta) if tp.eta is not None else None,
+        "done": tp.done,
+        "tokens_per_s": f"{tp.tokens_per_s:.1f}" if tp.tokens_per_s is not None else None,
+        "peak_tokens_per_s": f"{tp.peak_tokens_per_s:.1f}"
+        if tp.peak_tokens_per_s is not None
+        else None,
+    }
+
+
+def explorer_row(r: Request) -> dict[str, Any]:
+    """A line in the results explorer: its status and the start of its answer or error."""
+    body = json.loads(r.body_json) if r.body_json else None
+    error = json.loads(r.error_json) if r.error_json else None
+    shown = result_row({"custom_id": r.custom_id, "status": r.status, "body": body, "error": error})
+    tone = {
+        RequestStatus.SUCCEEDED: "ok",
+        RequestStatus.FAILED: "bad",
+        RequestStatus.EXPIRED: "bad",
+        RequestStatus.CANCELLED: "muted",
+    }.get(r.status, "info")
+    return {
+        "line": r.line,
+        "custom_id": r.custom_id,
+        "status": r.status,
+        "status_code": r.status_code,
+        "tone": tone,
+        "preview": shown["preview"] if r.status in RequestStatus.DONE else "",
+    }
+
+
+def messages_of(source: dict[str, Any] | None) -> list[dict[str, str]]:
+    """The input line's messages as (role, text) pairs; a prompt or an input as one pair."""
+    body = (source or {}).get("body")
+    if not isinstance(body, dict):
+        return []
+    out = []
+    for m in body.get("messages") or []:
+        if isinstance(m, dict):
+            content = m.get("content")
+            if isinstance(content, list):  # content parts: keep their text
+                content = "\n".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+            out.append({"role": str(m.get("role", "")), "text": str(content or "")})
+    for key in ("prompt", "input"):
+        if key in body and not out:
+            value = body[key]
+            out.append(
+                {"role": key, "text": value if isinstance(value, str) else json.dumps(value)}
+            )
+    return out
+
+
+def line_detail(detail: LineDetail) -> dict[str, Any]:
+    """One line opened: its input messages beside the answer or the error."""
+    r = detail.request
+    row = explorer_row(r)
+    body = json.loads(r.body_json) if r.body_json else None
+    error = json.loads(r.error_json) if r.error_json else None
+    if error is None and isinstance(body, dict) and isinstance(body.get("error"), dict):
+        error = body["error"]
+    params = {
+        k: v
+        for k, v in ((detail.input or {}).get("body") or {}).items()
+        if k not in ("messages", "prompt", "input")
+    }
+    return {
+        **row,
+        "messages": messages_of(detail.input),
+        "params": json.dumps(params, ensure_ascii=False) if params else "",
+        "input_missing": detail.input is None,
+        "answer": answer_text(body) if isinstance(body, dict) and not error else None,
+        "error": error,
+        "finish_reason": ((body or {}).get("choices") or [{}])[0].get("finish_reason")
+        if isinstance(body, dict) and not error
+        else None,
+        "usage": (body or {}).get("usage") if isinstance(body, dict) else None,
+        "raw": json.dumps(body or error, indent=2, ensure_ascii=False) if (body or error) else "",
+        "finished": when(r.finished_at),
+    }
 
 
 DELIVERY_TONES = {"pending": "warn", "delivered": "ok", "failed": "bad"}

@@ -156,6 +156,10 @@ class WebhookService:
     # -- delivery ------------------------------------------------------------------------
 
     def start(self) -> None:
+        """Send due deliveries from a thread of their own. A node with no endpoint configured
+        never starts it, so it never claims (and spends attempts of) another node's events."""
+        if not self.enabled:
+            return
         self._http = httpx.Client(
             timeout=SEND_TIMEOUT,
             follow_redirects=False,

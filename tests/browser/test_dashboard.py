@@ -77,12 +77,18 @@ def test_drop_start_watch_and_download(
     expect(page.locator("#batch-status")).to_have_text("completed")
     expect(page.locator("#count-completed")).to_have_text("5")
     expect(page.locator(".timeline")).to_contain_text("Completed")
-    rows = page.locator("table.results tbody tr")
+    rows = page.locator("#explorer-lines tbody tr")
     expect(rows).to_have_count(5)
-    # Click a result to see its whole line.
-    first = rows.first.locator("details")
-    first.locator("summary").click()
-    expect(first.locator("pre.whole")).to_contain_text('"custom_id": "req-1"')
+    # Open a result: its input beside the real model's answer, and the whole response.
+    rows.first.locator("a.line-open").click()
+    detail = page.locator("#line-detail")
+    expect(detail.locator(".input-side")).to_contain_text("Say a word about the number 1.")
+    expect(detail.locator("#line-answer")).not_to_have_text(
+        re.compile(r"^\s*assistant\s*\(empty\)\s*$")
+    )
+    detail.locator("details.raw summary").click()
+    expect(detail.locator("pre.whole")).to_contain_text('"chat.completion"')
+    expect(page.locator("#chart-summary")).to_contain_text("5 of 5 lines")
     shoot(page, "batch-light")
 
     with page.expect_download() as info:
@@ -160,6 +166,9 @@ def test_cancel_a_running_batch(page: Page, base: str) -> None:
     page.goto(f"{base}/batches/{batch_id}")
     expect(page.locator("#batch-status")).to_have_text("in progress", timeout=RUN_TIMEOUT)
     expect(page.locator(".throughput")).to_contain_text("tokens/s for this batch")
+    # The real engine's lines move through the explorer and the chart while it runs.
+    expect(page.locator("#count-succeeded-lines")).not_to_have_text("0", timeout=RUN_TIMEOUT)
+    expect(page.locator("#chart-summary")).to_contain_text("ETA", timeout=RUN_TIMEOUT)
     # The engine's live figure arrives through the stream and moves off zero while it decodes.
     expect(page.locator("#engine-rate")).to_be_visible()
     expect(page.locator("#engine-rate")).not_to_have_text(
@@ -194,13 +203,13 @@ def test_files_and_model_pages(page: Page, base: str) -> None:
     page.reload()
     expect(page.locator("table.files")).not_to_contain_text("broken.jsonl")
 
-    page.goto(base + "/models")
-    expect(page).to_have_title(re.compile("Model"))
+    page.goto(base + "/models")  # the old address leads to the engines page
+    expect(page).to_have_title(re.compile("Engines"))
     facts = page.locator("dl.facts").first
     expect(facts).to_contain_text("Quantisation")
     expect(facts).to_contain_text("CPU")
     expect(page.locator("#engine-stats")).to_contain_text("Tokens/s")
-    shoot(page, "models-light")
+    shoot(page, "engines-light")
 
 
 def test_api_docs_load_offline(page: Page, base: str) -> None:

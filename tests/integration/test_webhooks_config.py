@@ -157,3 +157,22 @@ def test_a_bad_keys_file_line_names_its_line(tmp_path: Path) -> None:
     keys.write_text("other-key-5678 webhook_url=http://x\n")
     problem = keys_problem(Settings(api_keys_file=str(keys)))
     assert problem and "needs webhook_secret" in problem
+
+
+def test_a_node_without_an_endpoint_leaves_deliveries_to_the_nodes_that_have_one(
+    make_client: MakeClient, tmp_path: Path
+) -> None:
+    """A worker (or serve) started without --webhook-url shares the queue but never claims
+    an event it could not send; the worker takes the same webhook flags as serve."""
+    with webhook_receiver([200]) as receiver:
+        client = make_client(webhook_url=receiver.url, webhook_secret=SERVER_SECRET)
+        b = create_batch(client, upload(client, jsonl(batch_line("a", "hi")))["id"])
+        wait_for_status(batch_getter(client), b["id"], ("completed",))
+        receiver.wait_for(1)
+    bare = WebhookService(Settings(data_dir=str(tmp_path)), db=None)  # type: ignore[arg-type]
+    bare.start()
+    assert not bare.enabled and bare._thread is None
+    bare.stop()
+    from app.cli import WORKER_FLAGS
+
+    assert {"webhook_url", "webhook_secret", "api_keys_file"} <= set(WORKER_FLAGS)

@@ -62,6 +62,30 @@ def test_run_writes_one_output_line_per_input_line(tmp_path: Path) -> None:
     # Not a terminal: plain progress lines, ending with all lines done.
     assert "progress: 4/4 lines (100%)" in log
     assert "3 lines succeeded, 1 failed" in log
+    # The same throughput summary as the dashboard's chart.
+    assert re.search(
+        r"batchyard run: throughput: 4 of 4 lines in \d+ s · [\d.]+ tokens/s average", log
+    ), log
+
+    # `batchyard retry` on the run's state dir: a new batch of the failed line, linked both ways.
+    state = tmp_path / "out.jsonl.batchyard-state"
+    with sqlite3.connect(state / "batchyard.db") as db:
+        ((batch_id, input_file_id),) = db.execute("select id, input_file_id from batch").fetchall()
+    retried = batchyard("retry", batch_id, "--data-dir", str(state))
+    assert retried.returncode == 0, retried.stderr
+    new_id = retried.stdout.strip()
+    assert new_id.startswith("batch_") and f"retry_of={batch_id}" in retried.stderr
+    with sqlite3.connect(state / "batchyard.db") as db:
+        meta = dict(db.execute("select id, metadata from batch").fetchall())
+        (new_input,) = db.execute(
+            "select input_file_id from batch where id = ?", (new_id,)
+        ).fetchone()
+    assert json.loads(meta[new_id]) == {"retry_of": batch_id}
+    assert json.loads(meta[batch_id]) == {"retried_by": new_id}
+    original = (state / "files" / input_file_id).read_bytes().splitlines()
+    assert (state / "files" / new_input).read_bytes().splitlines() == [original[3]]
+    again = batchyard("retry", "batch_nope", "--data-dir", str(state))
+    assert again.returncode == 1 and "batch_nope" in again.stderr
 
 
 def test_run_reports_every_bad_line_and_exits_non_zero(tmp_path: Path) -> None:

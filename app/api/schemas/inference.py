@@ -31,6 +31,15 @@ def model_card(info: ModelInfo) -> Model:
     return Model(id=info.id, created=info.created)
 
 
+class EngineHealth(Struct, kw_only=True):
+    """One engine on `/health`: the embedded one, or an upstream and whether it answers."""
+
+    name: str
+    kind: str
+    up: bool
+    models: list[str]
+
+
 class Health(Struct, kw_only=True):
     """`/health`: ready with the model's figures, or starting / failed with the reason."""
 
@@ -44,6 +53,11 @@ class Health(Struct, kw_only=True):
     slots: int | None = None
     ctx_per_slot: int | None = None
     n_gpu_layers: int | None = None
+    #: llama.cpp's extra CPU buffer types: "on (why)" or "off (why)".
+    cpu_buffers: str | None = None
+    #: The command that fixes the llama.cpp build (`batchyard engine build ...`), if any.
+    advice: str | None = None
+    engines: list[EngineHealth] | None = None
 
 
 # -- inference: described here, validated by the engine ---------------------------------------

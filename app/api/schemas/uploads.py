@@ -9,12 +9,15 @@ from msgspec import Struct
 from app import models
 from app.api.schemas.common import doc
 from app.api.schemas.files import FileObject, file_object
+from app.files.service import EXPIRES_MAX, EXPIRES_MIN, UPLOAD_PURPOSES
 from app.files.uploads import status_of
 
 
 class ExpiresAfter(Struct, kw_only=True):
     anchor: Annotated[str, doc("Only 'created_at': the File's creation.", enum=["created_at"])]
-    seconds: Annotated[int, doc("From 1 hour to 30 days.", minimum=3600, maximum=30 * 24 * 3600)]
+    seconds: Annotated[
+        int, doc("From 1 hour to 30 days.", minimum=EXPIRES_MIN, maximum=EXPIRES_MAX)
+    ]
 
 
 class UploadCreateParams(Struct, kw_only=True):
@@ -25,7 +28,7 @@ class UploadCreateParams(Struct, kw_only=True):
         str,
         doc(
             "What the File is for; 'batch' for a batch input file.",
-            enum=["assistants", "batch", "fine-tune", "vision", "user_data", "evals"],
+            enum=list(UPLOAD_PURPOSES),
         ),
     ]
     expires_after: Annotated[

@@ -1,0 +1,258 @@
+"""The engine registry: one `Engine` in front of the embedded engine and the upstreams.
+
+A request's `model` picks its engine: the upstream that serves that exact name (configured
+with `models=`, or listed by its `GET /v1/models`; the embedded model's own name stays with
+the embedded engine unless `models=` says otherwise), else the default engine (the embedded
+llama.cpp model), as a single engine did before. With no default engine (`--no-embedded`,
+or the embedded model failed to load), an unknown model is the request's 404.
+The runner and the API see only the Engine contract; the dashboard and /metrics also ask
+`members()` for each engine's own figures.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from app.engine.base import ChunkCallback, Engine, EngineError, EngineStats, ModelInfo, Priority
+from app.engine.upstream import UpstreamEngine, UpstreamStatus
+
+if TYPE_CHECKING:
+    from app.config import Settings
+
+log = logging.getLogger("batchyard")
+
+#: The embedded llama.cpp engine's name on the engines page and in /metrics.
+EMBEDDED = "embedded"
+
+
+@dataclass
+class EngineView:
+    """One engine as the engines page and /metrics show it."""
+
+    name: str
+    kind: str  # "embedded" or "openai"
+    url: str | None
+    models: list[str]
+    up: bool
+    info: ModelInfo
+    stats: EngineStats
+    upstream: UpstreamStatus | None = None
+
+    @property
+    def errors(self) -> int:
+        return self.stats.requests_total.get("failed", 0)
+
+
+class EngineRegistry:
+    """Routes each request by its `model` to the engine that serves it."""
+
+    def __init__(
+        self,
+        default: Engine | None,
+        upstreams: list[UpstreamEngine],
+        *,
+        owns_default: bool = True,
+        default_failure: str | None = None,
+    ) -> None:
+        if default is None and not upstreams:
+            raise ValueError("a registry needs the embedded engine or at least one upstream")
+        self.default = default
+        self.upstreams = upstreams
+        self.owns_default = owns_default
+        #: Why the embedded model is missing, when it failed to load (upstreams still serve).
+        self.default_failure = default_failure
+        self._owner: dict[Future[dict[str, Any]], Engine] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def info(self) -> ModelInfo:
+        """The default engine's (or first upstream's) model, with every engine's slots:
+        the runner keeps that many lines in flight."""
+        first = self.default if self.default is not None else self.upstreams[0]
+        total = sum(e.info.n_slots for e in self._engines())
+        return dataclasses.replace(first.info, n_slots=total)
+
+    def _engines(self) -> list[Engine]:
+        return ([self.default] if self.default is not None else []) + list(self.upstreams)
+
+    def route(self, model: Any) -> Engine | None:
+        """The engine for a request's `model`: an upstream configured with that name
+        (`models=`), the embedded engine for its own model's name, an upstream whose
+        `/v1/models` lists it, else the default engine."""
+        if not isinstance(model, str):
+            return self.default
+        for upstream in self.upstreams:
+            if model in upstream.spec.models:
+                return upstream
+        if self.default is not None and model == self.default.info.id:
+            return self.default
+        for upstream in self.upstreams:
+            if upstream.serves(model):
+                return upstream
+        return self.default
+
+    def submit(
+        self,
+        endpoint: str,
+        body: dict[str, Any],
+        *,
+        priority: Priority = Priority.ONLINE,
+        on_chunk: ChunkCallback | None = None,
+    ) -> Future[dict[str, Any]]:
+        engine = self.route(body.get("model"))
+        if engine is None:
+            fut: Future[dict[str, Any]] = Future()
+            fut.set_exception(self._unknown_model(body.get("model")))
+            return fut
+        fut = engine.submit(endpoint, body, priority=priority, on_chunk=on_chunk)
+        with self._lock:
+            self._owner[fut] = engine
+        fut.add_done_callback(self._forget)
+        return fut
+
+    def _forget(self, fut: Future[dict[str, Any]]) -> None:
+        with self._lock:
+            self._owner.pop(fut, None)
+
+    def _unknown_model(self, model: Any) -> EngineError:
+        known = ", ".join(f"'{m}'" for m in self.model_names()) or "none"
+        return EngineError(
+            f"The model '{model}' does not exist; this server serves {known}.",
+            status_code=404,
+            param="model",
+            code="model_not_found",
+        )
+
+    def cancel(self, future: Future[dict[str, Any]]) -> None:
+        with self._lock:
+            engine = self._owner.get(future)
+        if engine is not None:
+            engine.cancel(future)
+
+    def stats(self) -> EngineStats:
+        """Every engine's figures added up."""
+        total = EngineStats()
+        for engine in self._engines():
+            s = engine.stats()
+            total.active_slots += s.active_slots
+            total.queue_depth += s.queue_depth
+            total.tokens_per_second += s.tokens_per_second
+            total.prompt_tokens_total += s.prompt_tokens_total
+            total.completion_tokens_total += s.completion_tokens_total
+            for outcome, n in s.requests_total.items():
+                total.requests_total[outcome] = total.requests_total.get(outcome, 0) + n
+        return total
+
+    def close(self) -> None:
+        for upstream in self.upstreams:
+            upstream.close()
+        if self.default is not None and self.owns_default:
+            self.default.close()
+
+    # -- what the API, /metrics and the dashboard show -------------------------------------
+
+    def model_cards(self) -> list[dict[str, Any]]:
+        """`/v1/models`: the default engine's model, then each upstream's, each name once."""
+        cards: dict[str, dict[str, Any]] = {}
+        if self.default is not None:
+            info = self.default.info
+            cards[info.id] = {"id": info.id, "created": info.created, "owned_by": "batchyard"}
+        for upstream in self.upstreams:
+            for card in upstream.model_cards():
+                cards.setdefault(card["id"], card)
+        return list(cards.values())
+
+    def model_names(self) -> list[str]:
+        return [c["id"] for c in self.model_cards()]
+
+    def members(self) -> list[EngineView]:
+        views = []
+        if self.default is not None:
+            views.append(
+                EngineView(
+                    name=EMBEDDED,
+                    kind="embedded",
+                    url=None,
+                    models=[self.default.info.id],
+                    up=True,
+                    info=self.default.info,
+                    stats=self.default.stats(),
+                )
+            )
+        for upstream in self.upstreams:
+            status = upstream.status()
+            views.append(
+                EngineView(
+                    name=upstream.name,
+                    kind=upstream.kind,
+                    url=upstream.spec.url,
+                    models=status.models,
+                    up=status.up,
+                    info=upstream.info,
+                    stats=upstream.stats(),
+                    upstream=status,
+                )
+            )
+        return views
+
+
+def load_engines(
+    settings: Settings, embedded: Engine | None = None
+) -> tuple[EngineRegistry | None, str | None]:
+    """Every engine a node runs, behind one registry: the --engine upstreams (started, each
+    having read its models once) and the embedded model (`embedded` as given, else loaded
+    unless --no-embedded). Returns (the registry, why the embedded model failed to load);
+    no registry when that model failed and there is no upstream to serve instead."""
+    upstreams = [UpstreamEngine(spec) for spec in settings.upstreams]
+    for upstream in upstreams:
+        upstream.start()
+    failure = None
+    default = embedded
+    if default is None and not settings.no_embedded:
+        from app.engine.llama import load_engine
+
+        try:
+            default = load_engine(settings)
+        except Exception as exc:  # a bad model path: the caller says so, upstreams still serve
+            log.exception("the model could not be loaded")
+            failure = f"{type(exc).__name__}: {exc}"
+            if not upstreams:
+                return None, failure
+    registry = EngineRegistry(
+        default, upstreams, owns_default=embedded is None, default_failure=failure
+    )
+    for member in registry.members():
+        log.info(
+            "engine=%s models=%s slots=%d",
+            member.name,
+            ",".join(member.models) or "-",
+            member.info.n_slots,
+        )
+    return registry, failure
+
+
+def members(engine: Engine | None) -> list[EngineView]:
+    """Each engine behind `engine`: a registry's members, or a lone engine as `embedded`."""
+    if engine is None:
+        return []
+    if isinstance(engine, EngineRegistry):
+        return engine.members()
+    return [
+        EngineView(
+            name=EMBEDDED,
+            kind="embedded",
+            url=None,
+            models=[engine.info.id],
+            up=True,
+            info=engine.info,
+            stats=engine.stats(),
+        )
+    ]
+
+
+__all__ = ["EMBEDDED", "EngineRegistry", "EngineView", "load_engines", "members"]

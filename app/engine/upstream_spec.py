@@ -1,0 +1,105 @@
+"""The `--engine NAME=openai:URL[,...]` flag: an upstream's spec, parsed or refused with why."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+SPEC_HELP = "NAME=openai:URL[,key=KEY,models=a|b,concurrency=N,retries=N,timeout=SECONDS]"
+
+
+@dataclass(frozen=True)
+class UpstreamSpec:
+    """One `--engine` flag: where an OpenAI-compatible server is and how to use it."""
+
+    name: str
+    url: str  # the API base as the openai SDK takes it, e.g. http://gpu1:8000/v1
+    key: str = ""
+    models: tuple[str, ...] = ()
+    concurrency: int = 16
+    retries: int = 6  # tries after the first, for connection errors, timeouts, 429 and 5xx
+    timeout: float = 600.0  # seconds to wait for one answer
+
+    @property
+    def root(self) -> str:
+        """The URL the endpoints' paths (`/v1/...`) are appended to."""
+        base = self.url.rstrip("/")
+        return base[: -len("/v1")] if base.endswith("/v1") else base
+
+
+def parse_engine_spec(text: str) -> UpstreamSpec:
+    """`NAME=openai:URL[,key=...,models=a|b,concurrency=N]` -> UpstreamSpec; ValueError says
+    what is wrong with it."""
+    where = f"--engine {text!r}"
+    name, eq, rest = text.strip().partition("=")
+    name = name.strip()
+    if not eq or not rest:
+        raise ValueError(f"{where}: expected {SPEC_HELP}")
+    if not NAME_PATTERN.match(name):
+        raise ValueError(
+            f"{where}: the engine name {name!r} must be letters, digits, '.', '_' or '-'"
+        )
+    if name == "embedded":
+        raise ValueError(f"{where}: 'embedded' is the built-in engine's name; choose another")
+    kind, colon, rest = rest.partition(":")
+    if not colon or kind.strip() != "openai":
+        raise ValueError(
+            f"{where}: the engine kind must be 'openai' (an OpenAI-compatible server): {SPEC_HELP}"
+        )
+    url, *options = [part.strip() for part in rest.split(",")]
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ValueError(f"{where}: {url!r} is not an http(s) URL, e.g. http://127.0.0.1:8000/v1")
+    values: dict[str, Any] = {"name": name, "url": url.rstrip("/")}
+    for option in options:
+        key, eq, value = option.partition("=")
+        key = key.strip()
+        if not eq:
+            raise ValueError(f"{where}: option {option!r} must be key=value ({SPEC_HELP})")
+        if key == "key":
+            values["key"] = value
+        elif key == "models":
+            models = tuple(m.strip() for m in value.split("|") if m.strip())
+            if not models:
+                raise ValueError(f"{where}: models= names no model (separate names with '|')")
+            values["models"] = models
+        elif key in ("concurrency", "retries"):
+            low, high = (1, 4096) if key == "concurrency" else (0, 100)
+            try:
+                number = int(value)
+            except ValueError:
+                number = low - 1
+            if not low <= number <= high:
+                raise ValueError(f"{where}: {key} must be a whole number from {low} to {high}")
+            values[key] = number
+        elif key == "timeout":
+            try:
+                seconds = float(value)
+            except ValueError:
+                seconds = 0.0
+            if seconds <= 0:
+                raise ValueError(f"{where}: timeout must be a number of seconds above 0")
+            values["timeout"] = seconds
+        else:
+            raise ValueError(
+                f"{where}: unknown option {key!r}; the options are key, models, concurrency, "
+                "retries and timeout"
+            )
+    return UpstreamSpec(**values)
+
+
+def parse_engine_specs(texts: list[str]) -> list[UpstreamSpec]:
+    """Every `--engine`, checked; two with one name are refused."""
+    specs = [parse_engine_spec(t) for t in texts]
+    seen: set[str] = set()
+    for spec in specs:
+        if spec.name in seen:
+            raise ValueError(f"--engine: two engines are named {spec.name!r}")
+        seen.add(spec.name)
+    return specs
+
+
+__all__ = ["SPEC_HELP", "UpstreamSpec", "parse_engine_spec", "parse_engine_specs"]

@@ -1,0 +1,70 @@
+"""`--engine NAME=openai:URL[,key=...,models=a|b,concurrency=N]`: parsed, or refused with why."""
+
+from __future__ import annotations
+
+import pytest
+
+from app.config import Settings
+from app.engine.upstream_spec import UpstreamSpec, parse_engine_spec, parse_engine_specs
+from tests.live import batchyard
+
+
+def test_a_full_spec() -> None:
+    spec = parse_engine_spec(
+        "gpu1=openai:http://10.0.0.5:8000/v1/,key=sk-x,models=llama-3|qwen,concurrency=64,"
+        "retries=3,timeout=90"
+    )
+    assert spec == UpstreamSpec(
+        name="gpu1",
+        url="http://10.0.0.5:8000/v1",
+        key="sk-x",
+        models=("llama-3", "qwen"),
+        concurrency=64,
+        retries=3,
+        timeout=90.0,
+    )
+    assert spec.root == "http://10.0.0.5:8000"
+    assert parse_engine_spec("o=openai:http://h:11434").root == "http://h:11434"
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("gpu1", "expected NAME=openai:URL"),
+        ("gpu 1=openai:http://h/v1", "engine name"),
+        ("embedded=openai:http://h/v1", "built-in engine"),
+        ("g=vllm:http://h/v1", "kind must be 'openai'"),
+        ("g=openai:h:8000", "not an http(s) URL"),
+        ("g=openai:http://h/v1,concurrency=0", "concurrency must be a whole number from 1"),
+        ("g=openai:http://h/v1,concurrency=many", "concurrency must be"),
+        ("g=openai:http://h/v1,models=", "models= names no model"),
+        ("g=openai:http://h/v1,speed=9", "unknown option 'speed'"),
+        ("g=openai:http://h/v1,timeout=-1", "timeout must be"),
+        ("g=openai:http://h/v1,key", "must be key=value"),
+    ],
+)
+def test_a_bad_spec_is_refused_with_its_reason(text: str, says: str) -> None:
+    with pytest.raises(ValueError, match=r"--engine") as caught:
+        parse_engine_spec(text)
+    assert says in str(caught.value)
+
+
+def test_two_engines_with_one_name_are_refused() -> None:
+    with pytest.raises(ValueError, match="two engines are named 'a'"):
+        parse_engine_specs(["a=openai:http://h1/v1", "a=openai:http://h2/v1"])
+
+
+def test_settings_read_engines_from_the_environment_separated_by_semicolons() -> None:
+    s = Settings.load(
+        environ={"BATCHYARD_ENGINE": "a=openai:http://h1/v1,models=x|y; b=openai:http://h2/v1"}
+    )
+    assert [u.name for u in s.upstreams] == ["a", "b"]
+    assert s.upstreams[0].models == ("x", "y")
+    with pytest.raises(ValueError, match="--no-embedded needs at least one --engine"):
+        Settings.load(environ={"BATCHYARD_NO_EMBEDDED": "1"})
+
+
+def test_serve_refuses_a_bad_engine_at_start_up() -> None:
+    r = batchyard("serve", "--no-browser", "--engine", "gpu1=openai:nowhere", timeout=60)
+    assert r.returncode != 0
+    assert "batchyard: --engine 'gpu1=openai:nowhere': 'nowhere' is not an http(s) URL" in r.stderr
