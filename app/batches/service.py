@@ -5,6 +5,7 @@ Their wire shape: api/schemas."""
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -56,6 +57,19 @@ class LineDetail:
     request: Request
     #: The input line as sent ({"custom_id", "method", "url", "body"}); None if unreadable.
     input: dict[str, Any] | None
+
+
+@dataclass
+class NodeAtWork:
+    """A node (a `serve` or `worker` process) holding lines now, for the engines page."""
+
+    node_id: str
+    #: Lines it runs now, every owner's.
+    running: int
+    #: The viewer's batches among them (another owner's are only counted).
+    batch_ids: list[str]
+    #: Whether it is the node answering (this process's runner).
+    this_node: bool
 
 
 def check_metadata(metadata: Any) -> dict[str, str] | None:
@@ -192,6 +206,37 @@ class BatchService:
     def cancel(self, batch_id: str, owner: str) -> Batch:
         self.get(batch_id, owner)  # 404 for another owner's batch
         return self.runner.cancel(batch_id)
+
+    def nodes_at_work(self, owner: str) -> list[NodeAtWork]:
+        """Each node holding lines now (running, lease not yet lapsed): how many, and which of
+        `owner`'s batches. A node running nothing is not listed (there is no node table).
+        Read through the batches not finished (a subquery, so that SQLite's planner too goes
+        through the lines' (batch_id, status) index instead of scanning every line)."""
+        t = time.time()
+        unfinished = select(Batch.id).where(col(Batch.status).not_in(BatchStatus.FINISHED))
+        with self.db.read() as s:
+            rows = s.exec(
+                select(Request.claimed_by, Batch.id, Batch.owner, func.count())
+                .join(Batch, col(Batch.id) == col(Request.batch_id))
+                .where(
+                    col(Request.batch_id).in_(unfinished),
+                    Request.status == RequestStatus.RUNNING,
+                    col(Request.claimed_by).is_not(None),
+                    col(Request.lease_until) >= t,
+                )
+                .group_by(col(Request.claimed_by), col(Batch.id), col(Batch.owner))
+            ).all()
+        nodes: dict[str, NodeAtWork] = {}
+        me = self.runner.worker_id
+        for node_id, batch_id, batch_owner, count in rows:
+            node = nodes.setdefault(node_id, NodeAtWork(node_id, 0, [], node_id == me))
+            node.running += count
+            if batch_owner == owner:
+                node.batch_ids.append(batch_id)
+        for node in nodes.values():
+            node.batch_ids.sort()
+        # This node first, then the busiest.
+        return sorted(nodes.values(), key=lambda n: (not n.this_node, -n.running, n.node_id))
 
     # -- the results explorer: pages of lines, one line, partial output, progress, retry ----
 

@@ -127,14 +127,18 @@ async def batch_events(
 
 @get("/web/events/engine", name="web:engine_events", include_in_schema=False)
 async def engine_events(
-    request: Request[Any, Any, Any], services: NamedDependency[Services]
+    request: Request[Any, Any, Any],
+    services: NamedDependency[Services],
+    owner: NamedDependency[str],
 ) -> ServerSentEvent:
-    """Every engine's live figures once a second, for as long as the page is open."""
+    """Every engine's live figures, and which node runs what, once a second, for as long as
+    the page is open."""
 
     async def look() -> Frame:
         if services.engine is None:  # still loading: nothing to show yet
             return {}, False
-        html = render(request, "partials/engines_live.html", **engines_context(services))
+        context = await anyio.to_thread.run_sync(engines_context, services, owner)
+        html = render(request, "partials/engines_live.html", **context)
         return {"stats": html}, False
 
     return ServerSentEvent(poll_until(look))

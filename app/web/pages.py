@@ -162,20 +162,23 @@ def files_page(
     )
 
 
-@get("/engines", name="web:engines", include_in_schema=False)
-async def engines_page(services: NamedDependency[Services]) -> Template:
-    """Each engine: its models, health, load and throughput (the live part comes by SSE)."""
-    return Template(template_name="engines.html", context=engines_context(services))
+@get("/engines", name="web:engines", sync_to_thread=True, include_in_schema=False)
+def engines_page(services: NamedDependency[Services], owner: NamedDependency[str]) -> Template:
+    """Each engine: its models, health, load and throughput, and which node runs what (the
+    live part comes by SSE)."""
+    return Template(template_name="engines.html", context=engines_context(services, owner))
 
 
-def engines_context(services: Services) -> dict[str, Any]:
-    """What the engines page and its live partial show; no engines while the model loads."""
+def engines_context(services: Services, owner: str) -> dict[str, Any]:
+    """What the engines page and its live partial show; no engines while the model loads.
+    Blocking (it reads the database): call it from a thread."""
     engines = members(services.engine)
     return {
         "engines": engines,
         "failure": services.engine_failure,
         "sizes": {e.name: views.size(e.info.size_bytes) for e in engines},
         "total": services.engine.stats() if services.engine is not None else None,
+        "nodes": services.batches.nodes_at_work(owner),
     }
 
 

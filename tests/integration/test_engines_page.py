@@ -1,0 +1,38 @@
+"""The engines page over HTTP: its Nodes section names this node, the lines it runs now and
+the batch they belong to, linked."""
+
+from __future__ import annotations
+
+import re
+import time
+
+from tests.factories import batch_line, jsonl
+from tests.fakes import HangingEngine
+from tests.http_helpers import MakeClient, batch_getter, create_batch, upload, wait_for_status
+
+
+def test_the_engines_page_shows_which_node_runs_what(make_client: MakeClient) -> None:
+    client = make_client(HangingEngine())
+    node = client.get("/health").json()["node"]
+    page = client.get("/engines")
+    assert page.status_code == 200
+    assert "No node is running a batch line now." in page.text
+
+    f = upload(client, jsonl(*(batch_line(f"h{i}", "HANG", max_tokens=4) for i in range(2))))
+    b = create_batch(client, f["id"])
+    wait_for_status(batch_getter(client), b["id"], ("in_progress",))
+    row = ""
+    deadline = time.time() + 10
+    while time.time() < deadline:
+        page = client.get("/engines")
+        found = re.search(rf'<tr data-node="{node}">(.*?)</tr>', page.text, re.S)
+        row = found.group(1) if found else ""
+        if '<td class="num">2</td>' in row:
+            break
+        time.sleep(0.05)
+    assert '<h3 id="nodes-title">Nodes</h3>' in page.text
+    assert "this node" in row
+    assert '<td class="num">2</td>' in row, row
+    assert f'<a href="/batches/{b["id"]}">' in row
+    client.post(f"/v1/batches/{b['id']}/cancel")
+    wait_for_status(batch_getter(client), b["id"], ("cancelled",))
