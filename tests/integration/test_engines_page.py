@@ -1,14 +1,18 @@
 """The engines page over HTTP: its Nodes section names this node, the lines it runs now and
-the batch they belong to, linked."""
+the batch they belong to, linked; on SQLite and on PostgreSQL."""
 
 from __future__ import annotations
 
 import re
 import time
 
+import pytest
+
 from tests.factories import batch_line, jsonl
 from tests.fakes import HangingEngine
 from tests.http_helpers import MakeClient, batch_getter, create_batch, upload, wait_for_status
+
+pytestmark = pytest.mark.parametrize("database_url", ["sqlite", "postgres"], indirect=True)
 
 
 def test_the_engines_page_shows_which_node_runs_what(make_client: MakeClient) -> None:
