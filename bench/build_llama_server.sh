@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Prints a directory holding llama.cpp's own `llama-server` and `llama-batched-bench`, built
 # once per machine from the llama.cpp sources vendored in the pinned llama-cpp-python sdist,
-# with packaging/amx_tilecfg.h ahead of every source (the same fix as batchyard's wheel, so
+# with app/engine/amx_tilecfg.h ahead of every source (the same fix as batchyard's wheel, so
 # both sides run the same kernels). bench/throughput.py runs them as batchyard's baseline.
 # Usage: bash bench/build_llama_server.sh [PYTHON]     (the python whose pip downloads the sdist)
 # BATCHYARD_LLAMA_SERVER_CACHE: where builds live (default ~/.cache/batchyard/llama-server);
@@ -12,11 +12,14 @@ cd "$(dirname "$0")/.."
 
 PY=${1:-.venv/bin/python}
 VERSION=$(sed -n 's/.*"llama-cpp-python==\([^"]*\)".*/\1/p' pyproject.toml)
-FIX=packaging/amx_tilecfg.h
+FIX=app/engine/amx_tilecfg.h
 CMAKE_FLAGS="-DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON -DGGML_NATIVE=ON -DBUILD_SHARED_LIBS=OFF ${CMAKE_ARGS:-}"
 C_FLAGS="-include $PWD/$FIX"
 
-KEY=$(printf '%s\n' "$VERSION" "$CMAKE_FLAGS" "${C_FLAGS/"$PWD/"/}" \
+# The header goes into the hash by its content; its flag is keyed by the path it had before it
+# moved into the package (as packaging/llama_wheel.sh does), so earlier builds stay valid.
+KEY_C_FLAGS="-include packaging/amx_tilecfg.h"
+KEY=$(printf '%s\n' "$VERSION" "$CMAKE_FLAGS" "$KEY_C_FLAGS" \
   "CFLAGS=${CFLAGS:-}" "CXXFLAGS=${CXXFLAGS:-}" | cat - "$FIX" | sha256sum | cut -c1-12)
 ROOT="${BATCHYARD_LLAMA_SERVER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/batchyard/llama-server}/$KEY"
 BIN="$ROOT/bin"
