@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -125,3 +125,21 @@ class Engine(Protocol):
     def close(self) -> None:
         """Stop the engine thread and free the model. Pending futures fail."""
         ...
+
+
+def resolve(
+    future: Future[dict[str, Any]],
+    *,
+    result: dict[str, Any] | None = None,
+    error: BaseException | None = None,
+) -> bool:
+    """Resolve a request's future once; whoever comes second (cancel vs finish) loses
+    quietly. True if this call resolved it."""
+    try:
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result or {})
+    except InvalidStateError:
+        return False
+    return True

@@ -20,7 +20,7 @@ import logging
 import threading
 import time
 from collections import deque
-from concurrent.futures import Future, InvalidStateError
+from concurrent.futures import Future
 from typing import Any
 
 # libgomp's spin settings come from app/__init__.py, which runs before llama_cpp loads.
@@ -35,6 +35,7 @@ from app.engine.base import (
     EngineStats,
     Priority,
     RequestCancelled,
+    resolve,
 )
 from app.engine.chat import ChatTemplate
 from app.engine.embed import EMBED_SEQS, Embedder
@@ -482,17 +483,10 @@ class LlamaEngine:
     def _settle(
         self, job: Job, *, result: dict[str, Any] | None = None, error: BaseException | None = None
     ) -> bool:
-        """Resolve a job's future once; whoever comes second (cancel vs finish) loses quietly."""
+        """Forget the job and resolve its future once (see base.resolve)."""
         with self._cond:
             self._jobs.pop(job.future, None)
-        try:
-            if error is not None:
-                job.future.set_exception(error)
-            else:
-                job.future.set_result(result or {})
-        except InvalidStateError:
-            return False
-        return True
+        return resolve(job.future, result=result, error=error)
 
     def _fail_job(self, job: Job | None, error: EngineError) -> None:
         if job is None:

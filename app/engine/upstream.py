@@ -28,7 +28,7 @@ import logging
 import threading
 import time
 from collections import deque
-from concurrent.futures import Future, InvalidStateError
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,6 +42,7 @@ from app.engine.base import (
     ModelInfo,
     Priority,
     RequestCancelled,
+    resolve,
 )
 from app.engine.upstream_spec import UpstreamSpec
 from app.engine.upstream_window import AdaptiveWindow
@@ -490,17 +491,10 @@ class UpstreamEngine:
     def _settle(
         self, job: _Job, *, result: dict[str, Any] | None = None, error: BaseException | None = None
     ) -> bool:
-        """Resolve a job's future once; whoever comes second (cancel vs finish) loses quietly."""
+        """Forget the job and resolve its future once (see base.resolve)."""
         with self._lock:
             self._jobs.pop(job.future, None)
-        try:
-            if error is not None:
-                job.future.set_exception(error)
-            else:
-                job.future.set_result(result or {})
-        except InvalidStateError:
-            return False
-        return True
+        return resolve(job.future, result=result, error=error)
 
     def _count(self, outcome: str, usage: dict[str, Any] | None = None) -> None:
         with self._lock:

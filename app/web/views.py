@@ -70,17 +70,6 @@ def size(n: int | None) -> str:
     return f"{value:.1f} GB"
 
 
-def duration(seconds: float | None) -> str:
-    if seconds is None:
-        return "—"
-    s = int(round(seconds))
-    if s < 60:
-        return f"{s} s"
-    if s < 3600:
-        return f"{s // 60} min {s % 60:02d} s"
-    return f"{s // 3600} h {(s % 3600) // 60:02d} min"
-
-
 @dataclass
 class Sample:
     t: float
@@ -161,7 +150,7 @@ def batch_row(
         "pct_failed": 100.0 * batch.failed / total if total else 0.0,
         # Counters move as lines finish: before the first one a rate would read as a false 0.
         "tokens_per_s": f"{tok_s:.1f}" if tok_s is not None and running and done else None,
-        "eta": duration(eta) if eta is not None else None,
+        "eta": throughput.clock(eta) if eta is not None else None,
         "input_tokens": batch.input_tokens,
         "output_tokens": batch.output_tokens,
         "engine_history": list(tracker.engine) if tracker else [],
