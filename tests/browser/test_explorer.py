@@ -225,6 +225,9 @@ def test_engines_page_names_the_fix(
     try:
         page.goto(f"{server.url}/engines")
         expect(page.locator("#advice-command")).to_have_text("batchyard engine build --cpu")
+        sentence = page.locator(".advice-text")
+        expect(sentence.locator("code")).to_have_text("batchyard engine build --cpu")
+        assert "`" not in sentence.inner_text()
         shoot(page, "engines-advice-light")
         for scheme, width, suffix in (("dark", 1280, "dark"), ("light", 390, "phone")):
             ctx = new_context(browser, scheme, width)
