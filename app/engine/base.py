@@ -57,6 +57,13 @@ class RequestCancelled(EngineError):
         super().__init__(message, status_code=499, code="request_cancelled")
 
 
+def engine_closed() -> EngineError:
+    """The error of a request sent to (or still queued in) an engine that is shutting down."""
+    return EngineError(
+        "The engine is shut down.", status_code=503, code="engine_closed", type="server_error"
+    )
+
+
 @dataclass
 class ModelInfo:
     """What the server says about the loaded model (`/v1/models`, `/health`, dashboard)."""

@@ -35,6 +35,7 @@ from app.engine.base import (
     EngineStats,
     Priority,
     RequestCancelled,
+    engine_closed,
     resolve,
 )
 from app.engine.chat import ChatTemplate
@@ -54,12 +55,6 @@ log = logging.getLogger("batchyard.engine")
 
 #: Sliding window for the live tokens/s figure.
 RATE_WINDOW_S = 5.0
-
-
-def _closed() -> EngineError:
-    return EngineError(
-        "The engine is shut down.", status_code=503, code="engine_closed", type="server_error"
-    )
 
 
 class LlamaEngine:
@@ -150,7 +145,7 @@ class LlamaEngine:
         # Preparing reads the vocabulary, so it must not overlap close() freeing the model.
         with self._prepare_lock:
             if self._closing:
-                job.future.set_exception(_closed())
+                job.future.set_exception(engine_closed())
                 return job.future
             try:
                 tasks = self._preparer.prepare(job, self._seq)
@@ -160,7 +155,7 @@ class LlamaEngine:
                 return job.future
         with self._cond:
             if self._closing:
-                job.future.set_exception(_closed())
+                job.future.set_exception(engine_closed())
                 return job.future
             self._jobs[job.future] = job
             for task in tasks:
@@ -203,7 +198,7 @@ class LlamaEngine:
         if self._thread.ident is not None:
             self._thread.join()  # its last act fails what was still pending
         else:
-            self._fail_all(_closed())  # never started
+            self._fail_all(engine_closed())  # never started
         with self._prepare_lock:
             self._embedder.close()
             self._native.free()
@@ -230,7 +225,7 @@ class LlamaEngine:
         except Exception:  # a broken context is not a request error: fail everything, loudly
             log.exception("engine thread crashed")
         finally:
-            self._fail_all(_closed())
+            self._fail_all(engine_closed())
 
     def _admit(self) -> list[Job]:
         """Drop withdrawn work, start the tasks that fit; returns the embedding jobs."""

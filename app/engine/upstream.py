@@ -42,6 +42,7 @@ from app.engine.base import (
     ModelInfo,
     Priority,
     RequestCancelled,
+    engine_closed,
     resolve,
 )
 from app.engine.upstream_spec import UpstreamSpec
@@ -198,7 +199,7 @@ class UpstreamEngine:
         with self._lock:
             pending = list(self._jobs.values())
         for job in pending:
-            self._settle(job, error=_closed())
+            self._settle(job, error=engine_closed())
         if not self._loop.is_running():
             self._loop.close()
 
@@ -229,7 +230,7 @@ class UpstreamEngine:
         job = _Job(int(priority), next(self._seq), endpoint, body, on_chunk)
         with self._lock:
             if self._closing:
-                job.future.set_exception(_closed())
+                job.future.set_exception(engine_closed())
                 return job.future
             self._jobs[job.future] = job
         self._loop.call_soon_threadsafe(self._enqueue, job)
@@ -507,12 +508,6 @@ class UpstreamEngine:
                 self._stats.completion_tokens_total += completion
                 if completion:
                     self._rate.append((time.monotonic(), completion))
-
-
-def _closed() -> EngineError:
-    return EngineError(
-        "The engine is shut down.", status_code=503, code="engine_closed", type="server_error"
-    )
 
 
 __all__ = ["UpstreamEngine", "UpstreamStatus"]
