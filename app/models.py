@@ -35,13 +35,13 @@ class File(SQLModel, table=True):
     purpose: str = Field(index=True)
     bytes: int = Field(sa_type=BigInteger)
     sha256: str = ""
-    created_at: int = Field(default_factory=now)
+    created_at: int = Field(default_factory=now, sa_type=BigInteger)
     # Orders lists and cursors: created_at has only whole seconds.
     created_ns: int = Field(default_factory=now_ns, index=True, sa_type=BigInteger)
-    expires_at: int | None = None
+    expires_at: int | None = Field(default=None, sa_type=BigInteger)
     # Set when the owner deleted the file while a running batch still read it: the file is
     # gone from the API at once, and its row and bytes go when no batch needs them.
-    deleted_at: int | None = Field(default=None, index=True)
+    deleted_at: int | None = Field(default=None, index=True, sa_type=BigInteger)
 
 
 class BatchStatus:
@@ -75,16 +75,16 @@ class Batch(SQLModel, table=True):
     # Seconds after creation the output and error files expire; None keeps them.
     output_expires_after: int | None = None
 
-    created_at: int = Field(default_factory=now)
+    created_at: int = Field(default_factory=now, sa_type=BigInteger)
     created_ns: int = Field(default_factory=now_ns, index=True, sa_type=BigInteger)
-    expires_at: int | None = None
-    in_progress_at: int | None = None
-    finalizing_at: int | None = None
-    completed_at: int | None = None
-    failed_at: int | None = None
-    expired_at: int | None = None
-    cancelling_at: int | None = None
-    cancelled_at: int | None = None
+    expires_at: int | None = Field(default=None, sa_type=BigInteger)
+    in_progress_at: int | None = Field(default=None, sa_type=BigInteger)
+    finalizing_at: int | None = Field(default=None, sa_type=BigInteger)
+    completed_at: int | None = Field(default=None, sa_type=BigInteger)
+    failed_at: int | None = Field(default=None, sa_type=BigInteger)
+    expired_at: int | None = Field(default=None, sa_type=BigInteger)
+    cancelling_at: int | None = Field(default=None, sa_type=BigInteger)
+    cancelled_at: int | None = Field(default=None, sa_type=BigInteger)
 
     # Counters move in the same transaction as the Request row they count.
     total: int = 0
@@ -124,9 +124,9 @@ class Request(SQLModel, table=True):
     status: str = RequestStatus.PENDING
     attempts: int = 0
     claimed_by: str | None = None
-    claimed_at: int | None = None
+    claimed_at: int | None = Field(default=None, sa_type=BigInteger)
     lease_until: float | None = None
-    finished_at: int | None = None
+    finished_at: int | None = Field(default=None, sa_type=BigInteger)
     status_code: int | None = None
     request_id: str | None = None
     # The response body (success) or {"error": ...} body (failure), as JSON text.
@@ -156,8 +156,9 @@ class Upload(SQLModel, table=True):
     bytes: int = Field(sa_type=BigInteger)  # what the parts must add up to
     mime_type: str
     status: str = Field(default=UploadStatus.PENDING, index=True)
-    created_at: int = Field(default_factory=now)
-    expires_at: int = Field(index=True)  # an unfinished upload expires (default: 1 hour)
+    created_at: int = Field(default_factory=now, sa_type=BigInteger)
+    # An unfinished upload expires (default: 1 hour).
+    expires_at: int = Field(index=True, sa_type=BigInteger)
     # The File's own expiry policy (create's expires_after), in seconds from its creation.
     file_expires_after: int | None = None
     file_id: str | None = None
@@ -169,7 +170,7 @@ class UploadPart(SQLModel, table=True):
     id: str = Field(primary_key=True)
     upload_id: str = Field(foreign_key="upload.id", ondelete="CASCADE", index=True)
     bytes: int = Field(sa_type=BigInteger)
-    created_at: int = Field(default_factory=now)
+    created_at: int = Field(default_factory=now, sa_type=BigInteger)
 
 
 class DeliveryStatus:
@@ -193,10 +194,10 @@ class WebhookDelivery(SQLModel, table=True):
     payload_json: str = Field(sa_column=Column("payload", Text, nullable=False))
     status: str = Field(default=DeliveryStatus.PENDING, index=True)
     attempts: int = 0
-    created_at: int = Field(default_factory=now)
+    created_at: int = Field(default_factory=now, sa_type=BigInteger)
     created_ns: int = Field(default_factory=now_ns, sa_type=BigInteger)
     next_attempt_at: float | None = Field(default=None, index=True)
-    last_attempt_at: int | None = None
+    last_attempt_at: int | None = Field(default=None, sa_type=BigInteger)
     last_status_code: int | None = None
     last_error: str | None = None
-    delivered_at: int | None = None
+    delivered_at: int | None = Field(default=None, sa_type=BigInteger)

@@ -15,13 +15,13 @@ from typing import Any
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import create_engine, text
+from sqlalchemy import Float, create_engine, inspect, text
 from sqlmodel import SQLModel
 
 from app.config import Settings
 from app.db import Database, DatabaseError, head_revision
 from app.migrations import compare_type
-from app.models import BatchStatus
+from app.models import Batch, BatchStatus, File, Request
 from app.services import build_services
 from tests.factories import batch_line, jsonl
 from tests.fakes import FakeEngine
@@ -57,6 +57,74 @@ def test_a_fresh_database_is_exactly_the_models(database_url: str) -> None:
         )
         db.migrate()  # a second start changes nothing
         assert db.revision() == head_revision()
+    finally:
+        db.close()
+
+
+#: A unix time past 2038-01-19, where a 32-bit INTEGER column overflows.
+AFTER_2038 = 2**31 + 10
+
+
+def test_every_timestamp_holds_a_time_past_2038(database_url: str) -> None:
+    Path(database_url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+    db = Database(database_url)
+    try:
+        db.migrate()
+        if not database_url.startswith("sqlite"):  # SQLite's INTEGER is 64-bit already
+            with db.engine.connect() as conn:
+                inspector = inspect(conn)
+                narrow = [
+                    f"{table}.{c['name']}"
+                    for table in inspector.get_table_names()
+                    for c in inspector.get_columns(table)
+                    if c["name"].endswith("_at")
+                    and not isinstance(c["type"], Float)
+                    and type(c["type"]).__name__ != "BIGINT"
+                ]
+            assert narrow == [], "integer timestamps that overflow in 2038"
+        with db.write() as s:
+            s.add(
+                File(
+                    id="file-late",
+                    filename="f",
+                    purpose="batch",
+                    bytes=1,
+                    created_at=AFTER_2038,
+                    expires_at=AFTER_2038 + 1,
+                )
+            )
+            s.add(
+                Batch(
+                    id="batch_late",
+                    endpoint="/v1/chat/completions",
+                    input_file_id="file-late",
+                    created_at=AFTER_2038,
+                    expires_at=AFTER_2038 + 86400,
+                    cancelled_at=AFTER_2038 + 2,
+                )
+            )
+            s.add(
+                Request(
+                    id="batch_req_late",
+                    batch_id="batch_late",
+                    line=1,
+                    custom_id="a",
+                    offset=0,
+                    length=1,
+                    claimed_at=AFTER_2038,
+                    finished_at=AFTER_2038 + 3,
+                )
+            )
+        with db.read() as s:
+            f, b, r = (
+                s.get(File, "file-late"),
+                s.get(Batch, "batch_late"),
+                s.get(Request, "batch_req_late"),
+            )
+            assert f is not None and b is not None and r is not None
+            assert (f.created_at, f.expires_at) == (AFTER_2038, AFTER_2038 + 1)
+            assert (b.expires_at, b.cancelled_at) == (AFTER_2038 + 86400, AFTER_2038 + 2)
+            assert (r.claimed_at, r.finished_at) == (AFTER_2038, AFTER_2038 + 3)
     finally:
         db.close()
 
