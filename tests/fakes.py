@@ -20,6 +20,7 @@ from app.engine.base import (
     Priority,
     RequestCancelled,
 )
+from app.engine.upstream_spec import UpstreamSpec
 
 
 def prompt(endpoint: str, body: dict[str, Any]) -> str:
@@ -50,6 +51,7 @@ class FakeEngine:
         self.submitted: list[tuple[str, dict[str, Any], Priority]] = []
         self.cancelled = 0
         self.hanging: list[Future[dict[str, Any]]] = []
+        self.hanging_bodies: list[dict[str, Any]] = []  # the body of each hanging request
         self._lock = threading.Lock()
         self._timers: list[threading.Timer] = []
 
@@ -66,6 +68,7 @@ class FakeEngine:
             self.submitted.append((endpoint, body, priority))
             if self.hang_word and self.hang_word in prompt(endpoint, body):
                 self.hanging.append(fut)
+                self.hanging_bodies.append(body)
                 return fut
 
         def finish() -> None:
@@ -141,3 +144,37 @@ class HangingEngine(FakeEngine):
     """The fake engine, except that a prompt holding HANG never finishes until cancelled."""
 
     hang_word = "HANG"
+
+
+class FakeUpstream(HangingEngine):
+    """The fake engine standing in for an upstream in a registry: it serves the model names
+    in `served` (as if its /v1/models listed them; a test may change the list) and, like
+    HangingEngine, never finishes a HANG prompt until the test says so (`finish`)."""
+
+    kind = "openai"
+
+    def __init__(self, name: str, served: list[str], *, n_slots: int = 2) -> None:
+        super().__init__(n_slots=n_slots)
+        self.name = name
+        self.spec = UpstreamSpec(name=name, url=f"http://{name}.invalid/v1")
+        self.served = list(served)
+        self.info.id = served[0]
+
+    def models(self) -> list[str]:
+        return list(self.served)
+
+    def serves(self, model: str) -> bool:
+        return model in self.served
+
+    def model_cards(self) -> list[dict[str, Any]]:
+        return [{"id": m, "created": 0, "owned_by": self.name} for m in self.served]
+
+
+def finish(engine: FakeEngine, n: int | None = None) -> int:
+    """Answer the first `n` (default: all) of the engine's hanging requests; how many."""
+    with engine._lock:
+        hung = list(zip(engine.hanging, engine.hanging_bodies, strict=True))
+    waiting = [(fut, body) for fut, body in hung if not fut.done()][:n]
+    for fut, body in waiting:
+        fut.set_result(engine.answer(CHAT, body))
+    return len(waiting)

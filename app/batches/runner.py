@@ -17,29 +17,29 @@ import logging
 import queue
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import Update, func, update
 from sqlmodel import Session, col, select
 
 from app.batches import lifecycle
+from app.batches.claims import Claim, claim
 from app.batches.finalize import FINALIZE_RETRY_DELAYS, Finalizer
 from app.batches.lifecycle import failure, locked_batch, record
 from app.batches.output import sweep_orphans
 from app.config import Settings
 from app.db import Database
 from app.engine.base import Engine, EngineError, Priority, RequestCancelled
+from app.engine.registry import lanes
 from app.files.service import FileService
 from app.files.storage import Storage
 from app.models import Batch, BatchStatus, File, Request, RequestStatus
 
 log = logging.getLogger("batchyard.runner")
 
-#: A line whose claim ran out this many times (the server died while running it) fails
-#: instead of taking the server down again.
-MAX_ATTEMPTS = 3
 #: Seconds between two looks at what other nodes changed (PostgreSQL).
 NOTICE_INTERVAL = 1.0
 #: Seconds between two sweeps of expired files.
@@ -49,6 +49,14 @@ SWEEP_INTERVAL = 60.0
 SWEEP_MIN_AGE = 3600.0
 
 Result = tuple[str, str, "Future[dict[str, Any]]"]  # (request id, batch id, future)
+
+
+class Held(NamedTuple):
+    """A line this node claimed and handed to its engine."""
+
+    batch_id: str
+    future: Future[dict[str, Any]]
+    lane: str  # the engine's lane it was claimed for (claims.py)
 
 
 class Runner:
@@ -75,8 +83,8 @@ class Runner:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._results: queue.Queue[Result] = queue.Queue()
-        # request id -> (batch id, future) for every line handed to the engine
-        self._inflight: dict[str, tuple[str, Future[dict[str, Any]]]] = {}
+        # request id -> (batch id, future, lane) for every line handed to the engine
+        self._inflight: dict[str, Held] = {}
         self._thread: threading.Thread | None = None
         self._last_renew = 0.0
         self._last_sweep = 0.0
@@ -154,7 +162,7 @@ class Runner:
             except Exception:
                 log.exception("runner step failed; retrying")
                 time.sleep(1.0)
-        for _, fut in list(self._inflight.values()):
+        for _, fut, _ in list(self._inflight.values()):
             self._engine.cancel(fut)
         try:
             self._release_claims()
@@ -243,7 +251,7 @@ class Runner:
         return b
 
     def _withdraw(self, batch_id: str) -> None:
-        for bid, fut in list(self._inflight.values()):
+        for bid, fut, _ in list(self._inflight.values()):
             if bid == batch_id:
                 self._engine.cancel(fut)
 
@@ -252,7 +260,7 @@ class Runner:
             ids = s.exec(select(Batch.id).where(Batch.status == BatchStatus.CANCELLING)).all()
         for batch_id in ids:
             self._withdraw(batch_id)
-            if any(bid == batch_id for bid, _ in self._inflight.values()):
+            if any(h.batch_id == batch_id for h in self._inflight.values()):
                 continue  # their cancelled futures come back through _record_results
             left = lifecycle.settle_cancel(self.db, batch_id, self.worker_id, self._ended)
             if left == "finalize":
@@ -267,75 +275,42 @@ class Runner:
                 self._bump()
                 self._finalizer.finalize(batch_id, BatchStatus.EXPIRED)
 
-    # -- claims -------------------------------------------------------------------------
-
-    def _capacity(self) -> int:
-        # Keep the engine's queue a little ahead of its slots so no slot idles between
-        # lines, and claim no more than that: the rest stays for other nodes.
-        return max(2, self._engine.info.n_slots * 2) - len(self._inflight)
+    # -- claims (claims.py) -------------------------------------------------------------
 
     def _claim_and_submit(self) -> None:
-        room = self._capacity()
-        if room <= 0:
-            return
-        t = time.time()
-        claimed: list[tuple[Request, str, str]] = []
-        poisoned: list[Request] = []
-        with self.db.write() as s:
-            candidates = s.exec(
-                select(Request, Batch.endpoint, Batch.input_file_id)
-                .join(Batch, col(Batch.id) == col(Request.batch_id))
-                .where(
-                    Batch.status == BatchStatus.IN_PROGRESS,
-                    (col(Request.status) == RequestStatus.PENDING)
-                    | (
-                        (col(Request.status) == RequestStatus.RUNNING)
-                        & (col(Request.lease_until) < t)
+        held = Counter(h.lane for h in self._inflight.values())
+        claims = claim(
+            self.db,
+            lanes(self._engine),
+            held,
+            self._inflight,
+            worker_id=self.worker_id,
+            lease_seconds=self.settings.lease_seconds,
+        )
+        for c in claims:
+            if not c.exhausted:
+                self._submit(c)
+        for c in claims:
+            if c.exhausted:
+                self._hand_back(
+                    c,
+                    EngineError(
+                        f"This line was started {c.request.attempts} times and the server "
+                        "stopped each time; it is not tried again.",
+                        status_code=500,
+                        code="server_error",
+                        type="server_error",
                     ),
                 )
-                .order_by(col(Batch.created_ns), col(Request.line))
-                .limit(room + len(self._inflight))
-                # Several nodes on one PostgreSQL queue never claim the same line; only the
-                # request rows are locked, so recording results for the batch goes on
-                # (SQLite has one writer at a time and leaves the clause out).
-                .with_for_update(skip_locked=True, of=Request)
-            ).all()
-            for req, endpoint, input_file_id in candidates:
-                if req.id in self._inflight:
-                    continue
-                if len(claimed) + len(poisoned) >= room:
-                    break
-                req.status = RequestStatus.RUNNING
-                req.claimed_by = self.worker_id
-                req.claimed_at = int(t)
-                req.lease_until = t + self.settings.lease_seconds
-                if req.attempts >= MAX_ATTEMPTS:
-                    poisoned.append(req)  # held, and failed below without running
-                else:
-                    req.attempts += 1
-                    claimed.append((req, endpoint, input_file_id))
-                s.add(req)
-        for req, endpoint, input_file_id in claimed:
-            self._submit(req, endpoint, input_file_id)
-        for req in poisoned:
-            self._hand_back(
-                req,
-                EngineError(
-                    f"This line was started {req.attempts} times and the server stopped each "
-                    "time; it is not tried again.",
-                    status_code=500,
-                    code="server_error",
-                    type="server_error",
-                ),
-            )
 
-    def _submit(self, req: Request, endpoint: str, input_file_id: str) -> None:
+    def _submit(self, c: Claim) -> None:
+        req = c.request
         try:
-            raw = self.storage.read_range(input_file_id, req.offset, req.length)
+            raw = self.storage.read_range(c.input_file_id, req.offset, req.length)
             body = json.loads(raw.decode("utf-8"))["body"]
         except Exception as exc:  # the file changed under us: fail this line alone
             self._hand_back(
-                req,
+                c,
                 EngineError(
                     f"The input line could not be read again: {exc}",
                     status_code=500,
@@ -344,15 +319,16 @@ class Runner:
                 ),
             )
             return
-        fut = self._engine.submit(endpoint, body, priority=Priority.BATCH)
-        self._inflight[req.id] = (req.batch_id, fut)
+        fut = self._engine.submit(c.endpoint, body, priority=Priority.BATCH)
+        self._inflight[req.id] = Held(req.batch_id, fut, c.lane)
         fut.add_done_callback(lambda f, rid=req.id, bid=req.batch_id: self._on_done(rid, bid, f))
 
-    def _hand_back(self, req: Request, error: EngineError) -> None:
+    def _hand_back(self, c: Claim, error: EngineError) -> None:
         """A claimed line that fails without reaching the engine: recorded like any result."""
+        req = c.request
         fut: Future[dict[str, Any]] = Future()
         fut.set_exception(error)
-        self._inflight[req.id] = (req.batch_id, fut)
+        self._inflight[req.id] = Held(req.batch_id, fut, c.lane)
         self._on_done(req.id, req.batch_id, fut)
 
     def _on_done(self, request_id: str, batch_id: str, fut: Future[dict[str, Any]]) -> None:

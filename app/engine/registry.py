@@ -6,7 +6,8 @@ the embedded engine unless `models=` says otherwise), else the default engine (t
 llama.cpp model), as a single engine did before. With no default engine (`--no-embedded`,
 or the embedded model failed to load), an unknown model is the request's 404.
 The runner and the API see only the Engine contract; the dashboard and /metrics also ask
-`members()` for each engine's own figures.
+`members()` for each engine's own figures, and the runner's claims ask `lanes()` which
+lines each engine takes, so that every engine gets its own share of the queue.
 """
 
 from __future__ import annotations
@@ -28,6 +29,19 @@ log = logging.getLogger("batchyard")
 
 #: The embedded llama.cpp engine's name on the engines page and in /metrics.
 EMBEDDED = "embedded"
+#: The lane of lines whose model no engine serves, on a node without the embedded engine:
+#: they fail at once (404), so they hold no engine's room.
+UNROUTED = "unrouted"
+
+
+@dataclass(frozen=True)
+class Lane:
+    """The batch lines one engine takes, for the runner's claims: those whose model is in
+    `models`, or (`models` None, the default lane) every line that no other lane takes."""
+
+    name: str
+    slots: int
+    models: frozenset[str] | None = None
 
 
 @dataclass
@@ -79,6 +93,32 @@ class EngineRegistry:
 
     def _engines(self) -> list[Engine]:
         return ([self.default] if self.default is not None else []) + list(self.upstreams)
+
+    def lanes(self) -> list[Lane]:
+        """Which lines each engine takes, as `route` would send them now (an upstream's
+        models change as its /v1/models does): each upstream's lane names its models, and
+        the default lane takes the rest. One engine alone takes every line."""
+        engines = self._engines()
+        if len(engines) == 1:
+            name = EMBEDDED if self.default is not None else self.upstreams[0].name
+            return [Lane(name, engines[0].info.n_slots)]
+        routed: dict[str, set[str]] = {u.name: set() for u in self.upstreams}
+        for upstream in self.upstreams:
+            for model in upstream.models():
+                target = self.route(model)
+                for candidate in self.upstreams:
+                    if target is candidate:
+                        routed[candidate.name].add(model)
+        lanes = [
+            Lane(u.name, u.info.n_slots, frozenset(routed[u.name]))
+            for u in self.upstreams
+            if routed[u.name]
+        ]
+        if self.default is not None:
+            lanes.append(Lane(EMBEDDED, self.default.info.n_slots))
+        else:
+            lanes.append(Lane(UNROUTED, sum(e.info.n_slots for e in engines)))
+        return lanes
 
     def route(self, model: Any) -> Engine | None:
         """The engine for a request's `model`: an upstream configured with that name
@@ -255,4 +295,20 @@ def members(engine: Engine | None) -> list[EngineView]:
     ]
 
 
-__all__ = ["EMBEDDED", "EngineRegistry", "EngineView", "load_engines", "members"]
+def lanes(engine: Engine) -> list[Lane]:
+    """The lanes behind `engine`: a registry's, or one lane with every line for a lone engine."""
+    if isinstance(engine, EngineRegistry):
+        return engine.lanes()
+    return [Lane(EMBEDDED, engine.info.n_slots)]
+
+
+__all__ = [
+    "EMBEDDED",
+    "UNROUTED",
+    "EngineRegistry",
+    "EngineView",
+    "Lane",
+    "lanes",
+    "load_engines",
+    "members",
+]

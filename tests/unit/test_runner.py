@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from sqlmodel import select
 
-from app.batches.runner import MAX_ATTEMPTS
+from app.batches.claims import MAX_ATTEMPTS
 from app.models import Request, RequestStatus
 from app.services import Services
 from tests.factories import batch_line

@@ -1,0 +1,135 @@
+"""Claims: the pending lines a node takes next, engine by engine.
+
+Each engine behind a node has a lane (`Lane` in engine/registry.py): the lines whose model
+it serves, or for the default engine every line no other lane takes. A claim gives each
+lane its own room, twice the engine's slots less the lines it holds already, and fills it
+with the oldest lines routed to it (by batch, then line). So a big batch for one engine
+never keeps the lines of another engine waiting while that engine has room, and no engine
+holds more than its room. A node with one engine has one lane that takes every line.
+
+A line is routed by its batch's `model`: validation refuses a batch whose lines name
+different models (`mismatched_model`), so the batch row says where each of its lines goes
+without reading the input file, and the query filters on it with the lanes' model names
+of this moment (an upstream's names follow its /v1/models). A batch row without a model
+goes to the default lane, as a body without a known model does.
+
+One transaction claims for every lane: BEGIN IMMEDIATE on SQLite; on PostgreSQL each
+lane's SELECT locks only its request rows, FOR UPDATE SKIP LOCKED, so several nodes never
+take one line and never wait on each other.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Container, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from sqlmodel import Session, col, select
+
+from app.db import Database
+from app.engine.registry import Lane
+from app.models import Batch, BatchStatus, Request, RequestStatus
+
+#: A line whose claim ran out this many times (the server died while running it) fails
+#: instead of taking the server down again.
+MAX_ATTEMPTS = 3
+
+
+@dataclass
+class Claim:
+    """One line this node now holds, for the runner to hand to its engine."""
+
+    request: Request
+    endpoint: str
+    input_file_id: str
+    lane: str
+    #: Its attempts are used up: it is failed without running.
+    exhausted: bool = False
+
+
+def room(lane: Lane, held: int) -> int:
+    """How many more lines the lane's engine may take: its queue a little ahead of its
+    slots, so no slot idles between lines, and no more, so the rest stays for other nodes."""
+    return max(2, lane.slots * 2) - held
+
+
+def routed_to(lane: Lane, lanes: list[Lane]) -> Any:
+    """The WHERE clause of the lane's lines, or None for every line."""
+    if lane.models is not None:
+        return col(Batch.model).in_(sorted(lane.models))
+    taken = sorted({m for other in lanes if other.models is not None for m in other.models})
+    if not taken:
+        return None
+    return col(Batch.model).is_(None) | col(Batch.model).not_in(taken)
+
+
+def claim(
+    db: Database,
+    lanes: list[Lane],
+    held: Mapping[str, int],
+    inflight: Container[str],
+    *,
+    worker_id: str,
+    lease_seconds: float,
+) -> list[Claim]:
+    """Claim up to each lane's room of its oldest pending lines (or lines whose lease ran
+    out); `held` counts the lines each lane holds now, `inflight` names them."""
+    rooms = [(lane, room(lane, held.get(lane.name, 0))) for lane in lanes]
+    rooms = [(lane, n) for lane, n in rooms if n > 0]
+    if not rooms:
+        return []
+    t = time.time()
+    claims: list[Claim] = []
+    with db.write() as s:
+        for lane, n in rooms:
+            claims += _claim_lane(
+                s, lane, n, routed_to(lane, lanes), held.get(lane.name, 0), inflight, t
+            )
+        for c in claims:
+            req = c.request
+            req.status = RequestStatus.RUNNING
+            req.claimed_by = worker_id
+            req.claimed_at = int(t)
+            req.lease_until = t + lease_seconds
+            if req.attempts >= MAX_ATTEMPTS:
+                c.exhausted = True  # held, and failed by the runner without running
+            else:
+                req.attempts += 1
+            s.add(req)
+    return claims
+
+
+def _claim_lane(
+    s: Session,
+    lane: Lane,
+    n: int,
+    where: Any,
+    held: int,
+    inflight: Container[str],
+    t: float,
+) -> list[Claim]:
+    query = (
+        select(Request, Batch.endpoint, Batch.input_file_id)
+        .join(Batch, col(Batch.id) == col(Request.batch_id))
+        .where(
+            Batch.status == BatchStatus.IN_PROGRESS,
+            (col(Request.status) == RequestStatus.PENDING)
+            | ((col(Request.status) == RequestStatus.RUNNING) & (col(Request.lease_until) < t)),
+        )
+    )
+    if where is not None:
+        query = query.where(where)
+    rows = s.exec(
+        query.order_by(col(Batch.created_ns), col(Request.line))
+        # Lines this node holds whose lease lapsed may come back: look past them.
+        .limit(n + held)
+        # Several nodes on one PostgreSQL queue never claim the same line; only the request
+        # rows are locked, so recording results for the batch goes on (SQLite has one
+        # writer at a time and leaves the clause out).
+        .with_for_update(skip_locked=True, of=Request)
+    ).all()
+    fresh = [(req, e, f) for req, e, f in rows if req.id not in inflight][:n]
+    return [
+        Claim(req, endpoint, input_file_id, lane.name) for req, endpoint, input_file_id in fresh
+    ]

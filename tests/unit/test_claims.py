@@ -1,0 +1,166 @@
+"""Per-engine claims: each engine behind a node gets its own room in the queue.
+
+A node with the embedded engine and an upstream, driven step by step with fake engines
+whose requests hang until the test answers them, on a real SQLite file and on PostgreSQL.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from app.engine.registry import EMBEDDED, UNROUTED, EngineRegistry, Lane, lanes
+from app.models import BatchStatus, RequestStatus
+from app.services import Services
+from tests.factories import batch_line
+from tests.fakes import FakeEngine, FakeUpstream, HangingEngine, finish
+from tests.unit.helpers import drive, file_lines, make_batch, request_rows, services
+
+LOCAL = "fake-model"  # the fake embedded engine's own model
+REMOTE = "remote-model"
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def database(request: pytest.FixtureRequest) -> dict[str, Any]:
+    if request.param == "sqlite":
+        return {}
+    return {"database_url": request.getfixturevalue("postgres_url")}
+
+
+def lines(prefix: str, n: int, model: str) -> list[dict[str, Any]]:
+    return [batch_line(f"{prefix}{i}", f"HANG {prefix}{i}", model=model) for i in range(n)]
+
+
+def running(svc: Services, batch_id: str) -> int:
+    return sum(r.status == RequestStatus.RUNNING for r in request_rows(svc, batch_id))
+
+
+def sent(engine: FakeEngine) -> list[str]:
+    """What the engine was handed, in order: each line's prompt without its HANG."""
+    return [
+        body["messages"][-1]["content"].removeprefix("HANG ") for _, body, _ in engine.submitted
+    ]
+
+
+def test_a_big_older_batch_for_one_engine_leaves_the_other_its_room(
+    tmp_path: Path, database: dict[str, Any]
+) -> None:
+    local = HangingEngine(n_slots=2)  # room 4
+    remote = FakeUpstream("remote", [REMOTE], n_slots=3)  # room 6
+    svc = services(tmp_path, EngineRegistry(local, [remote]), **database)
+    big = make_batch(svc, lines("e", 40, LOCAL))
+    small = make_batch(svc, lines("r", 10, REMOTE))
+    for _ in range(3):  # validates both batches, then claims
+        svc.runner.step()
+    # The older batch filled only the embedded engine's room; the upstream took its own.
+    assert sent(local) == ["e0", "e1", "e2", "e3"]
+    assert sent(remote) == [f"r{i}" for i in range(6)]
+    assert (running(svc, big), running(svc, small)) == (4, 6)
+    svc.runner.step()  # full rooms claim nothing more, however long the queue
+    assert (len(local.submitted), len(remote.submitted)) == (4, 6)
+
+    # Two lines come back from the upstream: it takes the next two of its own, not the
+    # embedded engine's, whose lines are older.
+    assert finish(remote, 2) == 2
+    svc.runner.step()
+    assert sent(remote)[6:] == ["r6", "r7"] and len(local.submitted) == 4
+    assert (running(svc, big), running(svc, small)) == (4, 6)
+
+    # A model the upstream starts to list (its /v1/models changed) moves to its room.
+    late = make_batch(svc, lines("l", 3, "late-model"))
+    svc.runner.step()  # validated; until now its lines are the embedded engine's (full)
+    assert running(svc, late) == 0 and len(local.submitted) == 4
+    remote.served.append("late-model")
+    assert finish(remote) == 6
+    svc.runner.step()  # the upstream's room is 6 again: its batches' oldest lines first
+    assert sent(remote)[8:] == ["r8", "r9", "l0", "l1", "l2"]
+    assert (running(svc, big), running(svc, small), running(svc, late)) == (4, 2, 3)
+
+    # Everything lands once.
+    local.hang_word = remote.hang_word = None
+    finish(local)
+    finish(remote)
+    for batch_id, n in ((small, 10), (late, 3), (big, 40)):
+        b = drive(svc, batch_id)
+        assert (b.status, b.completed, b.failed) == (BatchStatus.COMPLETED, n, 0)
+        ids = Counter(x["custom_id"] for x in file_lines(svc, b.output_file_id))
+        assert len(ids) == n and set(ids.values()) == {1}
+    assert Counter(body["model"] for _, body, _ in remote.submitted) == {
+        REMOTE: 10,
+        "late-model": 3,
+    }
+    assert {body["model"] for _, body, _ in local.submitted} == {LOCAL}
+
+
+def test_the_upstreams_batch_is_not_kept_waiting_by_the_embedded_one(
+    tmp_path: Path, database: dict[str, Any]
+) -> None:
+    """And the other way round: a big upstream batch ahead leaves the embedded engine its room."""
+    local = HangingEngine(n_slots=1)  # room 2
+    remote = FakeUpstream("remote", [REMOTE], n_slots=8)  # room 16
+    svc = services(tmp_path, EngineRegistry(local, [remote]), **database)
+    big = make_batch(svc, lines("r", 100, REMOTE))
+    small = make_batch(svc, lines("e", 3, LOCAL))
+    for _ in range(3):
+        svc.runner.step()
+    assert (running(svc, big), running(svc, small)) == (16, 2)
+    assert sent(local) == ["e0", "e1"]
+
+
+def test_one_engine_takes_every_line_as_before(tmp_path: Path) -> None:
+    local = HangingEngine(n_slots=3)
+    svc = services(tmp_path, EngineRegistry(local, []))
+    first = make_batch(svc, lines("a", 4, "some-other-model"))
+    second = make_batch(svc, lines("b", 4, LOCAL))
+    for _ in range(3):
+        svc.runner.step()
+    # One room of twice the slots, oldest lines first, whatever model they name.
+    assert sent(local) == ["a0", "a1", "a2", "a3", "b0", "b1"]
+    assert (running(svc, first), running(svc, second)) == (4, 2)
+
+
+def test_without_the_embedded_engine_unknown_models_fail_without_holding_a_room(
+    tmp_path: Path,
+) -> None:
+    a = FakeUpstream("a", ["model-a"], n_slots=1)
+    b = FakeUpstream("b", ["model-b"], n_slots=1)
+    svc = services(tmp_path, EngineRegistry(None, [a, b]))
+    lost = make_batch(svc, lines("x", 5, "nobody-serves-this"))
+    mine = make_batch(svc, lines("y", 2, "model-b"))
+    for _ in range(3):
+        svc.runner.step()
+    assert sent(b) == ["y0", "y1"] and sent(a) == []
+    done = drive(svc, lost)
+    assert (done.status, done.completed, done.failed) == (BatchStatus.COMPLETED, 0, 5)
+    errors = file_lines(svc, done.error_file_id)
+    assert {e["response"]["status_code"] for e in errors} == {404}
+    assert {e["response"]["body"]["error"]["code"] for e in errors} == {"model_not_found"}
+    assert running(svc, mine) == 2  # still on engine b
+
+
+def test_the_lanes_follow_the_registrys_routing() -> None:
+    local = FakeEngine(n_slots=2)
+    assert lanes(local) == [Lane(EMBEDDED, 2)]
+    assert lanes(EngineRegistry(local, [])) == [Lane(EMBEDDED, 2)]
+    lone = FakeUpstream("lone", ["x"], n_slots=5)
+    assert lanes(EngineRegistry(None, [lone])) == [Lane("lone", 5)]
+    # The embedded model's own name stays with it although an upstream lists it too; an
+    # upstream configured with a name (models=) takes it before one that only lists it.
+    a = FakeUpstream("a", ["a1", LOCAL, "shared"], n_slots=3)
+    b = FakeUpstream("b", ["b1", "shared"], n_slots=4)
+    b.spec = type(b.spec)(name="b", url=b.spec.url, models=("shared",))
+    assert lanes(EngineRegistry(local, [a, b])) == [
+        Lane("a", 3, frozenset({"a1"})),
+        Lane("b", 4, frozenset({"b1", "shared"})),
+        Lane(EMBEDDED, 2),
+    ]
+    # An upstream that serves nothing now has no lane; without the embedded engine the
+    # rest is a lane of its own.
+    a.served = []
+    assert lanes(EngineRegistry(None, [a, b])) == [
+        Lane("b", 4, frozenset({"b1", "shared"})),
+        Lane(UNROUTED, 7),
+    ]
