@@ -105,6 +105,35 @@ def test_batch_lines_go_by_model_to_the_upstream_or_the_embedded_engine(fleet: F
         assert value(samples, f"batchyard_engine_{name}", engine="up") >= 0
 
 
+def test_an_upstream_batch_does_not_wait_behind_a_big_embedded_one(fleet: Fleet) -> None:
+    """Each engine has its own room in the queue. On one shared room (twice the front's
+    10 slots) the upstream's lines would wait until all but 20 of the older batch's lines
+    had run on the embedded engine, although the upstream was idle."""
+    c = client(fleet)
+    total = 120
+    big_lines = [
+        batch_line(f"big-{i}", f"Tell a story about {i}", model=EMBEDDED_MODEL, max_tokens=24)
+        for i in range(total)
+    ]
+    f = c.files.create(file=("big.jsonl", jsonl(*big_lines)), purpose="batch")
+    big = c.batches.create(
+        input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
+    try:
+        wait_for_status(c.batches.retrieve, big.id, {"in_progress", *FINISHED}, 60)
+        remote = [batch_line(f"r-{i}", "Hi", model=UPSTREAM_MODEL, max_tokens=4) for i in range(4)]
+        b, out, err = run_batch(c, remote)
+        behind = c.batches.retrieve(big.id)
+    finally:
+        c.batches.cancel(big.id)
+        wait_for_status(c.batches.retrieve, big.id, FINISHED, 120, poll=0.3)
+    assert b.status == "completed" and not err
+    assert sorted(x["custom_id"] for x in out) == [f"r-{i}" for i in range(4)]
+    assert {x["response"]["body"]["model"] for x in out} == {UPSTREAM_MODEL}
+    assert behind.status == "in_progress", behind.status
+    assert behind.request_counts.completed < total - 20, behind.request_counts
+
+
 def test_online_requests_are_proxied_streaming_included(fleet: Fleet) -> None:
     c = client(fleet)
     whole = c.chat.completions.create(
