@@ -1,6 +1,7 @@
-"""A client that gives up on a whole (non-streamed) online request withdraws it: an upstream's
-retries stop at once and an embedded slot is freed. Real front `batchyard serve` (the fleet's),
-real disconnects from an httpx client whose read timeout runs out, figures from /metrics."""
+"""A client that gives up on an online request before its answer withdraws it: an upstream's
+retries stop at once (a whole answer, or a stream still waiting for its first chunk) and an
+embedded slot is freed. The fleet's real front `batchyard serve`, real disconnects (an httpx
+client whose read timeout runs out), and the figures from its /metrics."""
 
 from __future__ import annotations
 
@@ -57,14 +58,16 @@ def give_up(fleet: Fleet, path: str, body: dict, after: float) -> None:
         client.post(fleet.front.api + path, json=body)
 
 
-def test_a_client_that_gives_up_stops_an_upstreams_retries(fleet: Fleet) -> None:
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed-before-a-chunk"])
+def test_a_client_that_gives_up_stops_an_upstreams_retries(fleet: Fleet, stream: bool) -> None:
     before = figures(fleet)
     retries_before = value(before, "batchyard_upstream_retries_total", engine="flaky")
     # Every try fails as a dead upstream does (the connection closes unanswered); `flaky`
     # has retries=4, 0.5, 1, 2 and 4 s apart: 7.5 s of retrying if nobody stops it.
     fleet.double.plan(*["drop"] * 5)
     try:
-        give_up(fleet, "/chat/completions", chat_body("Hi", model=FLAKY_MODEL, max_tokens=3), 1.2)
+        body = chat_body("Hi", model=FLAKY_MODEL, max_tokens=3, stream=stream)
+        give_up(fleet, "/chat/completions", body, 1.2)
         after = settles(
             lambda s: (
                 value(s, "batchyard_engine_in_flight", engine="flaky") == 0
