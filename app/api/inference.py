@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
-from typing import Annotated, Any, Literal
+from collections.abc import AsyncIterator, Awaitable
+from concurrent.futures import Future
+from typing import Annotated, Any, Literal, TypeVar
 
-from litestar import get, post
+from litestar import Request, get, post
 from litestar.di import NamedDependency
 from litestar.openapi.datastructures import ResponseSpec
 from litestar.params import FromPath, JSONBody, SkipValidation
 from litestar.response import Response, Stream
+from litestar.types import Receive
 
 from app.api.errors import json_object_body
 from app.api.openapi import errors
@@ -44,6 +46,8 @@ from app.errors import APIError, error_body
 from app.services import Services
 
 STREAM_NOTE = " With `stream: true` the answer is `text/event-stream`: one chunk per `data:` event, then `data: [DONE]`."
+T = TypeVar("T")
+
 RESPONSES_STREAM_NOTE = (
     " With `stream: true` the answer is `text/event-stream`: the Responses events "
     "(`response.created`, `response.output_text.delta`, ..., `response.completed`), each as "
@@ -51,18 +55,63 @@ RESPONSES_STREAM_NOTE = (
 )
 
 
-async def _run(engine: Engine, endpoint: str, body: dict[str, Any]) -> Any:
+async def _run(engine: Engine, endpoint: str, body: dict[str, Any], receive: Receive) -> Any:
     if body.get("stream") and endpoint != EMBEDDINGS:
-        return await _stream(engine, endpoint, body)
+        return await _stream(engine, endpoint, body, receive)
     fut = engine.submit(endpoint, body, priority=Priority.ONLINE)
+    return await _unless_gone(engine, fut, _settled(fut), receive)
+
+
+def _settled(fut: Future[dict[str, Any]]) -> asyncio.Future[dict[str, Any]]:
+    """The engine's future as an asyncio one. Unlike `asyncio.wrap_future`, cancelling it
+    never cancels `fut` itself: only `engine.cancel` may settle a request early, since that
+    is what frees its slot or stops an upstream's retries."""
+    loop = asyncio.get_running_loop()
+    waiter: asyncio.Future[dict[str, Any]] = loop.create_future()
+
+    def copy(done: Future[dict[str, Any]]) -> None:
+        if waiter.done():
+            return
+        exc = done.exception()
+        if exc is not None:
+            waiter.set_exception(exc)
+        else:
+            waiter.set_result(done.result())
+
+    fut.add_done_callback(lambda done: loop.call_soon_threadsafe(copy, done))
+    return waiter
+
+
+async def _client_gone(receive: Receive) -> None:
+    """Return once the client has closed its connection. The body is read by now, so the
+    server's next message is `http.disconnect` (sent when the client goes, or after the
+    answer: this watch is cancelled before that)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _unless_gone(
+    engine: Engine, fut: Future[dict[str, Any]], answer: Awaitable[T], receive: Receive
+) -> T:
+    """Await `answer` (what the request `fut` yields) while watching the client. A client
+    that gives up is not waited for: the request is withdrawn at once (an embedded slot
+    freed, an upstream's retries stopped) and the answer is its 499 `request_cancelled`."""
+    waiting = asyncio.ensure_future(answer)
+    gone = asyncio.ensure_future(_client_gone(receive))
     try:
-        return await asyncio.wrap_future(fut)
-    except asyncio.CancelledError:
-        engine.cancel(fut)  # the client went away: free the slot
+        await asyncio.wait((waiting, gone), return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:  # the server is stopping
+        engine.cancel(fut)
+        waiting.cancel()
         raise
+    finally:
+        gone.cancel()
+    if not waiting.done():
+        engine.cancel(fut)
+    return await waiting
 
 
-async def _stream(engine: Engine, endpoint: str, body: dict[str, Any]) -> Stream:
+async def _stream(engine: Engine, endpoint: str, body: dict[str, Any], receive: Receive) -> Stream:
     """Relay the engine's chunks as server-sent events. The engine itself sends the
     usage-only chunk that `stream_options.include_usage` asks for. The answer starts with
     the first chunk: a request refused before any (a bad parameter, an upstream's 400) is
@@ -77,11 +126,9 @@ async def _stream(engine: Engine, endpoint: str, body: dict[str, Any]) -> Stream
     )
     fut.add_done_callback(lambda _: loop.call_soon_threadsafe(chunks.put_nowait, None))
     responses = endpoint == RESPONSES
-    try:
-        first = await chunks.get()
-    except asyncio.CancelledError:
-        engine.cancel(fut)
-        raise
+    # Until the first chunk the client is watched as for a whole answer (an upstream may be
+    # retrying); after it, the stream itself ends when the client goes (`finally` below).
+    first = await _unless_gone(engine, fut, chunks.get(), receive)
     if first is None and isinstance(fut.exception(), APIError):
         raise fut.exception()  # type: ignore[misc]
 
@@ -133,9 +180,10 @@ def _answers(body: type) -> dict[int, ResponseSpec]:
 async def chat_completions(
     data: JSONBody[Annotated[dict[str, Any], EngineBody(ChatCompletionCreateParams)]],
     engine: NamedDependency[SkipValidation[Engine]],
+    request: Request[Any, Any, Any],
 ) -> Any:
     """Answer a chat (`messages`), whole or streamed."""
-    return await _run(engine, CHAT, data)
+    return await _run(engine, CHAT, data, request.receive)
 
 
 @post(
@@ -151,9 +199,10 @@ async def chat_completions(
 async def create_response(
     data: JSONBody[Annotated[dict[str, Any], EngineBody(ResponseCreateParams)]],
     engine: NamedDependency[SkipValidation[Engine]],
+    request: Request[Any, Any, Any],
 ) -> Any:
     """Answer a Responses request, whole or streamed."""
-    return await _run(engine, RESPONSES, data)
+    return await _run(engine, RESPONSES, data, request.receive)
 
 
 @post(
@@ -167,9 +216,10 @@ async def create_response(
 async def completions(
     data: JSONBody[Annotated[dict[str, Any], EngineBody(CompletionCreateParams)]],
     engine: NamedDependency[SkipValidation[Engine]],
+    request: Request[Any, Any, Any],
 ) -> Any:
     """Complete a prompt, whole or streamed."""
-    return await _run(engine, COMPLETIONS, data)
+    return await _run(engine, COMPLETIONS, data, request.receive)
 
 
 @post(
@@ -182,9 +232,10 @@ async def completions(
 async def embeddings(
     data: JSONBody[Annotated[dict[str, Any], EngineBody(EmbeddingCreateParams)]],
     engine: NamedDependency[SkipValidation[Engine]],
+    request: Request[Any, Any, Any],
 ) -> Any:
     """Embed one input or a list of them."""
-    return await _run(engine, EMBEDDINGS, data)
+    return await _run(engine, EMBEDDINGS, data, request.receive)
 
 
 def _cards(engine: Engine) -> list[Model]:

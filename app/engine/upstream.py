@@ -75,6 +75,7 @@ class _Job:
     attempts: int = field(compare=False, default=0)
     started: float = field(compare=False, default=0.0)
     emitted: bool = field(compare=False, default=False)  # a chunk went out: no retry
+    backoff: asyncio.TimerHandle | None = field(compare=False, default=None)  # its next try
 
     __hash__ = object.__hash__  # one job is one request: the running set holds it by identity
 
@@ -342,6 +343,10 @@ class UpstreamEngine:
     def _abort(self, job: _Job) -> None:
         if job.task is not None and not job.task.done():
             job.task.cancel()  # closes its connection: the upstream stops work on it
+        if job.backoff is not None:  # no next try, and off the queue depth now, not after it
+            job.backoff.cancel()
+            job.backoff = None
+            self._waiting -= 1
         # A queued one is skipped when it comes up.
 
     def _pump(self) -> None:
@@ -365,6 +370,7 @@ class UpstreamEngine:
         self._pump()
 
     def _requeue(self, job: _Job) -> None:
+        job.backoff = None
         self._waiting -= 1
         self._enqueue(job)
 
@@ -419,7 +425,7 @@ class UpstreamEngine:
             retry.error.message,
         )
         self._waiting += 1
-        self._loop.call_later(delay, self._requeue, job)
+        job.backoff = self._loop.call_later(delay, self._requeue, job)
 
     def _shrink(self, job: _Job, retry_after: float | None) -> None:
         with self._lock:

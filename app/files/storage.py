@@ -109,10 +109,9 @@ class Storage:
         return self.files_dir / file_id
 
     def part_path(self, upload_id: str, part_id: str) -> Path:
-        """Where an upload part's bytes live; the upload's folder is made on first use."""
-        folder = self.uploads_dir / self.path(upload_id).name
-        folder.mkdir(exist_ok=True)
-        return folder / self.path(part_id).name
+        """Where an upload part's bytes live. The upload's folder is made by the part that
+        is kept first (UploadService.add_part), not here: a refused part leaves none."""
+        return self.uploads_dir / self.path(upload_id).name / self.path(part_id).name
 
     def delete_parts(self, upload_id: str) -> None:
         shutil.rmtree(self.uploads_dir / self.path(upload_id).name, ignore_errors=True)

@@ -154,6 +154,10 @@ class UploadService:
                         param="data",
                         code="upload_too_large",
                     )
+                # Made under the lock, once the upload is known to be pending: a part refused
+                # because another node completed or cancelled it meanwhile (and removed the
+                # folder) must not make it again.
+                path.parent.mkdir(exist_ok=True)
                 partial.commit_to(path)
                 s.add(part)
         except BaseException:

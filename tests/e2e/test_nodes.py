@@ -4,15 +4,21 @@ Three processes on the real default model share one database and one files locat
 node A and node B are `batchyard serve`, node C is `batchyard worker`. The batch is made
 on A and read on B (any node answers any call); its lines spread over all three; B is
 killed with SIGKILL after it has recorded lines and while it holds more. The others take
-B's lines over when their 3 s leases lapse, and the batch completes with every custom_id
+B's lines over when their leases lapse, and the batch completes with every custom_id
 exactly once, its counts agreeing with its files. The database is read directly to count
 who did what (Request.claimed_by).
+
+It must hold on a loaded 2-core machine, so nothing here depends on how fast a step is:
+start-ups get minutes; B is stopped (SIGSTOP) before the rows are read for the kill, so what
+it held is what it held when killed, not a poll some hundred milliseconds old; the lease is
+long enough that a live node starved of CPU still renews its own in time.
 """
 
 from __future__ import annotations
 
 import json
 import signal
+import subprocess
 import time
 from collections import Counter
 from pathlib import Path
@@ -21,7 +27,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from sqlalchemy import create_engine, text
+from sqlalchemy import Engine, create_engine, text
 
 from tests.factories import batch_line, jsonl
 from tests.live import OUTPUT, start_batchyard, start_server, stop_process, stop_server
@@ -29,28 +35,58 @@ from tests.live import OUTPUT, start_batchyard, start_server, stop_process, stop
 pytestmark = pytest.mark.slow
 
 LINES = 40
-LEASE = "3"
+#: Renewed every third of it: a live node would need a 4 s stall to lose a line it runs.
+LEASE = "6"
+#: Three model loads, one after another, on a machine other work may be loading too.
+START_TIMEOUT = 300
 #: Each node runs two lines at a time on one thread: three models share the machine's cores.
 NODE_ARGS = ["--parallel", "2", "--threads", "1", "--lease-seconds", LEASE]
 
 
-def by_node(url: str, batch_id: str) -> list[dict[str, Any]]:
-    engine = create_engine(url)
-    try:
-        with engine.connect() as conn:
-            found = conn.execute(
-                text(
-                    "SELECT custom_id, status, claimed_by, attempts FROM request "
-                    "WHERE batch_id = :b"
-                ),
-                {"b": batch_id},
-            )
-            return [dict(r._mapping) for r in found]
-    finally:
-        engine.dispose()
+def by_node(db: Engine, batch_id: str) -> list[dict[str, Any]]:
+    with db.connect() as conn:
+        found = conn.execute(
+            text("SELECT custom_id, status, claimed_by, attempts FROM request WHERE batch_id = :b"),
+            {"b": batch_id},
+        )
+        return [dict(r._mapping) for r in found]
 
 
-def start_worker(data: Path, url: str, log_path: Path, timeout: float = 180) -> tuple[Any, str]:
+def kill_while_it_holds_lines(
+    node: subprocess.Popen[Any], node_id: str, db: Engine, batch_id: str
+) -> list[dict[str, Any]]:
+    """SIGKILL `node` once it has recorded 2 lines of its own and holds more; the rows as it
+    left them. It is stopped (SIGSTOP) while they are read, so it can neither record nor
+    claim between the look and the kill; when they do not show what is wanted it goes on."""
+    deadline = time.time() + 240
+    while True:
+        rows = by_node(db, batch_id)
+        if held_by(rows, node_id, "succeeded") >= 2 and held_by(rows, node_id, "running") >= 1:
+            node.send_signal(signal.SIGSTOP)
+            rows = by_node(db, batch_id)
+            if held_by(rows, node_id, "succeeded") >= 2 and held_by(rows, node_id, "running"):
+                node.send_signal(signal.SIGKILL)
+                node.wait(30)
+                return rows
+            node.send_signal(signal.SIGCONT)
+        # (no rows yet: the batch is still being validated)
+        pending = sum(r["status"] == "pending" for r in rows)
+        assert not rows or pending or held_by(rows, node_id, "running"), (
+            f"the batch ran out before node B held lines: {rows}"
+        )
+        assert time.time() < deadline, (
+            f"node B recorded too little: {Counter(r['claimed_by'] for r in rows)}"
+        )
+        time.sleep(0.05)
+
+
+def held_by(rows: list[dict[str, Any]], node_id: str, status: str) -> int:
+    return sum(r["claimed_by"] == node_id and r["status"] == status for r in rows)
+
+
+def start_worker(
+    data: Path, url: str, log_path: Path, timeout: float = START_TIMEOUT
+) -> tuple[Any, str]:
     """`batchyard worker` as a real process; (process, node id) once it says it is ready."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log = open(log_path, "w")  # noqa: SIM115  (the child keeps its own copy)
@@ -75,12 +111,17 @@ def test_kill_one_node_mid_batch_the_others_finish_every_line_once(
 ) -> None:
     data = tmp_path / "shared"  # the files location all nodes mount
     common = ["--database-url", postgres_url, *NODE_ARGS]
-    a = start_server(data, OUTPUT / "node-a.log", args=[*common, "--node-name", "nodeA"])
-    b = start_server(data, OUTPUT / "node-b.log", args=[*common, "--node-name", "nodeB"])
+    a = start_server(
+        data, OUTPUT / "node-a.log", args=[*common, "--node-name", "nodeA"], timeout=START_TIMEOUT
+    )
+    b = start_server(
+        data, OUTPUT / "node-b.log", args=[*common, "--node-name", "nodeB"], timeout=START_TIMEOUT
+    )
     worker, c_id = start_worker(data, postgres_url, OUTPUT / "node-c.log")
+    db = create_engine(postgres_url)
     try:
-        a_id = httpx.get(a.url + "/health").json()["node"]
-        b_health = httpx.get(b.url + "/health").json()
+        a_id = httpx.get(a.url + "/health", timeout=60).json()["node"]
+        b_health = httpx.get(b.url + "/health", timeout=60).json()
         b_id = b_health["node"]
         assert a_id.startswith("nodeA-") and b_id.startswith("nodeB-") and c_id.startswith("nodeC-")
         assert b_health["database"] == "postgresql"
@@ -98,27 +139,11 @@ def test_kill_one_node_mid_batch_the_others_finish_every_line_once(
         assert sdk_b.batches.retrieve(created.id).id == created.id  # any node answers
 
         # Kill B once it has recorded lines of its own and holds more.
-        deadline = time.time() + 240
-        while True:
-            rows = by_node(postgres_url, created.id)
-            b_done = sum(r["claimed_by"] == b_id and r["status"] == "succeeded" for r in rows)
-            b_held = sum(r["claimed_by"] == b_id and r["status"] == "running" for r in rows)
-            pending = sum(r["status"] == "pending" for r in rows)
-            if b_done >= 2 and b_held >= 1:
-                break
-            # (no rows yet: the batch is still being validated)
-            assert not rows or pending or b_held, (
-                f"the batch ran out before node B held lines: {rows}"
-            )
-            assert time.time() < deadline, (
-                f"node B recorded too little: {Counter(r['claimed_by'] for r in rows)}"
-            )
-            time.sleep(0.05)
-        b.process.send_signal(signal.SIGKILL)
-        b.process.wait(10)
-        at_kill = by_node(postgres_url, created.id)
+        at_kill = kill_while_it_holds_lines(b.process, b_id, db, created.id)
         held = {
-            r["custom_id"] for r in at_kill if r["claimed_by"] == b_id and r["status"] == "running"
+            r["custom_id"]: r["attempts"]
+            for r in at_kill
+            if r["claimed_by"] == b_id and r["status"] == "running"
         }
         done_before = Counter(r["claimed_by"] for r in at_kill if r["status"] == "succeeded")
 
@@ -146,12 +171,17 @@ def test_kill_one_node_mid_batch_the_others_finish_every_line_once(
         assert (counts.total, counts.completed, counts.failed) == (LINES, len(out), len(errors))
         assert all(o["response"]["status_code"] == 200 for o in out)
 
-        final = by_node(postgres_url, created.id)
+        final = by_node(db, created.id)
         done_after = Counter(r["claimed_by"] for r in final)
         retaken = [r for r in final if r["custom_id"] in held]
         # B's lines at the kill were run again by a live node, B's earlier results kept.
-        assert retaken and all(r["claimed_by"] in (a_id, c_id) for r in retaken)
-        assert all(r["attempts"] == 2 for r in retaken)
+        # (Once more each, as a rule; more only if a starved live node's lease lapsed too.
+        # A line B held may itself have been taken over from a lapsed lease: counted from
+        # its attempts at the kill, not from 1.)
+        assert len(retaken) == len(held) >= 1
+        assert all(r["claimed_by"] in (a_id, c_id) for r in retaken)
+        assert all(r["status"] == "succeeded" for r in retaken)
+        assert all(r["attempts"] > held[r["custom_id"]] for r in retaken)
         assert done_after[b_id] == done_before[b_id] >= 2
         # Lines spread over every node.
         assert min(done_after[a_id], done_after[b_id], done_after[c_id]) >= 1, done_after
@@ -163,6 +193,7 @@ def test_kill_one_node_mid_batch_the_others_finish_every_line_once(
             f"counts total={counts.total} completed={counts.completed} failed={counts.failed}"
         )
     finally:
+        db.dispose()
         stop_process(worker)
         stop_server(a)
         if b.process.poll() is None:

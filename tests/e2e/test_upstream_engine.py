@@ -110,3 +110,26 @@ def test_cancel_drops_a_queued_request_and_aborts_a_running_one(double: FlakyUps
         assert [said(a.body) for a in double.arrivals] == ["first"]  # the queued one never went
     finally:
         engine.close()
+
+
+def test_cancel_during_a_backoff_ends_it_at_once(double: FlakyUpstream) -> None:
+    engine = engine_for(double, "concurrency=1,retries=6")
+    try:
+        double.plan(*["500"] * 7)
+        fut = engine.submit(CHAT, chat_body("Hi", model=UPSTREAM_MODEL, max_tokens=2))
+        deadline = time.time() + 10
+        while engine.status().retries_total < 3:  # now waiting 2 s for its fourth try
+            assert time.time() < deadline and not fut.done()
+            time.sleep(0.02)
+        assert engine.stats().queue_depth == 1
+        engine.cancel(fut)
+        with pytest.raises(RequestCancelled):
+            fut.result(timeout=1)
+        deadline = time.time() + 0.5  # not when the 2 s would have passed
+        while engine.stats().queue_depth and time.time() < deadline:
+            time.sleep(0.02)
+        assert engine.stats().queue_depth == 0 and engine.stats().active_slots == 0
+        time.sleep(2.5)
+        assert len(double.arrivals) == 3 and engine.status().retries_total == 3
+    finally:
+        engine.close()

@@ -15,7 +15,6 @@ from openai.types import FileObject, Upload
 from openai.types.uploads import UploadPart
 
 from app.config import Settings
-from app.models import now
 from tests.factories import batch_line, jsonl
 from tests.http_helpers import MakeClient, batch_getter, wait_for_status
 
@@ -172,9 +171,10 @@ def test_cancel_and_expiry_remove_the_parts(client: TestClient, settings: Settin
     up, part = kept["expired"]
     leftover = settings.data_path / "uploads" / "upload_left-by-a-crash"
     leftover.mkdir()
-    assert services.uploads.sweep_expired(now() + 3599) == 0
+    # Timed from the upload's own expires_at, not now(): a second may tick meanwhile.
+    assert services.uploads.sweep_expired(up.expires_at - 1) == 0
     assert not leftover.exists() and parts_dir(settings, up.id).is_dir()
-    assert services.uploads.sweep_expired(now() + 3601) == 1
+    assert services.uploads.sweep_expired(up.expires_at) == 1
     assert not parts_dir(settings, up.id).exists()
     with pytest.raises(openai.BadRequestError) as expired:
         api.uploads.complete(upload_id=up.id, part_ids=[part.id])
