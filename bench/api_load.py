@@ -39,6 +39,7 @@ MAX_CLIENTS = 64
 @dataclass
 class Tally:
     latencies: list[float] = field(default_factory=list)
+    by_route: dict[str, list[float]] = field(default_factory=dict)
     failures: list[str] = field(default_factory=list)
     unanswered: int = 0  # requests that got no response at all
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -57,6 +58,7 @@ class Tally:
         elapsed = time.perf_counter() - start
         with self.lock:
             self.latencies.append(elapsed)
+            self.by_route.setdefault(route_of(method, url), []).append(elapsed)
             if r.status_code != 200:
                 self.failures.append(f"{method} {url}: {r.status_code} {r.text[:200]}")
         return r
@@ -70,7 +72,22 @@ class Tally:
             "p99_ms": round(percentile(lat, 99) * 1000, 1),
             "mean_ms": round(statistics.fmean(lat) * 1000, 1) if lat else 0.0,
             "failures": self.failures[:10],
+            "routes": {
+                route: {
+                    "requests": len(times),
+                    "p50_ms": round(percentile(sorted(times), 50) * 1000, 1),
+                    "p99_ms": round(percentile(sorted(times), 99) * 1000, 1),
+                }
+                for route, times in sorted(self.by_route.items())
+            },
         }
+
+
+def route_of(method: str, url: str) -> str:
+    """`GET /v1/batches/{id}` for a URL with an id in it: the per-route figures' key."""
+    path = url.split("://", 1)[-1].split("/", 1)[-1].split("?", 1)[0]
+    parts = ["{id}" if "_" in p or "-" in p else p for p in path.split("/")]
+    return f"{method} /" + "/".join(parts)
 
 
 def percentile(sorted_values: list[float], p: float) -> float:
@@ -361,6 +378,9 @@ def main(argv: list[str] | None = None) -> int:
         f'server log: {result["database_is_locked"]} x "database is locked", '
         f"{result['server_errors_logged']} tracebacks"
     )
+    for route, fig in loaded["routes"].items():
+        print(f"  under load {route}: {fig['requests']} requests, p50 {fig['p50_ms']} ms, "
+              f"p99 {fig['p99_ms']} ms")  # fmt: skip
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))
     ok = loaded["failed"] == 0 and idle["failed"] == 0 and result["database_is_locked"] == 0
