@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from app.config import default_model_path  # noqa: E402
-from bench.throughput import lines  # noqa: E402
+from bench.throughput import bodies_for  # noqa: E402
 from tests.live import LiveServer, free_port, start_server, stop_server  # noqa: E402
 
 MODEL = "remote-smol"
@@ -127,7 +127,7 @@ def main() -> None:
     p.add_argument("--llama-server", default=os.environ.get("LLAMA_SERVER", ""))
     args = p.parse_args()
 
-    bodies = [{**b, "model": MODEL} for b in lines(args.lines, args.max_tokens)]
+    bodies = [{**b, "model": MODEL} for b in bodies_for("short", args.lines, args.max_tokens)]
     with tempfile.TemporaryDirectory(prefix="bench-upstream-") as tmp:
         root = Path(tmp)
         model = root / f"{MODEL}.gguf"
