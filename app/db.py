@@ -56,7 +56,7 @@ class Database:
         # PostgreSQL: API threads, the runner and the dashboard each hold a connection briefly.
         # The pool keeps enough for 20 busy clients: a connection beyond pool_size is closed
         # when it is returned, so a burst would start a new server process per request
-        # (bench/api_load.py: p99 under load 113-178 ms with 5 kept, 36-97 ms with 20).
+        # (bench/api_load.py, p99 under load: median 114 ms with 5 kept, 90 ms with 20; bench/README).
         pool = {} if self.is_sqlite else {"pool_size": 20, "max_overflow": 10}
         self.engine: SAEngine = create_engine(
             url, connect_args=connect_args, pool_pre_ping=True, **pool
