@@ -103,12 +103,12 @@ class EngineRegistry:
             name = EMBEDDED if self.default is not None else self.upstreams[0].name
             return [Lane(name, engines[0].info.n_slots)]
         routed: dict[str, set[str]] = {u.name: set() for u in self.upstreams}
+        names = {id(u): u.name for u in self.upstreams}
         for upstream in self.upstreams:
             for model in upstream.models():
-                target = self.route(model)
-                for candidate in self.upstreams:
-                    if target is candidate:
-                        routed[candidate.name].add(model)
+                target = names.get(id(self.route(model)))
+                if target is not None:
+                    routed[target].add(model)
         lanes = [
             Lane(u.name, u.info.n_slots, frozenset(routed[u.name]))
             for u in self.upstreams
