@@ -12,16 +12,12 @@ import httpx
 import pytest
 
 from tests.factories import chat_body
-from tests.ops.test_metrics import parse, value
+from tests.metrics import scrape, value
 from tests.upstream_double import FLAKY_MODEL, Fleet
 
 EMBEDDED_MODEL = "SmolLM2-135M-Instruct.Q4_1"
 #: SmolLM2's end-of-text, im_start and im_end tokens: banned, the model writes to max_tokens.
 NO_END = {"0": -100, "1": -100, "2": -100}
-
-
-def figures(fleet: Fleet) -> list:
-    return parse(httpx.get(fleet.front.url + "/metrics", timeout=10).text)[1]
 
 
 def outcome(samples: list, name: str) -> float:
@@ -42,7 +38,7 @@ def settles(check: Callable[[list], bool], fleet: Fleet, within: float) -> list:
     """Poll /metrics until `check` holds (its samples returned), or fail with the last ones."""
     deadline = time.monotonic() + within
     while True:
-        samples = figures(fleet)
+        samples = scrape(fleet.front.url)
         if check(samples):
             return samples
         assert time.monotonic() < deadline, [s for s in samples if "engine" in s[0]]
@@ -60,7 +56,7 @@ def give_up(fleet: Fleet, path: str, body: dict, after: float) -> None:
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed-before-a-chunk"])
 def test_a_client_that_gives_up_stops_an_upstreams_retries(fleet: Fleet, stream: bool) -> None:
-    before = figures(fleet)
+    before = scrape(fleet.front.url)
     retries_before = value(before, "batchyard_upstream_retries_total", engine="flaky")
     # Every try fails as a dead upstream does (the connection closes unanswered); `flaky`
     # has retries=4, 0.5, 1, 2 and 4 s apart: 7.5 s of retrying if nobody stops it.
@@ -85,7 +81,7 @@ def test_a_client_that_gives_up_stops_an_upstreams_retries(fleet: Fleet, stream:
         assert retries - retries_before in (tries - 1, tries)
         time.sleep(4.5)  # longer than any backoff left: a retry still scheduled would show
         assert len(fleet.double.arrivals) == tries
-        later = figures(fleet)
+        later = scrape(fleet.front.url)
         assert value(later, "batchyard_upstream_retries_total", engine="flaky") == retries
         assert value(later, "batchyard_engine_errors_total", engine="flaky") == value(
             before, "batchyard_engine_errors_total", engine="flaky"
@@ -95,7 +91,7 @@ def test_a_client_that_gives_up_stops_an_upstreams_retries(fleet: Fleet, stream:
 
 
 def test_a_client_that_gives_up_frees_its_embedded_slot(fleet: Fleet) -> None:
-    before = figures(fleet)
+    before = scrape(fleet.front.url)
     body = {"model": EMBEDDED_MODEL, "prompt": "Once upon a time", "max_tokens": 1000}
     give_up(fleet, "/completions", {**body, "logit_bias": NO_END}, 1.0)
     after = settles(
@@ -109,6 +105,6 @@ def test_a_client_that_gives_up_frees_its_embedded_slot(fleet: Fleet) -> None:
     tokens = value(after, "batchyard_engine_completion_tokens_total", engine="embedded")
     assert tokens > value(before, "batchyard_engine_completion_tokens_total", engine="embedded")
     time.sleep(1.0)  # the slot decodes no more of it
-    later = figures(fleet)
+    later = scrape(fleet.front.url)
     assert value(later, "batchyard_engine_completion_tokens_total", engine="embedded") == tokens
     assert outcome(later, "succeeded") == outcome(before, "succeeded")

@@ -22,7 +22,7 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from tests.factories import batch_line, jsonl
 from tests.http_helpers import FINISHED, wait_for_status
 from tests.live import OUTPUT, start_server, stop_server
-from tests.ops.test_metrics import parse, value
+from tests.metrics import scrape, value
 from tests.upstream_double import FLAKY_MODEL, UPSTREAM_MODEL, Fleet
 
 EMBEDDED_MODEL = "SmolLM2-135M-Instruct.Q4_1"
@@ -44,12 +44,8 @@ def run_batch(c: OpenAI, lines: list[dict]) -> tuple[Batch, list[dict], list[dic
     return b, [json.loads(x) for x in out.splitlines()], [json.loads(x) for x in err.splitlines()]
 
 
-def metrics(fleet: Fleet) -> list:
-    return parse(httpx.get(fleet.front.url + "/metrics", timeout=10).text)[1]
-
-
 def upstream_chat_posts(fleet: Fleet) -> float:
-    samples = parse(httpx.get(fleet.upstream.url + "/metrics", timeout=10).text)[1]
+    samples = scrape(fleet.upstream.url)
     return sum(
         v
         for n, lab, v in samples
@@ -96,7 +92,7 @@ def test_batch_lines_go_by_model_to_the_upstream_or_the_embedded_engine(fleet: F
     assert {x["response"]["body"]["model"] for x in out} == {EMBEDDED_MODEL}
     assert upstream_chat_posts(fleet) - before == 4  # none of these went upstream
 
-    samples = metrics(fleet)
+    samples = scrape(fleet.front.url)
     assert value(samples, "batchyard_engine_completion_tokens_total", engine="up") >= 4
     assert value(samples, "batchyard_engine_completion_tokens_total", engine="embedded") >= 2
     assert value(samples, "batchyard_engine_slots", engine="up") == 4
@@ -203,7 +199,7 @@ def test_an_upstream_4xx_is_the_lines_error_and_the_callers(fleet: Fleet) -> Non
 
 def test_connection_errors_and_5xx_are_retried_and_each_line_recorded_once(fleet: Fleet) -> None:
     c = client(fleet)
-    before = value(metrics(fleet), "batchyard_upstream_retries_total", engine="flaky")
+    before = value(scrape(fleet.front.url), "batchyard_upstream_retries_total", engine="flaky")
     fleet.double.plan("drop", "500", "502")
     answer = c.chat.completions.create(
         model=FLAKY_MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=3
@@ -219,7 +215,7 @@ def test_connection_errors_and_5xx_are_retried_and_each_line_recorded_once(fleet
     assert b.request_counts.completed == 3 and b.request_counts.total == 3
     forwarded = [a for a in fleet.double.arrivals if a.answer == "forward"]
     assert len(forwarded) == 3 and len(fleet.double.arrivals) == 7
-    after = value(metrics(fleet), "batchyard_upstream_retries_total", engine="flaky")
+    after = value(scrape(fleet.front.url), "batchyard_upstream_retries_total", engine="flaky")
     assert after - before == 7
 
 
@@ -246,7 +242,7 @@ def test_429_with_retry_after_waits_and_backs_off(fleet: Fleet) -> None:
     assert (first.answer, second.answer) == ("429:2", "forward")
     assert second.at - first.at >= 1.9  # Retry-After: 2 was honoured
     assert time.monotonic() - t0 >= 1.9
-    samples = metrics(fleet)
+    samples = scrape(fleet.front.url)
     assert value(samples, "batchyard_upstream_throttled_total", engine="flaky") >= 1
 
 

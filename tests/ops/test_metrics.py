@@ -17,32 +17,7 @@ from app.server import create_app
 from tests.factories import batch_line, jsonl
 from tests.http_helpers import batch_getter, create_batch, upload, wait_for_status
 from tests.live import LiveServer
-
-SAMPLE = re.compile(r"^([a-z_]+)(\{(.*)\})? (\S+)$")
-
-
-def parse(text: str) -> tuple[dict[str, str], list[tuple[str, dict[str, str], float]]]:
-    """The exposition's TYPE lines and its samples (name, labels, value)."""
-    types: dict[str, str] = {}
-    samples = []
-    for line in text.splitlines():
-        if line.startswith("# TYPE "):
-            _, _, name, kind = line.split(" ")
-            types[name] = kind
-        elif line and not line.startswith("#"):
-            m = SAMPLE.match(line)
-            assert m, f"not a sample line: {line!r}"
-            labels = dict(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', m.group(3) or ""))
-            samples.append((m.group(1), labels, float(m.group(4))))
-    return types, samples
-
-
-def value(samples: list, name: str, **labels: str) -> float:
-    found = [
-        v for n, lab, v in samples if n == name and all(lab.get(k) == x for k, x in labels.items())
-    ]
-    assert len(found) == 1, f"{name}{labels}: {found}"
-    return found[0]
+from tests.metrics import parse, value
 
 
 def run_batch(server: LiveServer, n: int) -> dict:
