@@ -37,6 +37,13 @@ SERVE_FLAGS: list[tuple[str, str, Any, str]] = [
     ("--kv-cache-type", "kv_cache_type", str, "KV cache type: q8_0, f16, bf16 or q4_0"),
     ("--threads", "threads", int, "CPU threads for llama.cpp (0: every core)"),
     (
+        "--engine-priority",
+        "engine_priority",
+        str,
+        "the engine's CPU priority: low (the API and other programs go first), normal, or "
+        "auto (low on a CPU, normal on a GPU)",
+    ),
+    (
         "--cpu-extra-buffers",
         "cpu_extra_buffers",
         str,
@@ -75,7 +82,8 @@ SERVE_FLAGS: list[tuple[str, str, Any, str]] = [
 #: What `batchyard worker` takes: a node runs lines; it serves no HTTP.
 WORKER_FLAGS = (
     "model", "data_dir", "n_gpu_layers", "parallel", "ctx_size", "kv_cache_type", "threads",
-    "cpu_extra_buffers", "cache_dir", "log_level", "database_url", "node_name", "lease_seconds",
+    "engine_priority", "cpu_extra_buffers", "cache_dir", "log_level", "database_url", "node_name",
+    "lease_seconds",
     # A batch that ends on a worker queues its webhook there: the same endpoints as serve's.
     "api_keys_file", "webhook_url", "webhook_secret",
 )  # fmt: skip
@@ -199,6 +207,7 @@ def build_parser() -> argparse.ArgumentParser:
             "ctx_size",
             "kv_cache_type",
             "threads",
+            "engine_priority",
             "cpu_extra_buffers",
             "cache_dir",
             "log_level",

@@ -30,6 +30,7 @@ DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 #: --kv-cache-type names; the engine maps them to ggml element types (engine/native.py).
 KV_CACHE_TYPES = ("f16", "bf16", "q8_0", "q4_0")
+ENGINE_PRIORITIES = ("auto", "low", "normal")
 #: --cpu-extra-buffers: what each accepted spelling means.
 CPU_EXTRA_BUFFERS = {
     "auto": "auto", "on": "on", "1": "on", "true": "on", "yes": "on",
@@ -82,6 +83,10 @@ class Settings:
     # prefix (llama.cpp server's cache_prompt); off recomputes every prompt in full.
     prefix_cache: bool = True
     threads: int = 0  # 0 means every core the process may use
+    # The engine's threads' CPU priority: "low" lets the HTTP API (and the rest of the
+    # machine) go first, "normal" competes; "auto" is low on a CPU, normal on a GPU
+    # (engine/priority.py).
+    engine_priority: str = "auto"
     # llama.cpp's extra CPU buffer types (AMX, repacked weights): "auto" checks once in a child
     # process whether the build's kernels are sound (engine/cpu_check.py); "on"/"off" decide.
     cpu_extra_buffers: str = "auto"
@@ -128,6 +133,12 @@ class Settings:
             raise ValueError(
                 f"unknown KV cache type {self.kv_cache_type!r}; "
                 f"choose one of {', '.join(KV_CACHE_TYPES)}"
+            )
+        self.engine_priority = self.engine_priority.strip().lower()
+        if self.engine_priority not in ENGINE_PRIORITIES:
+            raise ValueError(
+                f"unknown engine priority {self.engine_priority!r}; "
+                f"choose one of {', '.join(ENGINE_PRIORITIES)}"
             )
         setting = str(self.cpu_extra_buffers).strip().lower()
         if setting not in CPU_EXTRA_BUFFERS:

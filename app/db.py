@@ -30,6 +30,8 @@ LEGACY_REVISION = "0001"
 LEGACY_TABLES = ("file", "batch", "request")
 #: Key of the PostgreSQL advisory lock that lets one node at a time migrate.
 MIGRATION_LOCK_KEY = 0x62617463  # "batc"
+#: How long a SQLite write waits for the one before it.
+SQLITE_BUSY_SECONDS = 30
 
 
 class DatabaseError(Exception):
@@ -41,7 +43,10 @@ class Database:
 
     A deferred read-then-write transaction in SQLite fails at once with "database is
     locked" when another writer got in between; taking the write lock up front makes
-    the writer wait (busy_timeout) instead. On PostgreSQL a write is a plain READ
+    the writer wait instead. Writers in this process queue on a lock before they begin:
+    SQLite's own busy handler waits by sleeping (up to 100 ms a try), so a writer that
+    found the file locked slept on long after the lock was free, and under load the API's
+    p99 was those sleeps (bench/README). On PostgreSQL a write is a plain READ
     COMMITTED transaction: rows that two nodes may change together are locked with
     FOR UPDATE (SQLite leaves the clause out; its one writer at a time needs none).
     """
@@ -52,18 +57,38 @@ class Database:
         self._sqlite_file = sqlite_file(url)
         if self._sqlite_file is not None:
             hold_sqlite_file(self._sqlite_file)
-        connect_args = {"check_same_thread": False, "timeout": 30} if self.is_sqlite else {}
+        connect_args = (
+            {"check_same_thread": False, "timeout": SQLITE_BUSY_SECONDS} if self.is_sqlite else {}
+        )
         # PostgreSQL: API threads, the runner and the dashboard each hold a connection briefly.
         # The pool keeps enough for 20 busy clients: a connection beyond pool_size is closed
         # when it is returned, so a burst would start a new server process per request
         # (bench/api_load.py, p99 under load: median 114 ms with 5 kept, 90 ms with 20; bench/README).
-        pool = {} if self.is_sqlite else {"pool_size": 20, "max_overflow": 10}
+        # On SQLite too: a connection beyond the kept ones was opened (and its pragmas run)
+        # again for every request of a burst. A ping only checks a server's connection.
         self.engine: SAEngine = create_engine(
-            url, connect_args=connect_args, pool_pre_ping=True, **pool
+            url,
+            connect_args=connect_args,
+            pool_pre_ping=not self.is_sqlite,
+            pool_size=20,
+            max_overflow=10,
         )
+        # One process owns a SQLite file (hold_sqlite_file), so its writers can queue here
+        # and each starts the moment the one before commits. Reentrant: a write opened
+        # inside another in the same thread waits on SQLite as before.
+        self._write_lock = threading.RLock() if self.is_sqlite else None
         if self.is_sqlite:
             self._install_sqlite_hooks()
         self._writer = self.engine.execution_options(batchyard_immediate=True)
+        # PostgreSQL reads run in autocommit: at READ COMMITTED each statement sees its own
+        # snapshot inside a transaction too, so BEGIN and ROLLBACK were two round trips a
+        # request that changed nothing. SQLite keeps its transaction: there it is what makes
+        # a read's statements one snapshot, and it costs no round trip.
+        self._reader = (
+            self.engine
+            if self.is_sqlite
+            else self.engine.execution_options(isolation_level="AUTOCOMMIT")
+        )
 
     def _install_sqlite_hooks(self) -> None:
         @event.listens_for(self.engine, "connect")
@@ -72,7 +97,7 @@ class Database:
             dbapi_conn.isolation_level = None
             cur = dbapi_conn.cursor()
             cur.execute("PRAGMA journal_mode=WAL")
-            cur.execute("PRAGMA busy_timeout=30000")
+            cur.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_SECONDS * 1000}")
             cur.execute("PRAGMA foreign_keys=ON")
             cur.execute("PRAGMA synchronous=NORMAL")
             cur.close()
@@ -166,15 +191,29 @@ class Database:
 
     @contextmanager
     def read(self) -> Iterator[Session]:
-        with Session(self.engine, expire_on_commit=False) as session:
+        with Session(self._reader, expire_on_commit=False) as session:
             yield session
 
     @contextmanager
     def write(self) -> Iterator[Session]:
         """A short write transaction: committed on success, rolled back on error."""
-        with Session(self._writer, expire_on_commit=False) as session:
-            with session.begin():
-                yield session
+        lock = self._write_lock
+        if lock is None:
+            with Session(self._writer, expire_on_commit=False) as session:
+                with session.begin():
+                    yield session
+            return
+        if not lock.acquire(timeout=SQLITE_BUSY_SECONDS):
+            raise DatabaseError(
+                f"No write to the database was possible for {SQLITE_BUSY_SECONDS} s: "
+                "another write in this process held it all that time."
+            )
+        try:
+            with Session(self._writer, expire_on_commit=False) as session:
+                with session.begin():
+                    yield session
+        finally:
+            lock.release()
 
     def close(self) -> None:
         self.engine.dispose()

@@ -1,11 +1,13 @@
 """API latency idle and under load, against a live `batchyard serve` this script starts.
 
-Three phases on one server, side by side in one run:
+Four phases on one server, side by side in one run:
   1. idle: sequential list/retrieve requests with nothing else going on;
   2. quiet: a batch runs on the real model, polled once a second (the engine's own rate);
-  3. load: N clients at once upload files, create, list and poll batches while it runs.
-It prints p50/p99 latency for (1) and (3), the batch's output tokens/s in (2) and (3),
-failed requests, and how often "database is locked" appears in the server log.
+  3. load: N clients upload files, create, list and poll batches while it runs, each
+     pausing --think s between requests, their starts spread over one round;
+  4. burst: the N clients upload one file each at the same instant, the batch still running.
+It prints p50/p99 latency for (1) and (3), p50/max for (4), the batch's output tokens/s
+in (2) and (3), failed requests, and how often "database is locked" appears in the server log.
 Only 127.0.0.1 is contacted; every phase is bounded in count and time.
 
     python bench/api_load.py --help
@@ -217,13 +219,21 @@ def client_loop(
     tally: Tally,
     made: list[str],
     n: int,
+    clients: int,
     think: float,
 ) -> None:
     """One client: upload, sometimes create a batch, list, poll; `think` s between requests."""
 
-    def pause() -> None:
-        stop.wait(think)
+    def pause() -> bool:
+        """Wait `think` s; False once the phase is over (the round's remaining requests
+        would otherwise all go at once, a burst that no client of this load makes)."""
+        return not stop.wait(think)
 
+    # Clients start spread over one round (five requests and pauses), not all at the same
+    # instant: a synchronized start is a burst of uploads, measured on its own
+    # (burst_phase), not the steady load this phase is about.
+    if stop.wait(think * 5 * n / max(1, clients)):
+        return
     with httpx.Client(timeout=60) as c:
         i = 0
         while not stop.is_set():
@@ -236,7 +246,8 @@ def client_loop(
                 files={"file": (f"client{n}.jsonl", data)},
                 data={"purpose": "batch"},
             )
-            pause()
+            if not pause():
+                break
             if i % 3 == 0 and f is not None and f.status_code == 200:
                 b = tally.timed(
                     c,
@@ -251,13 +262,38 @@ def client_loop(
                 if b is not None and b.status_code == 200:
                     with tally.lock:
                         made.append(b.json()["id"])
-                pause()
+                if not pause():
+                    break
             tally.timed(c, "GET", api + "/batches?limit=20")
-            pause()
+            if not pause():
+                break
             tally.timed(c, "GET", f"{api}/batches/{batch_id}")
-            pause()
+            if not pause():
+                break
             tally.timed(c, "GET", api + "/files?limit=50")
             pause()
+
+
+def burst_phase(api: str, clients: int) -> dict[str, Any]:
+    """Every client uploads one file at the same instant (after a barrier), once."""
+    tally, barrier = Tally(), threading.Barrier(clients)
+    data = (chat_line("burst", "Say hi.", 4) + "\n").encode()
+
+    def one() -> None:
+        with httpx.Client(timeout=60) as c:
+            c.get(api.removesuffix("/v1") + "/health")  # connected before the barrier
+            barrier.wait()
+            files = {"file": ("burst.jsonl", data)}
+            tally.timed(c, "POST", api + "/files", files=files, data={"purpose": "batch"})
+
+    threads = [threading.Thread(target=one, daemon=True) for _ in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(90)
+    summary = tally.summary()
+    summary["max_ms"] = round(max(tally.latencies, default=0.0) * 1000, 1)
+    return summary
 
 
 def load_phase(
@@ -266,7 +302,9 @@ def load_phase(
     tally, made, stop = Tally(), [], threading.Event()
     threads = [
         threading.Thread(
-            target=client_loop, args=(api, batch_id, stop, tally, made, n, think), daemon=True
+            target=client_loop,
+            args=(api, batch_id, stop, tally, made, n, clients, think),
+            daemon=True,
         )
         for n in range(clients)
     ]
@@ -344,6 +382,7 @@ def main(argv: list[str] | None = None) -> int:
                 time.sleep(0.2)
         quiet_rate = rate(api, main_batch, duration)
         loaded, load_rate, made = load_phase(api, main_batch, clients, duration, args.think)
+        burst = burst_phase(api, clients)
         with httpx.Client(timeout=60) as c:
             for bid in [main_batch, *made]:
                 c.post(f"{api}/batches/{bid}/cancel")
@@ -360,6 +399,7 @@ def main(argv: list[str] | None = None) -> int:
         "duration_s": duration,
         "idle": idle,
         "load": loaded,
+        "burst": burst,
         "batches_created_under_load": len(made),
         "tokens_per_s_quiet": round(quiet_rate, 1) if quiet_rate is not None else None,
         "tokens_per_s_load": round(load_rate, 1) if load_rate is not None else None,
@@ -373,6 +413,8 @@ def main(argv: list[str] | None = None) -> int:
         f"load ({clients} clients, {duration:g} s): {loaded['requests']} requests, "
         f"{loaded['failed']} failed, p50 {loaded['p50_ms']} ms, p99 {loaded['p99_ms']} ms, "
         f"{len(made)} batches created\n"
+        f"burst ({clients} uploads at one instant, engine still busy): p50 {burst['p50_ms']} ms, "
+        f"max {burst['max_ms']} ms\n"
         f"engine: {result['tokens_per_s_quiet']} output tok/s quiet, "
         f"{result['tokens_per_s_load']} under load\n"
         f'server log: {result["database_is_locked"]} x "database is locked", '
@@ -383,7 +425,12 @@ def main(argv: list[str] | None = None) -> int:
               f"p99 {fig['p99_ms']} ms")  # fmt: skip
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))
-    ok = loaded["failed"] == 0 and idle["failed"] == 0 and result["database_is_locked"] == 0
+    ok = (
+        loaded["failed"] == 0
+        and idle["failed"] == 0
+        and burst["failed"] == 0
+        and result["database_is_locked"] == 0
+    )
     return 0 if ok else 1
 
 

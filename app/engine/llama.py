@@ -41,6 +41,7 @@ from app.engine.base import (
 from app.engine.chat import ChatTemplate
 from app.engine.embed import EMBED_SEQS, Embedder
 from app.engine.prepare import Preparer
+from app.engine.priority import effective, lower_this_thread
 from app.engine.sampling import build_sampler, free_sampler, top_logprobs_of
 from app.engine.slots import (
     BATCH_PROMPT_TOKENS_PER_STEP,
@@ -206,6 +207,10 @@ class LlamaEngine:
     # ---------------------------------------------------------------------- the owner thread
 
     def _run(self) -> None:
+        on_gpu = self._native.gpu_backend is not None and self.settings.n_gpu_layers != 0
+        if effective(self.settings.engine_priority, on_gpu=on_gpu) == "low":
+            # Before the first decode: llama.cpp's OpenMP workers inherit it (priority.py).
+            log.info("engine priority: %s", lower_this_thread())
         try:
             while True:
                 with self._cond:
