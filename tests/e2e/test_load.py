@@ -51,6 +51,8 @@ def test_twenty_clients_while_a_batch_runs(tmp_path: Path) -> None:
     assert load["failed"] == 0, load["failures"]
     assert load["requests"] >= 100  # 20 clients really ran
     assert result["batches_created_under_load"] > 0
+    burst = result["burst"]  # 20 uploads at one instant, after the load phase
+    assert burst["requests"] == 20 and burst["failed"] == 0, burst["failures"]
     assert result["database_is_locked"] == 0
     assert result["server_errors_logged"] == 0
     assert done.returncode == 0
