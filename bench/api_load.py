@@ -106,7 +106,7 @@ def free_port() -> int:
 
 
 def start_server(
-    data_dir: Path, log_path: Path, parallel: int, database_url: str = ""
+    data_dir: Path, log_path: Path, parallel: int, database_url: str = "", priority: str = ""
 ) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
     cmd = [
@@ -126,6 +126,7 @@ def start_server(
         "--ctx-size",
         "1024",
         *(["--database-url", database_url] if database_url else []),
+        *(["--engine-priority", priority] if priority else []),
     ]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
     log = open(log_path, "ab")  # noqa: SIM115 - the server writes it until it stops
@@ -351,6 +352,11 @@ def main(argv: list[str] | None = None) -> int:
         help="the server's --database-url, e.g. postgresql+psycopg://postgres@127.0.0.1/EMPTY_DB "
         "(an empty database; default: SQLite in the data dir)",
     )
+    p.add_argument(
+        "--engine-priority",
+        default="",
+        help="the server's --engine-priority (low, normal, auto; default: the server's own)",
+    )
     p.add_argument("--json", type=Path, default=None, help="also write the figures here")
     p.add_argument(
         "--keep", type=Path, default=None, help="data dir to use and keep (default: a temp dir)"
@@ -363,7 +369,7 @@ def main(argv: list[str] | None = None) -> int:
     data = args.keep or Path(tmp.name) / "data"
     log_path = Path(tmp.name) / "server.log" if args.keep is None else args.keep / "server.log"
     data.mkdir(parents=True, exist_ok=True)
-    proc, url = start_server(data, log_path, args.parallel, args.database_url)
+    proc, url = start_server(data, log_path, args.parallel, args.database_url, args.engine_priority)
     api = url + "/v1"
     try:
         with httpx.Client(timeout=60) as c:
@@ -395,6 +401,7 @@ def main(argv: list[str] | None = None) -> int:
     log_text = log_path.read_text(errors="replace")
     result = {
         "database": "postgresql" if args.database_url else "sqlite",
+        "engine_priority": args.engine_priority or "default",
         "clients": clients,
         "duration_s": duration,
         "idle": idle,

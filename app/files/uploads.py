@@ -227,22 +227,30 @@ class UploadService:
         except BaseException:
             partial.discard()
             raise
-        file = self.files.create(
+        file = self.files.place(
             partial=partial,
             filename=upload.filename,
             purpose=upload.purpose,
             owner=owner,
             expires_after=upload.file_expires_after,
         )
-        with self.db.write() as s:
-            fresh = self._find(s, upload_id, owner, lock=True)
-            still_pending = status_of(fresh) == UploadStatus.PENDING
-            if still_pending:
-                fresh.status = UploadStatus.COMPLETED
-                fresh.file_id = file.id
-                s.add(fresh)
+        # The File row and the upload's new status commit together, so no reader ever sees
+        # a file that a cancel (or the expiry) in between would take away again.
+        try:
+            with self.db.write() as s:
+                fresh = self._find(s, upload_id, owner, lock=True)
+                still_pending = status_of(fresh) == UploadStatus.PENDING
+                if still_pending:
+                    s.add(file)
+                    s.flush()  # the file row before the upload row that points at it
+                    fresh.status = UploadStatus.COMPLETED
+                    fresh.file_id = file.id
+                    s.add(fresh)
+        except BaseException:
+            self.storage.delete(file.id)
+            raise
         if not still_pending:  # cancelled or expired meanwhile
-            self.files.delete(file.id, owner)
+            self.storage.delete(file.id)
             self._pending(fresh)  # raises, naming what became of the upload
         self.storage.delete_parts(upload_id)
         log.info("upload=%s status=completed file=%s bytes=%d", upload_id, file.id, file.bytes)
