@@ -274,10 +274,6 @@ def _settings(args: argparse.Namespace) -> Settings:
         raise SystemExit(f"batchyard: {exc}") from None
 
 
-#: The interpreter's thread switch interval while serving HTTP (seconds); see serve().
-API_SWITCH_INTERVAL = 0.001
-
-
 def serve(settings: Settings) -> int:
     from app.api.auth import keys_problem
     from app.files.storage import data_dir_problem
@@ -293,12 +289,6 @@ def serve(settings: Settings) -> int:
     from app.server import create_app
 
     logging.basicConfig(level=settings.log_level.upper(), format=LOG_FORMAT)
-    # A thread that waits for the GIL (a request handed from the event loop to a worker
-    # thread, and back) waits until the holder blocks or this interval has passed. Python's
-    # 5 ms made every hop of a request a possible 5 ms wait while other requests and the
-    # runner held it; 1 ms took the API's p99 under load from 64 to 54 ms on PostgreSQL
-    # and from 44 to 36 ms on SQLite (medians of 3, bench/api_load.py, bench/README.md).
-    sys.setswitchinterval(API_SWITCH_INTERVAL)
     app = create_app(settings)
     url = f"http://{'127.0.0.1' if settings.host in ('0.0.0.0', '::') else settings.host}:{settings.port}/"
     print(
