@@ -74,34 +74,12 @@ class FileService:
         purpose: str,
         owner: str,
         expires_after: int | None = None,
+        add: bool = True,
     ) -> File:
-        """Store an upload that was streamed into `partial` and give it an id."""
-        row = self.place(
-            partial=partial,
-            filename=filename,
-            purpose=purpose,
-            owner=owner,
-            expires_after=expires_after,
-        )
-        try:
-            with self.db.write() as s:
-                s.add(row)
-        except BaseException:
-            self.storage.delete(row.id)
-            raise
-        return row
+        """Store an upload that was streamed into `partial` and give it an id.
 
-    def place(
-        self,
-        *,
-        partial: PartialWrite,
-        filename: str,
-        purpose: str,
-        owner: str,
-        expires_after: int | None = None,
-    ) -> File:
-        """Put `partial`'s bytes under a new file id and return its File row, not yet added:
-        the caller adds it in its own transaction, or deletes the bytes if it does not."""
+        `add=False` puts the bytes under the new id and returns the File row unsaved: the
+        caller adds it in its own transaction, or deletes the bytes if it does not."""
         limit = self.limit_for(purpose)
         if partial.size > limit:
             partial.discard()
@@ -120,6 +98,14 @@ class FileService:
             expires_at=created + expires_after if expires_after else None,
         )
         partial.commit(row.id)
+        if not add:
+            return row
+        try:
+            with self.db.write() as s:
+                s.add(row)
+        except BaseException:
+            self.storage.delete(row.id)
+            raise
         return row
 
     def register_output(

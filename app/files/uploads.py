@@ -227,12 +227,13 @@ class UploadService:
         except BaseException:
             partial.discard()
             raise
-        file = self.files.place(
+        file = self.files.create(
             partial=partial,
             filename=upload.filename,
             purpose=upload.purpose,
             owner=owner,
             expires_after=upload.file_expires_after,
+            add=False,
         )
         # The File row and the upload's new status commit together, so no reader ever sees
         # a file that a cancel (or the expiry) in between would take away again.
