@@ -197,11 +197,17 @@ class Database:
     @contextmanager
     def write(self) -> Iterator[Session]:
         """A short write transaction: committed on success, rolled back on error."""
+        with self._queued(), Session(self._writer, expire_on_commit=False) as session:
+            with session.begin():
+                yield session
+
+    @contextmanager
+    def _queued(self) -> Iterator[None]:
+        """This process's turn to write: on SQLite after the write before it, at once on
+        PostgreSQL (its rows are locked where they are changed)."""
         lock = self._write_lock
         if lock is None:
-            with Session(self._writer, expire_on_commit=False) as session:
-                with session.begin():
-                    yield session
+            yield
             return
         if not lock.acquire(timeout=SQLITE_BUSY_SECONDS):
             raise DatabaseError(
@@ -209,9 +215,7 @@ class Database:
                 "another write in this process held it all that time."
             )
         try:
-            with Session(self._writer, expire_on_commit=False) as session:
-                with session.begin():
-                    yield session
+            yield
         finally:
             lock.release()
 

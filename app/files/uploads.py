@@ -243,7 +243,6 @@ class UploadService:
                 still_pending = status_of(fresh) == UploadStatus.PENDING
                 if still_pending:
                     s.add(file)
-                    s.flush()  # the file row before the upload row that points at it
                     fresh.status = UploadStatus.COMPLETED
                     fresh.file_id = file.id
                     s.add(fresh)
