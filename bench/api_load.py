@@ -18,6 +18,7 @@ Only 127.0.0.1 is contacted; every phase is bounded in count and time.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import socket
@@ -27,6 +28,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -225,10 +227,20 @@ def client_loop(
 ) -> None:
     """One client: upload, sometimes create a batch, list, poll; `think` s between requests."""
 
-    def pause() -> bool:
-        """Wait `think` s; False once the phase is over (the round's remaining requests
-        would otherwise all go at once, a burst that no client of this load makes)."""
-        return not stop.wait(think)
+    def create(file_id: str) -> None:
+        b = tally.timed(
+            c,
+            "POST",
+            api + "/batches",
+            json={
+                "input_file_id": file_id,
+                "endpoint": "/v1/chat/completions",
+                "completion_window": "24h",
+            },
+        )
+        if b is not None and b.status_code == 200:
+            with tally.lock:
+                made.append(b.json()["id"])
 
     # Clients start spread over one round (five requests and pauses), not all at the same
     # instant: a synchronized start is a burst of uploads, measured on its own
@@ -237,7 +249,7 @@ def client_loop(
         return
     with httpx.Client(timeout=60) as c:
         i = 0
-        while not stop.is_set():
+        while True:
             i += 1
             data = (chat_line(f"c{n}-{i}", "Say hi.", 4) + "\n").encode()
             f = tally.timed(
@@ -247,32 +259,22 @@ def client_loop(
                 files={"file": (f"client{n}.jsonl", data)},
                 data={"purpose": "batch"},
             )
-            if not pause():
-                break
+            rest: list[Callable[[], object]] = [
+                lambda: tally.timed(c, "GET", api + "/batches?limit=20"),
+                lambda: tally.timed(c, "GET", f"{api}/batches/{batch_id}"),
+                lambda: tally.timed(c, "GET", api + "/files?limit=50"),
+            ]
             if i % 3 == 0 and f is not None and f.status_code == 200:
-                b = tally.timed(
-                    c,
-                    "POST",
-                    api + "/batches",
-                    json={
-                        "input_file_id": f.json()["id"],
-                        "endpoint": "/v1/chat/completions",
-                        "completion_window": "24h",
-                    },
-                )
-                if b is not None and b.status_code == 200:
-                    with tally.lock:
-                        made.append(b.json()["id"])
-                if not pause():
-                    break
-            tally.timed(c, "GET", api + "/batches?limit=20")
-            if not pause():
-                break
-            tally.timed(c, "GET", f"{api}/batches/{batch_id}")
-            if not pause():
-                break
-            tally.timed(c, "GET", api + "/files?limit=50")
-            pause()
+                rest.insert(0, functools.partial(create, f.json()["id"]))
+            # `think` s before each request; once the phase is over the client stops (the
+            # round's remaining requests would otherwise all go at once, a burst that no
+            # client of this load makes).
+            for send in rest:
+                if stop.wait(think):
+                    return
+                send()
+            if stop.wait(think):
+                return
 
 
 def burst_phase(api: str, clients: int) -> dict[str, Any]:
