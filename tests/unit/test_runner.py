@@ -14,7 +14,7 @@ from app.models import Request, RequestStatus
 from app.services import Services
 from tests.factories import batch_line
 from tests.fakes import FakeEngine
-from tests.unit.helpers import drive, file_lines, make_batch, request_rows, services
+from tests.unit.helpers import batch, drive, file_lines, make_batch, request_rows, services
 
 
 def add_batch(svc: Services, n: int, fail: tuple[int, ...] = ()) -> str:
@@ -143,3 +143,25 @@ def test_cancel_before_and_during_run(tmp_path: Path, status: str) -> None:
     svc.batches.cancel(bid, "")
     b = drive(svc, bid)
     assert b.status == "cancelled" and b.output_file_id is None
+
+
+def test_a_step_woken_by_results_finishes_batches_and_leaves_new_ones_to_the_poll(
+    tmp_path: Path,
+) -> None:
+    """A step without `poll` (the loop woken by results between two polls) records, claims
+    and finalizes, but does not look for batches to validate; the next poll does."""
+    svc = services(tmp_path, FakeEngine(n_slots=2))
+    first = add_batch(svc, 3)
+    svc.runner.step()  # a poll: validates the first batch and claims its lines
+    second = add_batch(svc, 2)
+    deadline = time.time() + 10
+    while batch(svc, first).status != "completed":
+        assert time.time() < deadline, batch(svc, first).status
+        svc.runner.step(poll=False)
+    done = batch(svc, first)
+    assert (done.completed, done.failed) == (3, 0)
+    assert output_ids(svc, done.output_file_id) == ["c0", "c1", "c2"]
+    assert batch(svc, second).status == "validating"
+    svc.runner.step()
+    assert batch(svc, second).status == "in_progress"
+    assert drive(svc, second).completed == 2
