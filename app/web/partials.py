@@ -78,11 +78,11 @@ async def upload(
 def create_batch(
     request: Request[Any, Any, Any],
     data: Annotated[dict[str, str], Body(media_type=RequestEncodingType.URL_ENCODED)],
-    files: NamedDependency[FileService],
-    batches: NamedDependency[BatchService],
+    services: NamedDependency[Services],
     owner: NamedDependency[str],
 ) -> Template:
     """Start a batch from a previewed file; the upload zone resets and the list shows it."""
+    files, batches = services.files, services.batches
     file_id = data.get("file_id", "")
     try:
         metadata = parse_metadata(data.get("metadata", ""))
