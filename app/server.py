@@ -73,7 +73,7 @@ def security_notes(settings: Settings, keys: Keys) -> list[tuple[int, str]]:
 # So each service's provider takes `owner` (and does not use it): it resolves after it, and
 # every handler's dependencies resolve one after another, no task group.
 # That is 0.3-0.5 ms of the 1.5-3 ms a routed request costs the server (bench/README.md);
-# tests/unit/test_dependencies.py keeps every route to levels of one.
+# tests/integration/test_dependencies.py keeps every route to levels of one.
 
 
 def provide_services(state: State, owner: str) -> Services:
