@@ -45,7 +45,11 @@ class TooLarge(Exception):
 
 
 class PartialWrite:
-    """A file being written: append chunks, then `commit(file_id)` or `discard()`."""
+    """A file being written: append chunks, then `commit(file_id)` or `discard()`.
+
+    The temporary file is created by the first write (or by `sync` for an empty one), not
+    here: an upload begins one on the event loop, where opening a file on a shared files
+    location (NFS) would hold up every other request; writes run in a worker thread."""
 
     def __init__(self, storage: Storage, limit: int) -> None:
         self.storage = storage
@@ -53,15 +57,22 @@ class PartialWrite:
         self.size = 0
         self._sha = hashlib.sha256()
         self.tmp_path = storage.tmp_dir / f"upload-{secrets.token_hex(8)}"
-        self._fh: BinaryIO | None = open(self.tmp_path, "wb")  # noqa: SIM115
+        self._fh: BinaryIO | None = None
+        self._closed = False  # synced or discarded: no more writes
+
+    def _file(self) -> BinaryIO:
+        if self._closed:
+            raise ValueError("the partial write was already synced or discarded")
+        if self._fh is None:
+            self._fh = open(self.tmp_path, "wb")  # noqa: SIM115
+        return self._fh
 
     def write(self, chunk: bytes) -> None:
-        assert self._fh is not None
         self.size += len(chunk)
         if self.size > self.limit:
             raise TooLarge(self.limit)
         self._sha.update(chunk)
-        self._fh.write(chunk)
+        self._file().write(chunk)
 
     @property
     def sha256(self) -> str:
@@ -73,11 +84,13 @@ class PartialWrite:
     def sync(self) -> None:
         """Put the written bytes on disk (the slow part of a commit), so that a caller can
         do it before it takes a lock; `commit_to` then only renames."""
-        if self._fh is not None:
-            self._fh.flush()
-            os.fsync(self._fh.fileno())
-            self._fh.close()
-            self._fh = None
+        if self._closed:
+            return
+        fh = self._file()
+        fh.flush()
+        os.fsync(fh.fileno())
+        fh.close()
+        self._fh, self._closed = None, True
 
     def commit_to(self, final: Path) -> Path:
         """Move the written bytes to `final` (a file id's path, or an upload part's)."""
@@ -89,6 +102,7 @@ class PartialWrite:
         if self._fh is not None:
             self._fh.close()
             self._fh = None
+        self._closed = True
         self.tmp_path.unlink(missing_ok=True)
 
 
