@@ -39,6 +39,7 @@ def lower_this_thread() -> str:
         try:
             os.setpriority(os.PRIO_PROCESS, 0, 19)  # pid 0 is this thread on Linux too
             return "low (nice 19)"
-        except OSError:
-            log.warning("the engine's priority could not be lowered: %s", exc)
-            return f"normal (could not be lowered: {exc})"
+        except OSError as nice_exc:
+            why = f"SCHED_IDLE: {exc}; nice 19: {nice_exc}"
+            log.warning("the engine's priority could not be lowered (%s)", why)
+            return f"normal (could not be lowered: {why})"

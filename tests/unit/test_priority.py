@@ -48,3 +48,21 @@ def test_the_thread_that_lowers_itself_and_its_children_run_idle_the_rest_do_not
     t.join()
     assert seen == {"said": True, "engine": os.SCHED_IDLE, "child": os.SCHED_IDLE}
     assert os.sched_getscheduler(0) == before != os.SCHED_IDLE  # this thread is untouched
+
+
+@linux
+def test_when_nothing_can_lower_it_the_start_up_line_names_both_refusals(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def refuse(errno: int, what: str):  # type: ignore[no-untyped-def]
+        def call(*_args: object) -> None:
+            raise PermissionError(errno, what)
+
+        return call
+
+    monkeypatch.setattr(os, "sched_setscheduler", refuse(1, "Operation not permitted"))
+    monkeypatch.setattr(os, "setpriority", refuse(13, "Permission denied"))
+    said = lower_this_thread()
+    assert said.startswith("normal (could not be lowered: ")
+    assert "SCHED_IDLE: [Errno 1] Operation not permitted" in said
+    assert "nice 19: [Errno 13] Permission denied" in said
