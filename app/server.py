@@ -10,7 +10,7 @@ from typing import Any
 
 from litestar import Litestar
 from litestar.datastructures import State
-from litestar.di import Provide
+from litestar.di import NamedDependency, Provide
 from litestar.middleware import DefineMiddleware
 from litestar.plugins.jinja import JinjaTemplateEngine
 from litestar.static_files import create_static_files_router
@@ -76,19 +76,19 @@ def security_notes(settings: Settings, keys: Keys) -> list[tuple[int, str]]:
 # tests/integration/test_dependencies.py keeps every route to levels of one.
 
 
-def provide_services(state: State, owner: str) -> Services:
+def provide_services(state: State, owner: NamedDependency[str]) -> Services:
     return state.services  # type: ignore[no-any-return]
 
 
-def provide_files(state: State, owner: str) -> FileService:
+def provide_files(state: State, owner: NamedDependency[str]) -> FileService:
     return state.services.files  # type: ignore[no-any-return]
 
 
-def provide_uploads(state: State, owner: str) -> UploadService:
+def provide_uploads(state: State, owner: NamedDependency[str]) -> UploadService:
     return state.services.uploads  # type: ignore[no-any-return]
 
 
-def provide_batches(state: State, owner: str) -> BatchService:
+def provide_batches(state: State, owner: NamedDependency[str]) -> BatchService:
     return state.services.batches  # type: ignore[no-any-return]
 
 
