@@ -13,7 +13,7 @@ from typing import Any
 
 from app import __version__
 from app.config import Settings
-from app.engine import cpu_check
+from app.toolchain.facts import SELFCHECK_COMMAND
 
 #: serve's flags: (flag, Settings field, type, help).
 SERVE_FLAGS: list[tuple[str, str, Any, str]] = [
@@ -275,7 +275,7 @@ def _settings(args: argparse.Namespace) -> Settings:
 
 
 def serve(settings: Settings) -> int:
-    from app.api.auth import keys_problem
+    from app.auth.keys import keys_problem
     from app.files.storage import data_dir_problem
 
     if problem := (
@@ -349,7 +349,7 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> int:
 
 
 def engine_command(args: argparse.Namespace) -> int:
-    from app.engine import build
+    from app.toolchain import build
 
     if args.engine_command == "build":
         return build.build(args.backend or "cpu", _settings(args), sys.stdout, wheel=args.wheel)
@@ -397,8 +397,10 @@ def models(settings: Settings) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == [cpu_check.CHECK_COMMAND]:  # the engine's child process in a frozen app
-        return cpu_check.main(argv[1:])
+    if argv[:1] == [SELFCHECK_COMMAND]:  # a model check's child process in a frozen app
+        from app.engine.llama import selfcheck
+
+        return selfcheck.main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "serve":

@@ -299,7 +299,7 @@ def run_batch(
         except RunError as exc:
             print(f"batchyard run: {exc}", file=err)
             return EXIT_USAGE
-        from app.engine.llama import load_engine
+        from app.engine.llama.engine import load_engine
 
         engine = load_engine(settings)
         services.attach_engine(engine)

@@ -22,10 +22,12 @@ from app.api import files as files_api
 from app.api import inference as inference_api
 from app.api import metrics as metrics_api
 from app.api import uploads as uploads_api
-from app.api.auth import AuthMiddleware, Keys, request_owner
 from app.api.errors import EXCEPTION_HANDLERS
 from app.api.openapi import EngineBodyPlugin, openapi_config
 from app.api.request_ids import BEFORE_SEND as REQUEST_ID_HOOKS
+from app.auth.keys import Keys
+from app.auth.middleware import AuthMiddleware, request_owner
+from app.auth.sessions import Auth, Sessions
 from app.batches.service import BatchService
 from app.config import Settings
 from app.engine.base import Engine
@@ -37,7 +39,7 @@ from app.logs import logging_config
 from app.resources import static_dir, templates_dir
 from app.services import Services, build_services
 from app.web import events, explorer, pages, partials
-from app.web.auth import AUTH_ROUTES, Auth, Sessions
+from app.web.login import AUTH_ROUTES
 
 log = logging.getLogger("batchyard")
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Prints a directory holding llama.cpp's own `llama-server` and `llama-batched-bench`, built
 # once per machine from the llama.cpp sources vendored in the pinned llama-cpp-python sdist,
-# with app/engine/amx_tilecfg.h ahead of every source (the same fix as batchyard's wheel, so
+# with app/toolchain/amx_tilecfg.h ahead of every source (the same fix as batchyard's wheel, so
 # both sides run the same kernels). bench/throughput.py runs them as batchyard's baseline.
 # Usage: bash bench/build_llama_server.sh [PYTHON]     (the python whose pip downloads the sdist)
 # BATCHYARD_LLAMA_SERVER_CACHE: where builds live (default ~/.cache/batchyard/llama-server);
@@ -12,7 +12,7 @@ cd "$(dirname "$0")/.."
 
 PY=${1:-.venv/bin/python}
 VERSION=$(sed -n 's/.*"llama-cpp-python==\([^"]*\)".*/\1/p' pyproject.toml)
-FIX=app/engine/amx_tilecfg.h
+FIX=app/toolchain/amx_tilecfg.h
 CMAKE_FLAGS="-DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON -DGGML_NATIVE=ON -DBUILD_SHARED_LIBS=OFF ${CMAKE_ARGS:-}"
 C_FLAGS="-include $PWD/$FIX"
 
@@ -32,7 +32,10 @@ echo "building llama-server $VERSION into $ROOT (once; several minutes)" >&2
 mkdir -p "$ROOT"
 WORK=$(mktemp -d "$ROOT/work.XXXXXX")
 trap 'rm -rf "$WORK"' EXIT
-"$PY" -m pip download -q --no-deps --no-binary :all: "llama-cpp-python==$VERSION" -d "$WORK" >&2
+# Only llama-cpp-python as source: with `--no-binary :all:` pip would also build the sdist's
+# build requirements from source (CMake among them: many minutes on a fresh machine).
+"$PY" -m pip download -q --no-deps --no-binary llama-cpp-python "llama-cpp-python==$VERSION" \
+  -d "$WORK" >&2
 tar -xzf "$WORK"/llama_cpp_python-*.tar.gz -C "$WORK"
 SRC=$(echo "$WORK"/llama_cpp_python-*/vendor/llama.cpp)
 # shellcheck disable=SC2086

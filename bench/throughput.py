@@ -240,7 +240,7 @@ def run_engine(
     """(a'): every line submitted at once to the LlamaEngine, in this (worker) process."""
     from app.config import Settings
     from app.engine.base import Priority
-    from app.engine.llama import load_engine
+    from app.engine.llama.engine import load_engine
 
     # Settings.load, so BATCHYARD_* variables (BATCHYARD_CPU_EXTRA_BUFFERS) apply as in a server.
     engine = load_engine(
@@ -346,7 +346,7 @@ def same_cpu_buffers(model: Path, threads: int) -> Iterator[None]:
     import llama_cpp.llama_cpp as bindings  # the module llama_cpp.llama's Llama calls
 
     from app.config import Settings
-    from app.engine.cpu_check import extra_buffers
+    from app.toolchain.cpu_check import extra_buffers
 
     settings = Settings.load()
     extra, _ = extra_buffers(model, threads, settings.cpu_extra_buffers, settings.cache_path)
@@ -370,7 +370,7 @@ def run_sequential(
     """(d): one line after another through llama-cpp-python's high-level API."""
     from llama_cpp import Llama
 
-    from app.engine.native import KV_GGML_TYPES, kv_needs_flash_attention
+    from app.engine.llama.native import KV_GGML_TYPES, kv_needs_flash_attention
 
     kv_type = KV_GGML_TYPES[args.kv_cache_type]
     embed = endpoint == "/v1/embeddings"

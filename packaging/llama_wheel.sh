@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Prints a wheelhouse that holds llama-cpp-python's wheel, built once per machine with
-# app/engine/amx_tilecfg.h ahead of every source (ggml's AMX kernels are sound under GCC 12
+# app/toolchain/amx_tilecfg.h ahead of every source (ggml's AMX kernels are sound under GCC 12
 # then; see that file) and without the parts batchyard never loads. pip prefers a wheel found
 # with --find-links to the index's source package, so
 # `pip install --find-links "$(bash packaging/llama_wheel.sh PYTHON)" .` uses it.
@@ -15,7 +15,7 @@ cd "$(dirname "$0")/.."
 PY=$1
 VERSION=$(sed -n 's/.*"llama-cpp-python==\([^"]*\)".*/\1/p' pyproject.toml)
 # The one copy of the fix header: `batchyard engine build` uses it from the installed package.
-FIX=app/engine/amx_tilecfg.h
+FIX=app/toolchain/amx_tilecfg.h
 COMMON_OFF=packaging/llama_common_off.cmake
 # libllama and ggml only: no libmtmd (multimodal; llama_cpp loads it only for its image chat
 # handlers) and no llama.cpp common library (see $COMMON_OFF).

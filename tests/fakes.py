@@ -11,16 +11,9 @@ import time
 from concurrent.futures import Future
 from typing import Any
 
-from app.engine.base import (
-    CHAT,
-    EMBEDDINGS,
-    EngineError,
-    EngineStats,
-    ModelInfo,
-    Priority,
-    RequestCancelled,
-)
-from app.engine.upstream_spec import UpstreamSpec
+from app.config.upstreams import UpstreamSpec
+from app.engine.base import EngineError, EngineStats, ModelInfo, Priority, RequestCancelled
+from app.wire.endpoints import CHAT, EMBEDDINGS
 
 
 def prompt(endpoint: str, body: dict[str, Any]) -> str:

@@ -12,9 +12,9 @@ from litestar.params import FromPath, FromQuery, JSONBody, QueryParameter
 
 from app.api.errors import json_object_body
 from app.api.openapi import errors
-from app.api.schemas.batches import Batch, BatchCreateParams, batch_object
-from app.api.schemas.common import CursorPage, cursor_page
 from app.batches.service import BatchService
+from app.wire.batches import Batch, BatchCreateParams, batch_object
+from app.wire.common import CursorPage, cursor_page
 
 
 @post(

@@ -10,10 +10,10 @@ from litestar.params import FromPath, FromQuery, QueryParameter
 from litestar.response import File as FileResponse
 
 from app.api.openapi import MultipartUpload, errors
-from app.api.schemas.common import CursorPage, cursor_page
-from app.api.schemas.files import FileDeleted, FileObject, file_object
+from app.files.multipart import receive_upload
 from app.files.service import FileService
-from app.files.upload import receive_upload
+from app.wire.common import CursorPage, cursor_page
+from app.wire.files import FileDeleted, FileObject, file_object
 
 
 @post(

@@ -22,7 +22,12 @@ from litestar.types import Receive
 
 from app.api.errors import json_object_body
 from app.api.openapi import errors
-from app.api.schemas.inference import (
+from app.engine.base import Engine, ModelInfo, Priority
+from app.engine.registry import EngineRegistry, members
+from app.errors import APIError, error_body
+from app.services import Services
+from app.wire.endpoints import CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES
+from app.wire.inference import (
     ChatCompletion,
     ChatCompletionCreateParams,
     Completion,
@@ -35,15 +40,8 @@ from app.api.schemas.inference import (
     Model,
     ModelPage,
     ResponseCreateParams,
-    model_card,
 )
-from app.api.schemas.inference import (
-    Response as ResponseObject,
-)
-from app.engine.base import CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES, Engine, Priority
-from app.engine.registry import EngineRegistry, members
-from app.errors import APIError, error_body
-from app.services import Services
+from app.wire.inference import Response as ResponseObject
 
 STREAM_NOTE = " With `stream: true` the answer is `text/event-stream`: one chunk per `data:` event, then `data: [DONE]`."
 T = TypeVar("T")
@@ -168,6 +166,10 @@ def _sse(data: dict[str, Any], named: bool) -> bytes:
 def _answers(body: type) -> dict[int, ResponseSpec]:
     return {200: ResponseSpec(body, description="The answer."), **errors(503)}
 
+
+
+def model_card(info: ModelInfo) -> Model:
+    return Model(id=info.id, created=info.created)
 
 @post(
     "/v1/chat/completions",

@@ -21,9 +21,9 @@ from litestar.openapi.spec import OpenAPIMediaType, OpenAPIType, Operation, Requ
 from litestar.plugins import OpenAPISchemaPlugin
 from litestar.typing import FieldDefinition
 
-from app.api.schemas.common import ErrorBody
-from app.api.schemas.inference import EngineBody
-from app.files.service import EXPIRES_MAX, EXPIRES_MIN, UPLOAD_PURPOSES
+from app.wire.common import ErrorBody
+from app.wire.files import EXPIRES_MAX, EXPIRES_MIN, UPLOAD_PURPOSES
+from app.wire.inference import EngineBody
 
 if TYPE_CHECKING:
     from litestar._openapi.schema_generation import SchemaCreator

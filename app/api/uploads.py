@@ -8,20 +8,21 @@ from litestar import Request, post
 from litestar.di import NamedDependency
 from litestar.params import FromPath, JSONBody
 
+from app import models
 from app.api.errors import json_object_body
 from app.api.openapi import UploadPartForm, errors
-from app.api.schemas.uploads import (
+from app.errors import APIError, missing
+from app.files.multipart import declared_over, stream_form
+from app.files.storage import PartialWrite, TooLarge
+from app.files.uploads import UploadService, status_of
+from app.wire.files import file_object
+from app.wire.uploads import (
     Upload,
     UploadCompleteParams,
     UploadCreateParams,
     UploadPart,
-    upload_object,
     upload_part_object,
 )
-from app.errors import APIError, missing
-from app.files.storage import PartialWrite, TooLarge
-from app.files.upload import declared_over, stream_form
-from app.files.uploads import UploadService
 
 
 def part_too_large(limit: int) -> APIError:
@@ -33,6 +34,19 @@ def part_too_large(limit: int) -> APIError:
         code="part_too_large",
     )
 
+
+
+def upload_object(row: models.Upload, file: models.File | None = None) -> Upload:
+    return Upload(
+        id=row.id,
+        bytes=row.bytes,
+        created_at=row.created_at,
+        expires_at=row.expires_at,
+        filename=row.filename,
+        purpose=row.purpose,
+        status=status_of(row),  # type: ignore[arg-type]
+        file=file_object(file) if file is not None else None,
+    )
 
 @post(
     "/v1/uploads",

@@ -2,26 +2,17 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from sqlmodel import col, select
 
-from app.api.schemas.batches import batch_output_line, encode_line
 from app.db import Database
-from app.files.storage import PartialWrite, Storage, older_than
+from app.files.storage import PartialWrite, Storage, Written, older_than
 from app.models import Batch, File, Request, RequestStatus, new_id
+from app.wire.batches import batch_output_line, encode_line
 
 #: Rows read from the database at a time while writing, so 50,000 results never sit in memory.
 CHUNK = 1000
 #: Output files have no size cap of their own; their inputs were capped.
 NO_LIMIT = 1 << 62
-
-
-@dataclass
-class Written:
-    file_id: str
-    size: int
-    sha256: str
 
 
 def write_results(db: Database, storage: Storage, batch: Batch) -> dict[str, Written]:

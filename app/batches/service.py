@@ -1,6 +1,6 @@
 """The batches service: create, read, list, cancel and retry batches, and read their lines
 (pages for the dashboard's explorer, one line, what finished so far, progress over time).
-Their wire shape: api/schemas."""
+Their wire shape: app/wire/batches.py."""
 
 from __future__ import annotations
 
@@ -12,14 +12,14 @@ from typing import TYPE_CHECKING, Any
 
 from sqlmodel import col, func, select
 
-from app.api.schemas.batches import batch_output_line, encode_line
 from app.batches.output import CHUNK
 from app.config import Settings
 from app.db import Database
-from app.engine.base import ENDPOINTS
 from app.errors import APIError, invalid, missing, not_found
 from app.files.service import parse_expires_after
 from app.models import Batch, BatchStatus, File, Request, RequestStatus, new_id, now
+from app.wire.batches import batch_output_line, encode_line
+from app.wire.endpoints import ENDPOINTS
 
 if TYPE_CHECKING:
     from app.batches.runner import Runner

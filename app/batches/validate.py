@@ -11,7 +11,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
-from app.engine.base import CHAT, ENDPOINTS
+from app.wire.endpoints import CHAT, ENDPOINTS
 
 #: A line longer than this is refused on its own (OpenAI's per-request body limit is in MB).
 MAX_LINE_BYTES = 32 * 1024 * 1024

@@ -1,1 +1,2 @@
-"""Inference: the engine contract and its llama.cpp implementation."""
+"""Inference: the engine contract, the registry that routes by model, and the two engines
+(llama/ embedded, upstream/ over HTTP)."""

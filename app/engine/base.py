@@ -14,14 +14,6 @@ from typing import Any, Protocol
 
 from app.errors import APIError
 
-#: The endpoints an engine serves, by their OpenAI path.
-CHAT = "/v1/chat/completions"
-COMPLETIONS = "/v1/completions"
-EMBEDDINGS = "/v1/embeddings"
-#: Runs on the chat path (engine/response_request.py and response_object.py translate).
-RESPONSES = "/v1/responses"
-ENDPOINTS = (CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES)
-
 
 class Priority(enum.IntEnum):
     """Lower runs first: online requests take a free slot before any batch line."""
@@ -81,7 +73,7 @@ class ModelInfo:
     has_chat_template: bool
     created: int  # unix time the model file was written, for /v1/models
     cpu_buffers: str = ""  # llama.cpp's extra CPU buffer types: "on (why)" or "off (why)"
-    advice: str | None = None  # the command that fixes the build (engine/build.py), if any
+    advice: str | None = None  # the command that fixes the build (toolchain/facts.py), if any
 
 
 @dataclass

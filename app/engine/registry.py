@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from app.engine.base import ChunkCallback, Engine, EngineError, EngineStats, ModelInfo, Priority
-from app.engine.upstream import UpstreamEngine, UpstreamStatus
+from app.engine.upstream.engine import UpstreamEngine, UpstreamStatus
 
 if TYPE_CHECKING:
     from app.config import Settings
@@ -254,7 +254,7 @@ def load_engines(
     failure = None
     default = embedded
     if default is None and not settings.no_embedded:
-        from app.engine.llama import load_engine
+        from app.engine.llama.engine import load_engine
 
         try:
             default = load_engine(settings)

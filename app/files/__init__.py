@@ -1,1 +1,2 @@
-"""The files domain: stored bytes (storage), their rows (service), streamed uploads (upload)."""
+"""The files domain: stored bytes (storage), their rows (service), streamed multipart
+receive (multipart) and the Uploads API (uploads)."""

@@ -3,26 +3,21 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sqlmodel import Session, col, select
 
 from app.config import Settings
 from app.db import Database
 from app.errors import APIError, invalid, missing, not_found
-from app.files.storage import PartialWrite, Storage
+from app.files.storage import PartialWrite, Storage, Written
 from app.models import Batch, BatchStatus, File, new_id, now
+from app.wire.files import EXPIRES_MAX, EXPIRES_MIN, UPLOAD_PURPOSES
 
-if TYPE_CHECKING:
-    from app.batches.output import Written
-
-#: Purposes a client may upload with (OpenAI's list); batch_output is written by batchyard.
-UPLOAD_PURPOSES = ("assistants", "batch", "fine-tune", "vision", "user_data", "evals")
 #: Purposes the list filter accepts.
 ALL_PURPOSES = (*UPLOAD_PURPOSES, "batch_output", "assistants_output", "fine-tune-results")
 #: OpenAI: files with purpose=batch expire after 30 days unless told otherwise.
 BATCH_FILE_DEFAULT_TTL = 30 * 24 * 3600
-EXPIRES_MIN, EXPIRES_MAX = 3600, 30 * 24 * 3600
 
 
 def parse_expires_after(anchor: Any, seconds: Any, param: str = "expires_after") -> int:

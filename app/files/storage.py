@@ -12,6 +12,7 @@ import os
 import secrets
 import shutil
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
@@ -36,6 +37,15 @@ def data_dir_problem(root: Path) -> str | None:
             "directory with --data-dir or BATCHYARD_DATA_DIR."
         )
     return None
+
+
+@dataclass
+class Written:
+    """A file whose bytes are committed under an id: what its File row records."""
+
+    file_id: str
+    size: int
+    sha256: str
 
 
 class TooLarge(Exception):

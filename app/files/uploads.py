@@ -1,6 +1,6 @@
 """The uploads service: a file sent in parts (OpenAI's Uploads API), completed into a File.
 
-Parts stream to disk (app/files/upload.py) under data_dir/uploads/<upload id>/, may come in
+Parts stream to disk (app/files/multipart.py) under data_dir/uploads/<upload id>/, may come in
 any order and in parallel, and are concatenated into the File on complete, a piece at a
 time, so memory stays flat whatever the size. An unfinished upload expires after
 `upload_expires_seconds` (an hour); the runner's sweep then removes its parts.

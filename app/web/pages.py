@@ -14,8 +14,6 @@ from litestar.params import FromPath, FromQuery
 from litestar.response import File as FileResponse
 from litestar.response import Redirect, Template
 
-from app.api.schemas.batches import batch_object
-from app.api.schemas.common import to_builtins
 from app.batches.service import BatchService
 from app.engine.registry import members
 from app.errors import APIError
@@ -24,6 +22,8 @@ from app.models import Batch, BatchStatus
 from app.services import Services
 from app.web import views
 from app.web.explorer import chart_context, explorer_context
+from app.wire.batches import batch_object
+from app.wire.common import to_builtins
 
 PAGE_SIZE = 20
 FILES_PAGE_SIZE = 50

@@ -17,8 +17,8 @@ from litestar.response import Response, Template
 
 from app.batches.service import BatchService
 from app.errors import APIError
+from app.files.multipart import receive_upload
 from app.files.service import FileService
-from app.files.upload import receive_upload
 from app.services import Services
 from app.web import views
 from app.web.pages import batch_list_context, batch_page_context, deliveries_context

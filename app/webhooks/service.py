@@ -24,18 +24,11 @@ import httpx
 from sqlmodel import Session, col, select
 
 from app import __version__
-from app.api.auth import owner_id
+from app.auth.keys import owner_id
 from app.config import Settings
 from app.db import Database
 from app.errors import not_found
-from app.models import (
-    Batch,
-    BatchStatus,
-    DeliveryStatus,
-    WebhookDelivery,
-    new_id,
-    now,
-)
+from app.models import Batch, BatchStatus, DeliveryStatus, WebhookDelivery, new_id, now
 from app.webhooks import signing
 
 log = logging.getLogger("batchyard.webhooks")

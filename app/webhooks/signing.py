@@ -9,31 +9,10 @@ signed afresh while its id and body stay the same.
 from __future__ import annotations
 
 import base64
-import binascii
 import hashlib
 import hmac
 
-SECRET_PREFIX = "whsec_"
-
-
-def secret_key(secret: str) -> bytes:
-    """The HMAC key a secret stands for."""
-    if secret.startswith(SECRET_PREFIX):
-        return base64.b64decode(secret[len(SECRET_PREFIX) :], validate=True)
-    return secret.encode()
-
-
-def secret_problem(secret: str, where: str) -> str | None:
-    """Why `secret` cannot sign, or None."""
-    if not secret:
-        return f"{where} is empty."
-    try:
-        key = secret_key(secret)
-    except (binascii.Error, ValueError):
-        return f"{where} starts with 'whsec_' but the rest is not base64."
-    if len(key) < 16:
-        return f"{where} is too short: a webhook secret needs at least 16 bytes of key."
-    return None
+from app.config.webhook_secret import secret_key
 
 
 def sign(secret: str, webhook_id: str, timestamp: int, body: str) -> str:

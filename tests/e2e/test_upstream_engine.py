@@ -10,9 +10,10 @@ from concurrent.futures import wait
 
 import pytest
 
-from app.engine.base import CHAT, Priority, RequestCancelled
-from app.engine.upstream import UpstreamEngine
-from app.engine.upstream_spec import parse_engine_spec
+from app.config.upstreams import parse_engine_spec
+from app.engine.base import Priority, RequestCancelled
+from app.engine.upstream.engine import UpstreamEngine
+from app.wire.endpoints import CHAT
 from tests.factories import chat_body
 from tests.upstream_double import UPSTREAM_MODEL, FlakyUpstream, Fleet
 

@@ -11,10 +11,10 @@ from urllib.parse import unquote
 import pytest
 from litestar.testing import TestClient
 
-from app.api.auth import Keys, owner_id
+from app.auth.keys import Keys, owner_id
+from app.auth.sessions import SESSION_COOKIE, Sessions
 from app.config import Settings
 from app.server import create_app, security_notes
-from app.web.auth import SESSION_COOKIE, Sessions
 from tests.factories import batch_line, jsonl
 from tests.fakes import FakeEngine
 from tests.http_helpers import (

@@ -18,8 +18,9 @@ from typing import Any
 import pytest
 
 from app.config import Settings
-from app.engine.base import CHAT, COMPLETIONS, EMBEDDINGS, EngineError, Priority, RequestCancelled
-from app.engine.llama import LlamaEngine, load_engine
+from app.engine.base import EngineError, Priority, RequestCancelled
+from app.engine.llama.engine import LlamaEngine, load_engine
+from app.wire.endpoints import CHAT, COMPLETIONS, EMBEDDINGS
 
 SLOTS = 8
 CTX = 512
@@ -473,7 +474,7 @@ def test_batch_prompts_prefilled_together_answer_as_in_small_steps(
 ) -> None:
     """Batch lines' prompts go into a step together, up to BATCH_PROMPT_TOKENS_PER_STEP, so
     llama.cpp cuts them into full micro-batches; greedy answers stay those of small steps."""
-    from app.engine import slots
+    from app.engine.llama import slots
 
     words = "river market winter engine garden letter signal harbor planet village".split()
     bodies = [

@@ -11,7 +11,7 @@ import pytest
 from litestar.testing import TestClient
 from openai import OpenAI
 
-from app.api.auth import keys_problem
+from app.auth.keys import keys_problem
 from app.config import Settings
 from app.webhooks.service import WebhookService
 from tests.factories import batch_line, jsonl

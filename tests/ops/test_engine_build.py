@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import tomllib
 
-from app.engine import build
+from app.toolchain import build
 from tests.live import OUTPUT, ROOT, batchyard, start_server, stop_server
 
 
@@ -20,10 +20,10 @@ def test_the_pin_is_pyprojects() -> None:
 
 
 def test_the_fix_header_ships_in_the_package_and_the_wheel_script_uses_it() -> None:
-    assert build.FIX_HEADER == ROOT / "app/engine/amx_tilecfg.h"
+    assert build.FIX_HEADER == ROOT / "app/toolchain/amx_tilecfg.h"
     assert "_tile_loadconfig" in build.FIX_HEADER.read_text()
     assert not (ROOT / "packaging/amx_tilecfg.h").exists()  # one copy
-    assert "FIX=app/engine/amx_tilecfg.h" in (ROOT / "packaging/llama_wheel.sh").read_text()
+    assert "FIX=app/toolchain/amx_tilecfg.h" in (ROOT / "packaging/llama_wheel.sh").read_text()
 
 
 def test_compile_flags_per_backend(monkeypatch) -> None:  # type: ignore[no-untyped-def]
@@ -56,13 +56,13 @@ def test_advice_names_the_command() -> None:
 def test_save_installed_packs_the_very_files(tmp_path: Path) -> None:
     import zipfile
 
-    from app.engine import cpu_check
+    from app.toolchain import facts
 
     wheel = build.save_installed(tmp_path)
     assert wheel is not None and wheel.name.startswith(
         f"llama_cpp_python-{build.LLAMA_CPP_VERSION}-"
     )
-    lib = cpu_check.llama_lib_dir()
+    lib = facts.llama_lib_dir()
     with zipfile.ZipFile(wheel) as z:
         names = z.namelist()
         for so in lib.glob("lib*.so"):

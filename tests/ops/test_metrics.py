@@ -11,7 +11,7 @@ import httpx
 import pytest
 from litestar.testing import TestClient
 
-import app.engine.llama as llama
+import app.engine.llama.engine as llama
 from app.config import Settings
 from app.server import create_app
 from tests.factories import batch_line, jsonl

@@ -50,7 +50,7 @@ def test_wheel_contains_templates_static_files_and_vendored_js(wheel: Path, sour
         ]
         assert vendored, sorted(n for n in names if "static" in n)
     assert "app/cli.py" in names
-    assert "app/engine/amx_tilecfg.h" in names  # `batchyard engine build` compiles with it
+    assert "app/toolchain/amx_tilecfg.h" in names  # `batchyard engine build` compiles with it
     # Alembic finds its revisions as files next to env.py (Database.migrate at start-up).
     migrations = files_under(source / "app" / "migrations")
     assert {f"app/migrations/{m}" for m in migrations if "__pycache__" not in m} <= names

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from app.config import Settings, default_model_path
-from app.engine import cpu_check
+from app.engine.llama import selfcheck
+from app.toolchain import cpu_check, facts
 
 
 def child(code: str) -> list[str]:
@@ -18,7 +19,7 @@ def child(code: str) -> list[str]:
 
 
 CRASH = child("import os, signal; os.kill(os.getpid(), signal.SIGSEGV)")  # a broken AMX kernel
-MISMATCH = child(f"print({cpu_check.ANSWER!r} + 'row 0: logits correlate at 0.012')")
+MISMATCH = child(f"print({facts.ANSWER!r} + 'row 0: logits correlate at 0.012')")
 INTERRUPTED = child("raise KeyboardInterrupt")  # a Ctrl-C of the whole process group
 
 
@@ -26,12 +27,12 @@ def test_agree_accepts_close_logits_and_refuses_unrelated_ones() -> None:
     rng = __import__("numpy").random.default_rng(0)
     plain = rng.normal(size=(3, 500))
     close = plain + rng.normal(scale=0.01, size=plain.shape)
-    assert cpu_check._agree(plain.tolist(), close.tolist()) is None
+    assert selfcheck._agree(plain.tolist(), close.tolist()) is None
     unrelated = rng.normal(size=plain.shape)
-    assert "correlate" in (cpu_check._agree(plain.tolist(), unrelated.tolist()) or "")
+    assert "correlate" in (selfcheck._agree(plain.tolist(), unrelated.tolist()) or "")
     broken = close.copy()
     broken[1, 7] = float("nan")
-    assert cpu_check._agree(plain.tolist(), broken.tolist()) == "row 1: non-finite logits"
+    assert selfcheck._agree(plain.tolist(), broken.tolist()) == "row 1: non-finite logits"
 
 
 @pytest.mark.parametrize(

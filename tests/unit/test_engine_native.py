@@ -12,7 +12,7 @@ import pytest
 
 from app import config
 from app.config import default_model_path
-from app.engine import native
+from app.engine.llama import native
 from app.model_files import describe, quantization, read_gguf_metadata
 
 

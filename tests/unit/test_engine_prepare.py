@@ -7,9 +7,10 @@ from typing import Any
 
 import pytest
 
-from app.engine.base import CHAT, COMPLETIONS, EMBEDDINGS, EngineError, Priority
-from app.engine.prepare import Preparer, is_token_list
-from app.engine.slots import Job, Task
+from app.engine.base import EngineError, Priority
+from app.engine.llama.jobs import Job, Task
+from app.engine.llama.prepare import Preparer, is_token_list
+from app.wire.endpoints import CHAT, COMPLETIONS, EMBEDDINGS
 
 BOS = 1
 

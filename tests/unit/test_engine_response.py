@@ -11,12 +11,13 @@ import pytest
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 
-from app.engine import response_request, responses
-from app.engine.base import RESPONSES, EngineError, Priority
-from app.engine.chat import ChatTemplate
-from app.engine.prepare import Preparer
-from app.engine.slots import Choice, Job
+from app.engine.base import EngineError, Priority
+from app.engine.llama.jobs import Choice, Job
+from app.engine.llama.oai import answers, responses_request
+from app.engine.llama.oai.chat_template import ChatTemplate
+from app.engine.llama.prepare import Preparer
 from app.web.views import answer_text
+from app.wire.endpoints import RESPONSES
 from tests.unit.test_engine_prepare import Letters
 
 WEATHER = {
@@ -33,7 +34,7 @@ EVENTS: TypeAdapter[Any] = TypeAdapter(ResponseStreamEvent)
 
 
 def test_a_string_input_with_instructions_becomes_system_and_user() -> None:
-    chat, state = response_request.to_chat(
+    chat, state = responses_request.to_chat(
         {
             "model": "m",
             "input": "Hi",
@@ -58,7 +59,7 @@ def test_a_string_input_with_instructions_becomes_system_and_user() -> None:
 
 
 def test_items_with_calls_and_results_become_the_chat_turns() -> None:
-    chat, _ = response_request.to_chat(
+    chat, _ = responses_request.to_chat(
         {
             "model": "m",
             "input": [
@@ -141,7 +142,7 @@ def test_what_cannot_be_honoured_is_a_400_naming_the_parameter(
     extra: dict[str, Any], param: str
 ) -> None:
     with pytest.raises(EngineError) as caught:
-        response_request.to_chat({"model": "m", "input": "Hi", **extra})
+        responses_request.to_chat({"model": "m", "input": "Hi", **extra})
     assert caught.value.status_code == 400 and caught.value.param == param
 
 
@@ -182,7 +183,7 @@ def finish(job: Job, text: str, reason: str = "stop") -> Job:
 
 def test_the_response_object_has_a_message_and_usage_with_cached_tokens() -> None:
     job = finish(prepared({"input": "Hi", "instructions": "Brief.", "metadata": {"k": "v"}}), "Hey")
-    body = Response.model_validate(responses.completion(job, "model-x", "fp"))
+    body = Response.model_validate(answers.completion(job, "model-x", "fp"))
     assert body.id.startswith("resp_") and body.status == "completed" and body.model == "model-x"
     assert body.output_text == "Hey" and body.instructions == "Brief."
     assert body.metadata == {"k": "v"} and body.completed_at is not None
@@ -192,7 +193,7 @@ def test_the_response_object_has_a_message_and_usage_with_cached_tokens() -> Non
     assert body.usage.output_tokens_details.reasoning_tokens == 0
     assert body.usage.total_tokens == body.usage.input_tokens + 4
     cut = finish(prepared({"input": "Hi", "max_output_tokens": 4}), "Hey th", "length")
-    body = Response.model_validate(responses.completion(cut, "m", "fp"))
+    body = Response.model_validate(answers.completion(cut, "m", "fp"))
     assert body.status == "incomplete" and body.incomplete_details is not None
     assert body.incomplete_details.reason == "max_output_tokens"
 
@@ -204,7 +205,7 @@ def test_a_call_is_a_function_call_item() -> None:
     job = finish(
         prepared({"input": "Weather?", "tools": [WEATHER], "tool_choice": "required"}), CALL
     )
-    body = Response.model_validate(responses.completion(job, "m", "fp"))
+    body = Response.model_validate(answers.completion(job, "m", "fp"))
     (item,) = body.output
     assert item.type == "function_call" and item.name == "get_weather"
     assert item.call_id.startswith("call_") and json.loads(item.arguments) == {"city": "Paris"}
@@ -217,9 +218,9 @@ def events_of(job: Job, pieces: list[str]) -> list[Any]:
     out = []
     for piece in pieces:
         choice.text += piece
-        out += responses.choice_chunks(job, choice, piece, "m", "fp")
+        out += answers.choice_chunks(job, choice, piece, "m", "fp")
     assert choice.text == final_text
-    out += responses.choice_chunks(job, choice, None, "m", "fp")
+    out += answers.choice_chunks(job, choice, None, "m", "fp")
     assert [e["sequence_number"] for e in out] == list(range(len(out)))
     return [EVENTS.validate_python(e) for e in out]
 
@@ -245,7 +246,7 @@ def test_a_streamed_message_is_the_sdk_event_sequence() -> None:
     assert final.output_text == "Hello there" and final.id == events[0].response.id
     assert final.output[0].id == events[2].item.id
     # The non-streamed body of the same job is that final response.
-    whole = Response.model_validate(responses.completion(job, "m", "fp"))
+    whole = Response.model_validate(answers.completion(job, "m", "fp"))
     assert whole.output == final.output
 
 
@@ -269,9 +270,9 @@ def test_a_streamed_call_is_the_function_call_events() -> None:
 
 def test_the_dashboard_preview_shows_a_response_text_and_calls() -> None:
     said = finish(prepared({"input": "Hi"}), "Hello")
-    assert answer_text(responses.completion(said, "m", "fp")) == "Hello"
+    assert answer_text(answers.completion(said, "m", "fp")) == "Hello"
     called = finish(prepared({"input": "Weather?", "tools": [WEATHER]}), CALL)
-    assert answer_text(responses.completion(called, "m", "fp")) == 'get_weather({"city": "Paris"})'
+    assert answer_text(answers.completion(called, "m", "fp")) == 'get_weather({"city": "Paris"})'
     chat = {"choices": [{"message": {"content": None, "tool_calls": [
         {"id": "call_1", "type": "function",
          "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}},

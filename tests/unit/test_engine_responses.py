@@ -10,9 +10,10 @@ import pytest
 from openai.types import Completion, CreateEmbeddingResponse
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
-from app.engine import responses
-from app.engine.base import CHAT, COMPLETIONS, Priority
-from app.engine.slots import Choice, Job
+from app.engine.base import Priority
+from app.engine.llama.jobs import Choice, Job
+from app.engine.llama.oai import answers
+from app.wire.endpoints import CHAT, COMPLETIONS
 
 MODEL, FP = "SmolLM2-135M-Instruct.Q4_1", "fp_0123456789"
 
@@ -44,13 +45,13 @@ def completion_job(*, echo: bool = False, logprobs: bool = False) -> Job:
 
 
 def entry(token: str, logprob: float, *alts: tuple[str, float]) -> dict:
-    return responses.token_logprob(token.encode(), logprob, [(t.encode(), lp) for t, lp in alts])
+    return answers.token_logprob(token.encode(), logprob, [(t.encode(), lp) for t, lp in alts])
 
 
 def test_chat_completion_body_and_usage() -> None:
     job = chat_job(logprobs=True, n=2)
     job.choices[0].logprobs = [entry("Par", -0.1, ("Par", -0.1), ("Lon", -2.5)), entry("is", -0.2)]
-    body = responses.completion(job, MODEL, FP)
+    body = answers.completion(job, MODEL, FP)
     parsed = ChatCompletion.model_validate(body)
     assert parsed.object == "chat.completion" and parsed.id.startswith("chatcmpl-")
     assert (parsed.model, parsed.system_fingerprint, parsed.created) == (MODEL, FP, job.created)
@@ -75,13 +76,13 @@ def test_chat_completion_body_and_usage() -> None:
         "total_tokens": 12,
         "prompt_tokens_details": {"cached_tokens": 4},
     }
-    assert responses.completion(chat_job(), MODEL, FP)["choices"][0]["logprobs"] is None
+    assert answers.completion(chat_job(), MODEL, FP)["choices"][0]["logprobs"] is None
 
 
 def test_text_completion_body_echo_and_logprobs() -> None:
     job = completion_job(echo=True, logprobs=True)
     job.choices[2].logprobs = [entry(" bl", -0.5, (" bl", -0.5)), entry("ue", -0.25)]
-    body = responses.completion(job, MODEL, FP)
+    body = answers.completion(job, MODEL, FP)
     parsed = Completion.model_validate(body)
     assert parsed.object == "text_completion" and parsed.id.startswith("cmpl-")
     # n=2 per prompt: choices 0-1 answer the first prompt, 2-3 the second, echoed in front.
@@ -99,13 +100,13 @@ def test_text_completion_body_echo_and_logprobs() -> None:
     assert lp.text_offset == [0, 3]
     # Completions report no cached-token details.
     assert body["usage"] == {"prompt_tokens": 5, "completion_tokens": 10, "total_tokens": 15}
-    plain = responses.completion(completion_job(), MODEL, FP)
+    plain = answers.completion(completion_job(), MODEL, FP)
     assert plain["choices"][0]["text"] == " text 0" and plain["choices"][0]["logprobs"] is None
 
 
 def test_both_bodies_share_one_envelope() -> None:
-    chat = responses.completion(chat_job(), MODEL, FP)
-    text = responses.completion(completion_job(), MODEL, FP)
+    chat = answers.completion(chat_job(), MODEL, FP)
+    text = answers.completion(completion_job(), MODEL, FP)
     keys = ["id", "object", "created", "model", "choices", "usage", "system_fingerprint"]
     assert list(chat) == list(text) == keys
 
@@ -113,20 +114,20 @@ def test_both_bodies_share_one_envelope() -> None:
 def test_chat_stream_role_chunk_then_deltas_then_the_closing_chunk() -> None:
     job = chat_job()
     choice = Choice(0)
-    first = responses.choice_chunks(job, choice, "Par", MODEL, FP)
+    first = answers.choice_chunks(job, choice, "Par", MODEL, FP)
     assert [c["choices"][0]["delta"] for c in first] == [
         {"role": "assistant", "content": ""},
         {"content": "Par"},
     ]
     choice.started = True
     assert [
-        c["choices"][0]["delta"] for c in responses.choice_chunks(job, choice, "is", MODEL, FP)
+        c["choices"][0]["delta"] for c in answers.choice_chunks(job, choice, "is", MODEL, FP)
     ] == [{"content": "is"}]
     choice.finish_reason = "stop"
-    (closing,) = responses.choice_chunks(job, choice, None, MODEL, FP)
+    (closing,) = answers.choice_chunks(job, choice, None, MODEL, FP)
     assert closing["choices"][0]["delta"] == {} and closing["choices"][0]["finish_reason"] == "stop"
-    tail = responses.usage_chunk(job, MODEL, FP)
-    assert tail["choices"] == [] and tail["usage"] == responses.usage(job)
+    tail = answers.usage_chunk(job, MODEL, FP)
+    assert tail["choices"] == [] and tail["usage"] == answers.usage(job)
     for chunk in [*first, closing, tail]:
         parsed = ChatCompletionChunk.model_validate(chunk)
         assert parsed.object == "chat.completion.chunk" and parsed.id == job.id
@@ -137,9 +138,9 @@ def test_chat_stream_role_chunk_then_deltas_then_the_closing_chunk() -> None:
 def test_text_completion_stream_chunks() -> None:
     job = completion_job()
     choice = Choice(3)
-    (delta,) = responses.choice_chunks(job, choice, " once", MODEL, FP)
+    (delta,) = answers.choice_chunks(job, choice, " once", MODEL, FP)
     choice.finish_reason = "length"
-    (closing,) = responses.choice_chunks(job, choice, None, MODEL, FP)
+    (closing,) = answers.choice_chunks(job, choice, None, MODEL, FP)
     # openai's Completion type wants a finish_reason, which OpenAI's own stream leaves null
     # until a choice's closing chunk: only that one validates as a whole Completion.
     assert Completion.model_validate(closing).object == "text_completion"
@@ -152,18 +153,18 @@ def test_text_completion_stream_chunks() -> None:
     assert closing["choices"] == [
         {"index": 3, "text": "", "logprobs": None, "finish_reason": "length"}
     ]
-    tail = responses.usage_chunk(job, MODEL, FP)
+    tail = answers.usage_chunk(job, MODEL, FP)
     assert Completion.model_validate(tail).usage is not None and tail["choices"] == []
 
 
 def test_embedding_list_as_floats_and_base64() -> None:
     vectors = [np.array([0.6, 0.8], dtype=np.float32), np.array([1.0, 0.0], dtype=np.float32)]
-    body = responses.embedding_list(vectors, 7, MODEL, base64_out=False)
+    body = answers.embedding_list(vectors, 7, MODEL, base64_out=False)
     parsed = CreateEmbeddingResponse.model_validate(body)
     assert parsed.object == "list" and parsed.model == MODEL
     assert [d.index for d in parsed.data] == [0, 1]
     assert parsed.data[0].embedding == pytest.approx([0.6, 0.8])
     assert (parsed.usage.prompt_tokens, parsed.usage.total_tokens) == (7, 7)
-    packed = responses.embedding_list(vectors, 7, MODEL, base64_out=True)
+    packed = answers.embedding_list(vectors, 7, MODEL, base64_out=True)
     raw = base64.b64decode(packed["data"][1]["embedding"])
     assert struct.unpack("<2f", raw) == (1.0, 0.0)

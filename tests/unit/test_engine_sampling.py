@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from app.engine.base import EngineError
-from app.engine.sampling import StopMatcher, parse_sampling
+from app.engine.llama.oai.sampling import parse_sampling
+from app.engine.llama.sampler import StopMatcher
 
 
 def feed_all(matcher: StopMatcher, pieces: list[str]) -> str:

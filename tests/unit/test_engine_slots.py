@@ -7,20 +7,19 @@ import itertools
 import subprocess
 import sys
 
-from app.engine.base import CHAT, EMBEDDINGS, Priority
-from app.engine.slots import (
+from app.engine.base import Priority
+from app.engine.llama.jobs import Choice, Job, Task
+from app.engine.llama.slots import (
     BATCH_PROMPT_TOKENS_PER_STEP,
     MIN_COPY_TOKENS,
     ONLINE_BATCH_WINDOW,
     PROMPT_TOKENS_PER_STEP,
-    Choice,
-    Job,
     Scheduler,
     Slot,
     SlotState,
-    Task,
     common_prefix,
 )
+from app.wire.endpoints import CHAT, EMBEDDINGS
 
 CTX = 512
 _seq = itertools.count()
@@ -213,7 +212,9 @@ def test_common_prefix() -> None:
 
 def test_the_model_free_rooms_do_not_load_llama_cpp() -> None:
     code = (
-        "import sys, app.config, app.engine.slots, app.engine.prepare, app.engine.responses; "
+        "import sys, app.config, app.engine.llama.slots, app.engine.llama.jobs, "
+        "app.engine.llama.prepare, app.engine.llama.oai.answers, app.engine.llama.oai.sampling, "
+        "app.engine.llama.oai.tools, app.engine.llama.oai.chat_template, app.toolchain.facts; "
         "print('llama_cpp' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -10,11 +10,12 @@ from typing import Any
 import pytest
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
-from app.engine import responses, tools
-from app.engine.base import CHAT, EngineError, Priority
-from app.engine.chat import ChatTemplate, normalise_messages
-from app.engine.prepare import Preparer
-from app.engine.slots import Choice, Job
+from app.engine.base import EngineError, Priority
+from app.engine.llama.jobs import Choice, Job
+from app.engine.llama.oai import answers, tools
+from app.engine.llama.oai.chat_template import ChatTemplate, normalise_messages
+from app.engine.llama.prepare import Preparer
+from app.wire.endpoints import CHAT
 from tests.unit.test_engine_prepare import Letters
 
 WEATHER = {
@@ -208,7 +209,7 @@ CALL = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
 
 def test_a_call_answer_is_tool_calls_with_finish_reason_tool_calls() -> None:
     job = finished(prepared({"tools": [WEATHER], "tool_choice": "required"}), CALL)
-    body = ChatCompletion.model_validate(responses.completion(job, "m", "fp"))
+    body = ChatCompletion.model_validate(answers.completion(job, "m", "fp"))
     choice = body.choices[0]
     assert choice.finish_reason == "tool_calls" and choice.message.content is None
     calls = choice.message.tool_calls
@@ -216,12 +217,12 @@ def test_a_call_answer_is_tool_calls_with_finish_reason_tool_calls() -> None:
     assert calls[0].function.name == "get_weather"  # type: ignore[union-attr]
     assert json.loads(calls[0].function.arguments) == {"city": "Paris"}  # type: ignore[union-attr]
     text = finished(prepared({"tools": [WEATHER]}), "Sunny.")
-    body = ChatCompletion.model_validate(responses.completion(text, "m", "fp"))
+    body = ChatCompletion.model_validate(answers.completion(text, "m", "fp"))
     assert (
         body.choices[0].message.content == "Sunny." and body.choices[0].message.tool_calls is None
     )
     cut = finished(prepared({"tools": [WEATHER]}), CALL[:20], "length")
-    body = ChatCompletion.model_validate(responses.completion(cut, "m", "fp"))
+    body = ChatCompletion.model_validate(answers.completion(cut, "m", "fp"))
     assert (
         body.choices[0].finish_reason == "length" and body.choices[0].message.content == CALL[:20]
     )
@@ -233,9 +234,9 @@ def stream(job: Job, pieces: list[str]) -> list[ChatCompletionChunk]:
     chunks = []
     for piece in pieces:
         choice.text += piece
-        chunks += responses.choice_chunks(job, choice, piece, "m", "fp")
+        chunks += answers.choice_chunks(job, choice, piece, "m", "fp")
     assert choice.text == final_text
-    chunks += responses.choice_chunks(job, choice, None, "m", "fp")
+    chunks += answers.choice_chunks(job, choice, None, "m", "fp")
     return [ChatCompletionChunk.model_validate(c) for c in chunks]
 
 
@@ -249,7 +250,7 @@ def test_streamed_call_is_held_back_and_sent_whole_as_tool_calls() -> None:
     assert delta.tool_calls[0].function and delta.tool_calls[0].function.name == "get_weather"
     assert chunks[1].choices[0].finish_reason == "tool_calls"
     # The final body has the same call id as the stream.
-    body = responses.completion(job, "m", "fp")
+    body = answers.completion(job, "m", "fp")
     assert body["choices"][0]["message"]["tool_calls"][0]["id"] == delta.tool_calls[0].id
 
 

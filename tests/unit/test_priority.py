@@ -10,7 +10,7 @@ import threading
 import pytest
 
 from app.config import Settings
-from app.engine.priority import effective, lower_this_thread
+from app.engine.llama.thread_priority import effective, lower_this_thread
 
 linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread policy: Linux")
 

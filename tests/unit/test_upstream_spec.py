@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from app.config import Settings
-from app.engine.upstream_spec import UpstreamSpec, parse_engine_spec, parse_engine_specs
+from app.config.upstreams import UpstreamSpec, parse_engine_spec, parse_engine_specs
 from tests.live import batchyard
 
 

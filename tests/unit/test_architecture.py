@@ -1,0 +1,114 @@
+"""The architecture as a test: the import contracts in pyproject.toml hold (layers, only
+engine/llama imports llama_cpp, wire is a leaf, only the server imports api/ and web/), they
+fail when someone breaks them, and no module of the app imports itself back through others."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import grimp
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+LINT_IMPORTS = [
+    sys.executable,
+    "-c",
+    "from importlinter.cli import lint_imports_command; lint_imports_command()",
+]
+
+
+def lint_imports(root: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*LINT_IMPORTS, "--no-cache"],
+        cwd=root,
+        env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_every_import_contract_is_kept() -> None:
+    done = lint_imports(ROOT)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "0 broken" in done.stdout
+
+
+@pytest.mark.parametrize(
+    ("module", "line", "contract"),
+    [
+        ("app/wire/files.py", "import app.engine.base", "app.wire imports nothing of the app"),
+        ("app/batches/output.py", "import app.api.files", "Only app.server imports app.api"),
+        ("app/api/files.py", "import llama_cpp", "Only app.engine.llama imports llama_cpp"),
+        ("app/toolchain/facts.py", "import app.engine.llama.native", "Each layer imports only"),
+        ("app/engine/llama/slots.py", "import app.engine.upstream.wire", "The two engines and the OpenAI"),
+    ],
+)
+def test_a_contract_fails_when_an_import_breaks_it(
+    tmp_path: Path, module: str, line: str, contract: str
+) -> None:
+    shutil.copytree(ROOT / "app", tmp_path / "app", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    with open(tmp_path / module, "a", encoding="utf-8") as fh:
+        fh.write(f"\n{line}  # noqa\n")
+    done = lint_imports(tmp_path)
+    assert done.returncode != 0
+    broken = [row for row in done.stdout.splitlines() if row.endswith("BROKEN")]
+    assert any(row.startswith(contract) for row in broken), done.stdout
+
+
+def import_cycles(graph: grimp.ImportGraph) -> list[list[str]]:
+    """The groups of modules that import one another round in a circle (Tarjan's SCCs)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.find_modules_directly_imported_by(v):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                cycles.append(sorted(group))
+
+    for module in sorted(graph.modules):
+        if module not in index:
+            visit(module)
+    return cycles
+
+
+def test_no_module_imports_itself_back_through_others() -> None:
+    # Imports inside functions count too: a lazy import still ties two rooms together.
+    graph = grimp.build_graph("app", cache_dir=None)
+    assert import_cycles(graph) == []
+
+
+def test_the_cycle_finder_finds_a_cycle(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pkg = tmp_path / "ring"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from ring import b\n")
+    (pkg / "b.py").write_text("def f():\n    from ring import c\n")
+    (pkg / "c.py").write_text("import ring.a\n")
+    (pkg / "d.py").write_text("import ring.a\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    graph = grimp.build_graph("ring", cache_dir=None)
+    assert import_cycles(graph) == [["ring.a", "ring.b", "ring.c"]]
