@@ -65,5 +65,6 @@ rm -rf "$LOGS"
 "$VENV/bin/python" -m pip install -q --find-links "$WHEELS" '.[test]'
 
 "$VENV/bin/python" -m ruff check app tests bench
+"$VENV/bin/python" -m ruff format --check app tests bench
 "$VENV/bin/lint-imports" --no-cache
 exec "$VENV/bin/python" -m pytest -ra "$@"

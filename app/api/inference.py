@@ -167,9 +167,9 @@ def _answers(body: type) -> dict[int, ResponseSpec]:
     return {200: ResponseSpec(body, description="The answer."), **errors(503)}
 
 
-
 def model_card(info: ModelInfo) -> Model:
     return Model(id=info.id, created=info.created)
+
 
 @post(
     "/v1/chat/completions",

@@ -35,7 +35,6 @@ def part_too_large(limit: int) -> APIError:
     )
 
 
-
 def upload_object(row: models.Upload, file: models.File | None = None) -> Upload:
     return Upload(
         id=row.id,
@@ -47,6 +46,7 @@ def upload_object(row: models.Upload, file: models.File | None = None) -> Upload
         status=status_of(row),  # type: ignore[arg-type]
         file=file_object(file) if file is not None else None,
     )
+
 
 @post(
     "/v1/uploads",

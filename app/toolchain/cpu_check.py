@@ -134,4 +134,3 @@ def extra_buffers(model: Path, threads: int, setting: str, cache_dir: Path) -> t
     except OSError as exc:
         log.warning("could not cache the CPU buffer check: %s", exc)
     return ok, why
-

@@ -28,6 +28,7 @@ UPLOAD_PURPOSES = ("assistants", "batch", "fine-tune", "vision", "user_data", "e
 #: The range of an `expires_after[seconds]`: an hour to 30 days.
 EXPIRES_MIN, EXPIRES_MAX = 3600, 30 * 24 * 3600
 
+
 class FileObject(Struct, kw_only=True):
     id: str
     object: Literal["file"] = "file"

@@ -44,7 +44,11 @@ def test_every_import_contract_is_kept() -> None:
         ("app/batches/output.py", "import app.api.files", "Only app.server imports app.api"),
         ("app/api/files.py", "import llama_cpp", "Only app.engine.llama imports llama_cpp"),
         ("app/toolchain/facts.py", "import app.engine.llama.native", "Each layer imports only"),
-        ("app/engine/llama/slots.py", "import app.engine.upstream.wire", "The two engines and the OpenAI"),
+        (
+            "app/engine/llama/slots.py",
+            "import app.engine.upstream.wire",
+            "The two engines and the OpenAI",
+        ),
     ],
 )
 def test_a_contract_fails_when_an_import_breaks_it(

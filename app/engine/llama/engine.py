@@ -486,7 +486,6 @@ class LlamaEngine:
                 self._counters.count("failed")
 
 
-
 def load_engine(settings: Settings) -> LlamaEngine:
     """Load the configured model and start its owner thread."""
     engine = LlamaEngine(

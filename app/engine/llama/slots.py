@@ -37,6 +37,7 @@ ONLINE_BATCH_WINDOW = 8
 #: buffer, which costs about as much as evaluating a few tokens in a batched step.
 MIN_COPY_TOKENS = 8
 
+
 def common_prefix(a: list[int], b: list[int]) -> int:
     """How many leading tokens two sequences share."""
     n = min(len(a), len(b))
