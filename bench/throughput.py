@@ -342,7 +342,7 @@ def batched_bench(
 
 @contextlib.contextmanager
 def same_cpu_buffers(model: Path, threads: int) -> Iterator[None]:
-    """Load the baseline with the CPU buffer types the engine picks (app/engine/cpu_check.py)."""
+    """Load the baseline with the CPU buffer types the engine picks (app/toolchain/cpu_check.py)."""
     import llama_cpp.llama_cpp as bindings  # the module llama_cpp.llama's Llama calls
 
     from app.config import Settings
