@@ -13,6 +13,7 @@ from typing import Any
 
 from app import __version__
 from app.config import Settings
+from app.toolchain.cuda import DEFAULT_ARCHS as DEFAULT_CUDA_ARCHS
 from app.toolchain.facts import SELFCHECK_COMMAND
 
 #: serve's flags: (flag, Settings field, type, help).
@@ -246,6 +247,14 @@ def build_parser() -> argparse.ArgumentParser:
             + (" (the default)" if name == "cpu" else ""),
         )
     build.add_argument(
+        "--cuda-arch",
+        default=None,
+        metavar="ARCH",
+        help='with --cuda: the GPU architectures to compile for, like 90 or "80;89;90" '
+        "(default: the visible GPUs', else " + ";".join(DEFAULT_CUDA_ARCHS) + " as far as "
+        "this nvcc supports them)",
+    )
+    build.add_argument(
         "--wheel",
         default=None,
         help="install this prebuilt wheel (or a wheelhouse dir's) instead of compiling "
@@ -352,7 +361,13 @@ def engine_command(args: argparse.Namespace) -> int:
     from app.toolchain import build
 
     if args.engine_command == "build":
-        return build.build(args.backend or "cpu", _settings(args), sys.stdout, wheel=args.wheel)
+        backend = args.backend or "cpu"
+        if args.cuda_arch and backend != "cuda":
+            print("batchyard engine build: --cuda-arch goes with --cuda", file=sys.stderr)
+            return 2
+        return build.build(
+            backend, _settings(args), sys.stdout, wheel=args.wheel, cuda_arch=args.cuda_arch
+        )
     if args.engine_command == "status":
         for line in build.status(_settings(args), check=args.check).lines():
             print(line)

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import TextIO
 
 from app.config import Settings
-from app.toolchain import cpu_check
+from app.toolchain import cpu_check, cuda
 from app.toolchain.facts import (
     LLAMA_CPP_VERSION,
     PACKAGE,
@@ -73,6 +73,7 @@ class Status:
     location: str
     gpu_built: list[str]
     gpu_seen: str | None
+    cuda_archs: list[str]  # what the CUDA library holds code for; empty without one
     extra_ok: bool | None  # None: not checked yet for this build
     why: str
     advice: str | None
@@ -93,9 +94,15 @@ class Status:
         gpu_note = (
             f"built with {', '.join(self.gpu_built)}" if self.gpu_built else "no GPU backend built"
         )
+        archs = (
+            [f"CUDA architectures: {', '.join(self.cuda_archs) or 'none found in the library'}"]
+            if "cuda" in self.gpu_built
+            else []
+        )
         return [
             f"llama-cpp-python {self.version} ({self.location})",
             f"backend: {self.backend} ({gpu_note})",
+            *archs,
             f"GPU seen: {self.gpu_seen or 'none (nvidia-smi lists no GPU)'}",
             f"CPU extra buffer types (AMX, repacked weights): {buffers}",
             f"fix: {self.advice}" if self.advice else "fix: nothing to fix",
@@ -132,11 +139,13 @@ def status(settings: Settings, *, check: bool = False) -> Status:
     gpu_built = gpu_libraries(lib_dir) if version else []
     gpu_seen = visible_nvidia_gpu()
     extra_ok, why = verdict if verdict is not None else (None, "")
+    cuda_lib = next(iter(sorted(lib_dir.glob("libggml-cuda*.so*"))), None) if version else None
     return Status(
         version=version,
         location=str(lib_dir.parent) if version else "",
         gpu_built=gpu_built,
         gpu_seen=gpu_seen,
+        cuda_archs=cuda.built_archs(cuda_lib) if cuda_lib else [],
         extra_ok=extra_ok,
         why=why,
         advice=advice(extra_ok=extra_ok, why=why, gpu_built=gpu_built, gpu_seen=gpu_seen),
@@ -197,14 +206,18 @@ def prebuilt_wheel(given: str | None) -> Path | None:
     return path
 
 
-def compile_env(backend: str) -> dict[str, str]:
-    """The environment pip builds in: the fix header ahead of every source, and the flags."""
+def compile_env(backend: str, cuda_flags: cuda.CudaFlags | None = None) -> dict[str, str]:
+    """The environment pip builds in: the fix header ahead of every source, and the flags
+    (a CUDA build's come from cuda.build_flags: architectures, cuBLAS)."""
     env = dict(os.environ)
     include = f"-include {FIX_HEADER}"
+    if cuda_flags is not None and cuda_flags.c_flags:
+        include += f" {cuda_flags.c_flags}"
     for var in ("CFLAGS", "CXXFLAGS"):
         env[var] = f"{env.get(var, '')} {include}".strip()
+    backend_flags = " ".join(cuda_flags.cmake) if cuda_flags is not None else BACKENDS[backend]
     env["CMAKE_ARGS"] = " ".join(
-        x for x in (env.get("CMAKE_ARGS", ""), BACKENDS[backend], COMMON_CMAKE) if x
+        x for x in (env.get("CMAKE_ARGS", ""), backend_flags, COMMON_CMAKE) if x
     )
     return env
 
@@ -243,12 +256,14 @@ def _compile_progress(line: str) -> bool:
     )
 
 
-def compile_wheel(backend: str, dest: Path, out: TextIO) -> Path:
+def compile_wheel(
+    backend: str, dest: Path, out: TextIO, cuda_flags: cuda.CudaFlags | None = None
+) -> Path:
     _pip(
         ["wheel", "-v", "--no-deps", "--no-cache-dir", "--no-binary", PACKAGE,
          f"{PACKAGE}=={LLAMA_CPP_VERSION}", "-w", str(dest)],
         out,
-        env=compile_env(backend),
+        env=compile_env(backend, cuda_flags),
         show=_compile_progress,
     )  # fmt: skip
     found = sorted(dest.glob("llama_cpp_python-*.whl"))
@@ -277,7 +292,28 @@ def verify(backend: str, settings: Settings) -> tuple[bool, str]:
     return done.answer.startswith("ok"), f"GPU check: {done.answer}"
 
 
-def build(backend: str, settings: Settings, out: TextIO, *, wheel: str | None = None) -> int:
+def cuda_plan(cuda_arch: str | None, out: TextIO) -> cuda.CudaFlags:
+    """The CUDA build's flags, said before the compile: the architectures and why, cuBLAS's
+    source and whether the driver stub is missing. Raises cuda.CudaError before any compile."""
+    archs, why = cuda.choose_archs(cuda_arch)
+    print(f"  CUDA architectures: {';'.join(archs)} ({why})", file=out, flush=True)
+    flags = cuda.build_flags(archs)
+    if not cuda.toolkit_has_cublas():
+        print(f"  cuBLAS: from the nvidia-cublas wheel in {cuda.cache_dir()} (the toolkit has none)",
+              file=out)  # fmt: skip
+    if "-DGGML_CUDA_NO_VMM=ON" in flags.cmake:
+        print("  no libcuda.so stub in the toolkit: GGML_CUDA_NO_VMM=ON", file=out, flush=True)
+    return flags
+
+
+def build(
+    backend: str,
+    settings: Settings,
+    out: TextIO,
+    *,
+    wheel: str | None = None,
+    cuda_arch: str | None = None,
+) -> int:
     """The whole `engine build`: save, build (or take a prebuilt wheel), install, check, and
     reinstall the saved build if the check fails. Returns the exit code."""
     if getattr(sys, "frozen", False):
@@ -302,15 +338,17 @@ def build(backend: str, settings: Settings, out: TextIO, *, wheel: str | None = 
                 phase(2, f"taking the prebuilt wheel {given} (no compile)")
                 new = given
             else:
+                flags = cuda_plan(cuda_arch, out) if backend == "cuda" else None
                 phase(
                     2,
                     f"compiling llama-cpp-python {LLAMA_CPP_VERSION} for {backend.upper()} with "
-                    f"{FIX_HEADER.name} (several minutes; CMAKE_ARGS={compile_env(backend)['CMAKE_ARGS']!r})",
+                    f"{FIX_HEADER.name} (several minutes; CMAKE_ARGS="
+                    f"{compile_env(backend, flags)['CMAKE_ARGS']!r})",
                 )
-                new = compile_wheel(backend, work / "new", out)
+                new = compile_wheel(backend, work / "new", out, flags)
             phase(3, f"installing {new.name} into {sys.prefix}")
             install(new, out)
-        except BuildError as exc:
+        except (BuildError, cuda.CudaError) as exc:
             print(f"engine build: {exc}\nThe installed build is unchanged.", file=out)
             return 1
         phase(4, "checking the new build" + (" on the GPU" if backend != "cpu" else ""))

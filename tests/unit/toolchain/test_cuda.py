@@ -1,0 +1,135 @@
+"""The CUDA build's inputs: architectures chosen, cuBLAS found, the flags given to CMake, and
+the architectures read back from a built library."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import pytest
+
+from app import cli
+from app.toolchain import build, cuda
+
+TINY = Path(__file__).parents[2] / "data" / "cuda" / "libggml-cuda-tiny.so"
+
+
+def test_built_archs_reads_machine_code_and_ptx_entries_of_the_fatbinary() -> None:
+    assert cuda.built_archs(TINY) == ["sm_80", "compute_90"]
+
+
+def test_built_archs_of_a_library_without_cuda_code_is_empty(tmp_path: Path) -> None:
+    plain = tmp_path / "libggml-cpu.so"
+    plain.write_bytes(b"\x7fELF" + b"\0" * 200)
+    assert cuda.built_archs(plain) == []
+    assert cuda.built_archs(tmp_path / "missing.so") == []
+
+
+@pytest.mark.parametrize(
+    ("given", "archs"),
+    [("90", ["90"]), ("80;89;90", ["80", "89", "90"]), ("8.9,sm_90", ["89", "90"])],
+)
+def test_parse_archs_takes_cmake_lists_and_capabilities(given: str, archs: list[str]) -> None:
+    assert cuda.parse_archs(given) == archs
+
+
+@pytest.mark.parametrize("given", ["", ";", "hopper", "9"])
+def test_parse_archs_refuses_what_is_no_architecture(given: str) -> None:
+    with pytest.raises(cuda.CudaError, match="--cuda-arch"):
+        cuda.parse_archs(given)
+
+
+def test_choose_archs_prefers_the_flag_then_the_visible_gpus_then_supported_defaults(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(cuda, "visible_archs", lambda: ["90"])
+    monkeypatch.setattr(cuda, "nvcc_archs", lambda: ["80", "86", "89", "90", "100"])
+    assert cuda.choose_archs("80;90") == (["80", "90"], "--cuda-arch")
+    assert cuda.choose_archs(None)[0] == ["90"]
+    monkeypatch.setattr(cuda, "visible_archs", lambda: [])
+    archs, why = cuda.choose_archs(None)
+    assert archs == ["80", "86", "89", "90"]  # CUDA 13's nvcc has no 75 in this case
+    assert "no GPU in sight" in why
+    monkeypatch.setattr(cuda, "nvcc_archs", lambda: ["120"])
+    with pytest.raises(cuda.CudaError, match="--cuda-arch"):
+        cuda.choose_archs(None)
+
+
+def test_find_cublas_names_the_versioned_libraries_of_the_wheel(tmp_path: Path) -> None:
+    base = tmp_path / "nvidia" / "cu13"
+    (base / "include").mkdir(parents=True)
+    (base / "lib").mkdir()
+    (base / "include" / "cublas_v2.h").write_text("")
+    assert cuda.find_cublas(tmp_path) is None  # headers without libraries
+    for name in ("libcublas.so.13", "libcublasLt.so.13"):
+        (base / "lib" / name).write_bytes(b"")
+    found = cuda.find_cublas(tmp_path)
+    assert found is not None
+    assert (found.cublas.name, found.cublas_lt.name) == ("libcublas.so.13", "libcublasLt.so.13")
+    assert found.include == base / "include"
+
+
+def test_build_flags_of_a_toolkit_without_cublas_or_driver_stub(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    lib = tmp_path / "lib"
+    wheel = cuda.Cublas(tmp_path / "inc", lib / "libcublas.so.13", lib / "libcublasLt.so.13")
+    monkeypatch.setattr(cuda, "toolkit_has_cublas", lambda: False)
+    monkeypatch.setattr(cuda, "toolkit_has_driver_stub", lambda: False)
+    monkeypatch.setattr(cuda, "nvcc_version", lambda: (13, 0))
+    monkeypatch.setattr(cuda, "fetch_cublas", lambda major: wheel)
+    flags = cuda.build_flags(["80", "90"])
+    assert flags.cmake == [
+        "-DGGML_CUDA=on",
+        "-DCMAKE_CUDA_ARCHITECTURES=80;90",
+        "-DGGML_CUDA_NO_VMM=ON",
+        f"-DCUDA_cublas_LIBRARY={lib}/libcublas.so.13",
+        f"-DCUDA_cublasLt_LIBRARY={lib}/libcublasLt.so.13",
+        f"-DCMAKE_CUDA_FLAGS=-I{tmp_path}/inc",
+    ]
+    env = build.compile_env("cuda", flags)
+    # The cuBLAS include rides along with the fix header (a -DCMAKE_C_FLAGS would drop it).
+    assert env["CFLAGS"].endswith(f"-include {build.FIX_HEADER} -I{tmp_path}/inc")
+    assert "-DCMAKE_CUDA_ARCHITECTURES=80;90" in env["CMAKE_ARGS"]
+    assert "-DLLAVA_BUILD=OFF" in env["CMAKE_ARGS"]
+
+
+def test_build_flags_of_a_full_toolkit_are_the_architectures_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(cuda, "toolkit_has_cublas", lambda: True)
+    monkeypatch.setattr(cuda, "toolkit_has_driver_stub", lambda: True)
+    flags = cuda.build_flags(["90"])
+    assert flags.cmake == ["-DGGML_CUDA=on", "-DCMAKE_CUDA_ARCHITECTURES=90"]
+    assert flags.c_flags == ""
+
+
+def test_cuda_plan_says_the_architectures_and_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cuda, "toolkit_has_cublas", lambda: True)
+    monkeypatch.setattr(cuda, "toolkit_has_driver_stub", lambda: False)
+    out = io.StringIO()
+    flags = build.cuda_plan("80;90", out)
+    assert "-DCMAKE_CUDA_ARCHITECTURES=80;90" in flags.cmake
+    assert "CUDA architectures: 80;90 (--cuda-arch)" in out.getvalue()
+    assert "GGML_CUDA_NO_VMM=ON" in out.getvalue()
+    with pytest.raises(cuda.CudaError, match="'nine'"):
+        build.cuda_plan("nine", out)
+
+
+def test_status_names_the_architectures_of_a_cuda_build() -> None:
+    status = build.Status(
+        version="0.3.36",
+        location="/x",
+        gpu_built=["cuda"],
+        gpu_seen=None,
+        cuda_archs=["sm_90"],
+        extra_ok=True,
+        why="",
+        advice=None,
+    )
+    assert "CUDA architectures: sm_90" in status.lines()
+
+
+def test_cuda_arch_goes_with_cuda(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["engine", "build", "--cpu", "--cuda-arch", "90"]) == 2
+    assert "--cuda-arch goes with --cuda" in capsys.readouterr().err
