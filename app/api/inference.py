@@ -301,6 +301,7 @@ async def health(services: NamedDependency[Services]) -> Response[Health]:
             n_gpu_layers=info.n_gpu_layers,
             cpu_buffers=info.cpu_buffers or None,
             advice=info.advice,
+            gpu_fallback=info.gpu_fallback,
             engines=[
                 EngineHealth(name=m.name, kind=m.kind, up=m.up, models=m.models)
                 for m in members(engine)

@@ -74,6 +74,7 @@ class ModelInfo:
     created: int  # unix time the model file was written, for /v1/models
     cpu_buffers: str = ""  # llama.cpp's extra CPU buffer types: "on (why)" or "off (why)"
     advice: str | None = None  # the command that fixes the build (toolchain/facts.py), if any
+    gpu_fallback: str | None = None  # why a GPU build runs on the CPU (toolchain/facts.py)
 
 
 @dataclass

@@ -36,6 +36,7 @@ from app.toolchain.facts import (
     PACKAGE,
     advice,
     build_command,
+    cpu_fallback,
     cpu_threads,
     gpu_libraries,
     llama_lib_dir,
@@ -104,6 +105,7 @@ class Status:
             f"backend: {self.backend} ({gpu_note})",
             *archs,
             f"GPU seen: {self.gpu_seen or 'none (nvidia-smi lists no GPU)'}",
+            *([fallback] if (fallback := cpu_fallback(self.gpu_built, self.gpu_seen)) else []),
             f"CPU extra buffer types (AMX, repacked weights): {buffers}",
             f"fix: {self.advice}" if self.advice else "fix: nothing to fix",
         ]

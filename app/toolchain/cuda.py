@@ -237,6 +237,52 @@ def runtime_lib_dirs() -> list[Path]:
     return list(dict.fromkeys(dirs))
 
 
+#: The CUDA libraries a CUDA build of ggml links by name, in the order they need each other.
+_RUNTIME_SONAME = re.compile(rb"lib(?:cudart|cublasLt|cublas)\.so\.\d+")
+_RUNTIME_ORDER = ("libcudart", "libcublasLt", "libcublas.")
+
+
+def needed_runtime(library: Path) -> list[str]:
+    """The CUDA runtime and cuBLAS sonames `library` links (read from its dynamic string
+    table, which sits near the start of the file), in loading order."""
+    try:
+        with library.open("rb") as f:
+            head = f.read(8 << 20)
+    except OSError:
+        return []
+    names = {m.decode() for m in _RUNTIME_SONAME.findall(head)}
+    return sorted(
+        names, key=lambda n: next(i for i, p in enumerate(_RUNTIME_ORDER) if n.startswith(p))
+    )
+
+
+def preload_runtime(lib_dir: Path) -> list[str]:
+    """Load the CUDA libraries a CUDA build in `lib_dir` needs from where the system's loader
+    does not look (an nvidia-* wheel, the cuBLAS cache, the toolkit), before llama_cpp loads
+    it: the loader then takes the ones already loaded. Returns the paths loaded this way;
+    nothing for a build without CUDA, or where the system finds them itself."""
+    import ctypes
+
+    cuda_libs = sorted(lib_dir.glob("libggml-cuda*.so*")) if lib_dir.is_dir() else []
+    if not cuda_libs:
+        return []
+    loaded: list[str] = []
+    dirs: list[Path] | None = None
+    for soname in needed_runtime(cuda_libs[0]):
+        try:
+            ctypes.CDLL(soname, mode=ctypes.RTLD_GLOBAL)
+            continue
+        except OSError:
+            pass
+        dirs = runtime_lib_dirs() if dirs is None else dirs
+        for d in dirs:
+            if (d / soname).is_file():
+                ctypes.CDLL(str(d / soname), mode=ctypes.RTLD_GLOBAL)
+                loaded.append(str(d / soname))
+                break
+    return loaded
+
+
 # -- what a build was compiled for -----------------------------------------------------
 
 #: A fatbinary's header (magic, version, header size, size of its entries) and its entries'

@@ -68,6 +68,17 @@ def visible_nvidia_gpu() -> str | None:
     return gpus[0] if out.returncode == 0 and gpus else None
 
 
+def cpu_fallback(gpu_built: list[str], gpu_seen: str | None) -> str | None:
+    """The start-up line (and /health's `gpu_fallback`, `engine status`'s line) of a CUDA
+    build on a machine where nvidia-smi lists no GPU: it runs, on the CPU. None otherwise."""
+    if "cuda" not in gpu_built or gpu_seen:
+        return None
+    return (
+        "llama-cpp-python is built with CUDA, but no GPU is visible (nvidia-smi lists none): "
+        "the engine runs on the CPU."
+    )
+
+
 def advice(
     *, extra_ok: bool | None, why: str, gpu_built: list[str], gpu_seen: str | None
 ) -> str | None:

@@ -52,6 +52,8 @@ class Health(Struct, kw_only=True):
     cpu_buffers: str | None = None
     #: The command that fixes the llama.cpp build (`batchyard engine build ...`), if any.
     advice: str | None = None
+    #: Why a GPU build of llama.cpp runs on the CPU (a CUDA build, no GPU in sight), if so.
+    gpu_fallback: str | None = None
     engines: list[EngineHealth] | None = None
 
 

@@ -21,7 +21,13 @@ from app.config import Settings
 from app.engine.base import ModelInfo
 from app.model_files import quantization
 from app.toolchain.cpu_check import extra_buffers
-from app.toolchain.facts import advice, cpu_threads, gpu_libraries, visible_nvidia_gpu
+from app.toolchain.facts import (
+    advice,
+    cpu_fallback,
+    cpu_threads,
+    gpu_libraries,
+    visible_nvidia_gpu,
+)
 
 log = logging.getLogger("batchyard.engine")
 
@@ -38,7 +44,8 @@ def kv_needs_flash_attention(kv_cache_type: str) -> bool:
 
 def default_parallel(n_gpu_layers: int) -> int:
     """Slots that suit the hardware when --parallel is 0: a GPU keeps many more busy."""
-    if n_gpu_layers != 0 and lc.llama_supports_gpu_offload():
+    # A GPU build with no GPU device (CUDA failed to start: no driver) runs on the CPU.
+    if n_gpu_layers != 0 and lc.llama_supports_gpu_offload() and gpu_backend_name():
         return 64
     # On a CPU too, more rows per forward pass is cheaper per token (bench/README.md).
     return 32
@@ -170,6 +177,8 @@ class LoadedModel:
     cpu_buffers: str = ""
     #: The command that fixes the build (toolchain/facts.py advice), or None.
     advice: str | None = None
+    #: Why a GPU build runs on the CPU (toolchain/facts.py cpu_fallback), or None.
+    gpu_fallback: str | None = None
 
     def model_info(self, *, has_chat_template: bool, n_gpu_layers: int) -> ModelInfo:
         stat = self.path.stat()
@@ -188,6 +197,7 @@ class LoadedModel:
             created=int(stat.st_mtime),
             cpu_buffers=self.cpu_buffers,
             advice=self.advice,
+            gpu_fallback=self.gpu_fallback,
         )
 
     def free(self) -> None:
@@ -211,9 +221,13 @@ def load(settings: Settings, *, prompt_tokens_per_step: int) -> LoadedModel:
     # build is sound and crash where it is not; a child process checks once (cpu_check).
     extra, why = extra_buffers(path, threads, settings.cpu_extra_buffers, settings.cache_path)
     log.info("cpu extra buffer types: %s (%s)", "on" if extra else "off", why)
-    fix = advice(extra_ok=extra, why=why, gpu_built=gpu_libraries(), gpu_seen=visible_nvidia_gpu())
+    gpu_built, gpu_seen = gpu_libraries(), visible_nvidia_gpu()
+    fix = advice(extra_ok=extra, why=why, gpu_built=gpu_built, gpu_seen=gpu_seen)
     if fix:
         log.warning("%s", fix)
+    fallback = cpu_fallback(gpu_built, gpu_seen)
+    if fallback:
+        log.warning("%s", fallback)
     model = load_model(path, n_gpu_layers=settings.n_gpu_layers, use_extra_bufts=extra)
     n_slots = (
         settings.parallel if settings.parallel > 0 else default_parallel(settings.n_gpu_layers)
@@ -262,4 +276,5 @@ def load(settings: Settings, *, prompt_tokens_per_step: int) -> LoadedModel:
         library_version=lc.__version__,
         cpu_buffers=f"{'on' if extra else 'off'} ({why})",
         advice=fix,
+        gpu_fallback=fallback,
     )

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from app import cli
-from app.toolchain import build, cuda
+from app.toolchain import build, cuda, facts
 
 TINY = Path(__file__).parents[2] / "data" / "cuda" / "libggml-cuda-tiny.so"
 
@@ -133,3 +133,29 @@ def test_status_names_the_architectures_of_a_cuda_build() -> None:
 def test_cuda_arch_goes_with_cuda(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["engine", "build", "--cpu", "--cuda-arch", "90"]) == 2
     assert "--cuda-arch goes with --cuda" in capsys.readouterr().err
+
+
+def test_a_cuda_build_without_a_gpu_in_sight_says_it_runs_on_the_cpu() -> None:
+    line = facts.cpu_fallback(["cuda"], None)
+    assert line == (
+        "llama-cpp-python is built with CUDA, but no GPU is visible (nvidia-smi lists none): "
+        "the engine runs on the CPU."
+    )
+    assert facts.cpu_fallback(["cuda"], "GPU 0: NVIDIA H200") is None
+    assert facts.cpu_fallback([], None) is None
+    status = build.Status("0.3.36", "/x", ["cuda"], None, ["sm_90"], True, "", None)
+    assert line in status.lines()
+
+
+def test_needed_runtime_lists_the_linked_cuda_libraries_in_loading_order(tmp_path: Path) -> None:
+    lib = tmp_path / "libggml-cuda.so"
+    lib.write_bytes(
+        b"\x7fELF\0libcublas.so.13\0libggml-base.so\0libcudart.so.13\0libcublasLt.so.13\0"
+    )
+    assert cuda.needed_runtime(lib) == ["libcudart.so.13", "libcublasLt.so.13", "libcublas.so.13"]
+
+
+def test_preload_runtime_does_nothing_for_a_build_without_cuda(tmp_path: Path) -> None:
+    (tmp_path / "libggml-cpu.so").write_bytes(b"")
+    assert cuda.preload_runtime(tmp_path) == []
+    assert cuda.preload_runtime(tmp_path / "missing") == []
