@@ -1,7 +1,7 @@
 """The real LlamaEngine on the real default model: batching, sampling, limits, shapes.
 
 The scheduling decisions and the response shapes alone, without a model, are
-tests/unit/test_engine_slots.py and test_engine_responses.py.
+tests/unit/engine/llama/test_slots.py and oai/test_answers_match_openai_types.py.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""The engine's CPU priority (engine/priority.py): lowered in its own thread, inherited by the
-threads it starts (llama.cpp's OpenMP workers), and nowhere else."""
+"""The engine's CPU priority (engine/llama/thread_priority.py): lowered in its own thread,
+inherited by the threads it starts (llama.cpp's OpenMP workers), and nowhere else."""
 
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ from app.engine.llama.oai import answers, tools
 from app.engine.llama.oai.chat_template import ChatTemplate, normalise_messages
 from app.engine.llama.prepare import Preparer
 from app.wire.endpoints import CHAT
-from tests.unit.test_engine_prepare import Letters
+from tests.unit.engine.llama.test_prepare import Letters
 
 WEATHER = {
     "type": "function",

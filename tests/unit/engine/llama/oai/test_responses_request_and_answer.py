@@ -18,7 +18,7 @@ from app.engine.llama.oai.chat_template import ChatTemplate
 from app.engine.llama.prepare import Preparer
 from app.web.views import answer_text
 from app.wire.endpoints import RESPONSES
-from tests.unit.test_engine_prepare import Letters
+from tests.unit.engine.llama.test_prepare import Letters
 
 WEATHER = {
     "type": "function",

@@ -1,7 +1,7 @@
 """A live server's threads: the engine's run at the lowest CPU priority, the API's do not.
 
-The mechanism is in engine/priority.py; this checks it on the real model, after a real
-decode, from the outside (/proc), as a user's `ps -L -o cls` would see it.
+The mechanism is in engine/llama/thread_priority.py; this checks it on the real model, after a
+real decode, from the outside (/proc), as a user's `ps -L -o cls` would see it.
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 
 Each "node" is its own Services (its own engine pool and runner, its own node id) on one
 database and one files location, exactly as two `batchyard serve` processes would share
-them. The real-process version, with kill -9 and the real model, is tests/e2e/test_nodes.py.
+them. The real-process version, with kill -9 and the real model, is
+tests/e2e/test_node_killed_mid_batch.py.
 """
 
 from __future__ import annotations
