@@ -4,11 +4,11 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from tests.factories import CHAT
+from tests.waiting import until
 
 if TYPE_CHECKING:
     from litestar.testing import TestClient
@@ -98,13 +98,15 @@ def wait_for_status(
     """Poll get(batch_id) until the batch's status is one of `statuses` (or, given a function,
     until it says yes to the batch); returns that batch. Each new status is added to `seen`."""
     wanted = statuses if callable(statuses) else (lambda b: status_of(b) in statuses)
-    deadline = time.time() + timeout
-    while True:
+
+    def current() -> B:
         b = get(batch_id)
         if seen is not None and (not seen or seen[-1] != status_of(b)):
             seen.append(status_of(b))
-        if wanted(b):
-            return b
-        if time.time() > deadline:
-            raise AssertionError(f"batch {batch_id} stayed {status_of(b)} for {timeout}s: {b}")
-        time.sleep(poll)
+        return b
+
+    if callable(statuses):
+        what = f"batch {batch_id} to pass {getattr(statuses, '__name__', statuses)}"
+    else:
+        what = f"batch {batch_id} to be {' or '.join(statuses)}"
+    return until(current, timeout, what, accept=wanted, poll=poll)

@@ -6,12 +6,13 @@ import os
 import socket
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
+
+from tests.waiting import until
 
 ROOT = Path(__file__).resolve().parent.parent
 OUTPUT = ROOT / "test-output"
@@ -105,18 +106,18 @@ def start_server(
             cmd, cwd=ROOT, env=checkout_env(env), stdout=log, stderr=subprocess.STDOUT
         )
     server = LiveServer(f"http://127.0.0.1:{port}", data_dir, proc, log_path)
-    deadline = time.time() + timeout
-    while time.time() < deadline:
+
+    def ready() -> bool:
         if proc.poll() is not None:
             raise RuntimeError(f"batchyard serve exited with {proc.returncode}:\n{server.log()}")
-        try:
-            if httpx.get(server.url + "/health", timeout=2).status_code == 200:
-                return server
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.3)
-    proc.kill()
-    raise RuntimeError(f"batchyard serve was not ready in {timeout}s:\n{server.log()}")
+        return httpx.get(server.url + "/health", timeout=2).status_code == 200
+
+    try:
+        until(ready, timeout, "batchyard serve's /health", poll=0.1, ignoring=(httpx.HTTPError,))
+    except AssertionError as e:
+        proc.kill()
+        raise RuntimeError(f"{e}\n{server.log()}") from None
+    return server
 
 
 def stop_process(process: subprocess.Popen[Any], timeout: float = 15) -> None:
@@ -158,10 +159,15 @@ def serve_in_thread(app: Any, timeout: float = 30) -> InProcessServer:
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name="test-uvicorn", daemon=True)
     thread.start()
-    deadline = time.time() + timeout
-    while not server.started:
-        if time.time() > deadline or not thread.is_alive():
-            server.should_exit = True
-            raise RuntimeError(f"the in-process server did not start in {timeout}s")
-        time.sleep(0.05)
+
+    def started() -> bool:
+        if not thread.is_alive():
+            raise RuntimeError("the in-process server's thread ended before it started")
+        return bool(server.started)
+
+    try:
+        until(started, timeout, "the in-process server to start")
+    except AssertionError:
+        server.should_exit = True
+        raise
     return InProcessServer(f"http://127.0.0.1:{port}", server, thread)

@@ -4,11 +4,12 @@ the statuses it is given, in order (then 200), as a user's endpoint would."""
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from tests.waiting import until
 
 
 @dataclass
@@ -26,11 +27,9 @@ class Receiver:
 
     def wait_for(self, count: int, timeout: float = 30) -> list[Received]:
         """The first `count` requests, once they have arrived."""
-        deadline = time.time() + timeout
-        while len(self.received) < count:
-            if time.time() > deadline:
-                raise AssertionError(f"{len(self.received)} webhook(s) arrived, not {count}")
-            time.sleep(0.05)
+        until(
+            lambda: len(self.received), timeout, f"{count} webhook(s)", accept=lambda n: n >= count
+        )
         return self.received[:count]
 
 

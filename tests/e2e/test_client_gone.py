@@ -14,6 +14,7 @@ import pytest
 from tests.factories import chat_body
 from tests.metrics import scrape, value
 from tests.upstream_double import FLAKY_MODEL, Fleet
+from tests.waiting import until
 
 EMBEDDED_MODEL = "SmolLM2-135M-Instruct.Q4_1"
 #: SmolLM2's end-of-text, im_start and im_end tokens: banned, the model writes to max_tokens.
@@ -36,13 +37,17 @@ def cancelled(samples: list) -> float:
 
 def settles(check: Callable[[list], bool], fleet: Fleet, within: float) -> list:
     """Poll /metrics until `check` holds (its samples returned), or fail with the last ones."""
-    deadline = time.monotonic() + within
-    while True:
-        samples = scrape(fleet.front.url)
-        if check(samples):
-            return samples
-        assert time.monotonic() < deadline, [s for s in samples if "engine" in s[0]]
-        time.sleep(0.1)
+    last: list = []
+
+    def scraped() -> list:
+        last[:] = scrape(fleet.front.url)
+        return last
+
+    try:
+        return list(until(scraped, within, "/metrics to settle", accept=check, poll=0.1))
+    except AssertionError:
+        engine = [s for s in last if "engine" in s[0]]  # the samples that matter here
+        raise AssertionError(f"/metrics did not settle in {within}s: {engine}") from None
 
 
 def give_up(fleet: Fleet, path: str, body: dict, after: float) -> None:

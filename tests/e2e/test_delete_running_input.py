@@ -3,7 +3,6 @@ the batch still finishes every line; the bytes go once no batch needs them."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import openai
@@ -13,6 +12,7 @@ from openai import OpenAI
 from tests.factories import batch_line, jsonl
 from tests.http_helpers import FINISHED, wait_for_status
 from tests.live import OUTPUT, start_server, stop_server
+from tests.waiting import until
 
 pytestmark = pytest.mark.slow
 
@@ -60,9 +60,6 @@ def test_delete_mid_batch_then_restart_finishes_every_line(tmp_path: Path) -> No
         assert done.output_file_id
         out = client.files.content(done.output_file_id).text.splitlines()
         assert len(out) == LINES
-        deadline = time.time() + 10
-        while stored.exists() and time.time() < deadline:
-            time.sleep(0.1)
-        assert not stored.exists(), "the deleted input's bytes outlived its batch"
+        until(lambda: not stored.exists(), 10, "the deleted input's bytes to go with its batch")
     finally:
         stop_server(server)

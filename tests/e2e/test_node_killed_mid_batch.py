@@ -31,6 +31,7 @@ from sqlalchemy import Engine, create_engine, text
 
 from tests.factories import batch_line, jsonl
 from tests.live import OUTPUT, start_batchyard, start_server, stop_process, stop_server
+from tests.waiting import until
 
 pytestmark = pytest.mark.slow
 
@@ -57,7 +58,8 @@ def kill_while_it_holds_lines(
 ) -> list[dict[str, Any]]:
     """SIGKILL `node` once it has recorded 2 lines of its own and holds more; the rows as it
     left them. It is stopped (SIGSTOP) while they are read, so it can neither record nor
-    claim between the look and the kill; when they do not show what is wanted it goes on."""
+    claim between the look and the kill; when they do not show what is wanted it goes on.
+    (A loop that stops and resumes a process each turn, not a plain wait: no until().)"""
     deadline = time.time() + 240
     while True:
         rows = by_node(db, batch_id)
@@ -94,16 +96,22 @@ def start_worker(
         "worker", "--data-dir", str(data), "--database-url", url, "--node-name", "nodeC",
         *NODE_ARGS, "--ctx-size", "1024", stdout=log, stderr=log,
     )  # fmt: skip
-    deadline = time.time() + timeout
-    while time.time() < deadline:
+
+    def node_id() -> str | None:
         text_so_far = log_path.read_text(errors="replace")
         for line in text_so_far.splitlines():
             if line.startswith("batchyard worker ") and " ready:" in line:
-                return proc, line.split()[2]
+                return line.split()[2]
         assert proc.poll() is None, f"worker exited {proc.returncode}:\n{text_so_far}"
-        time.sleep(0.3)
-    proc.kill()
-    raise AssertionError(f"worker not ready in {timeout}s:\n{log_path.read_text()}")
+        return None
+
+    try:
+        return proc, until(node_id, timeout, "the worker's ready line", poll=0.1)
+    except AssertionError as e:
+        if proc.poll() is not None:
+            raise  # it exited: the message has its log already
+        proc.kill()
+        raise AssertionError(f"{e}\n{log_path.read_text()}") from None
 
 
 def test_kill_one_node_mid_batch_the_others_finish_every_line_once(
@@ -147,12 +155,13 @@ def test_kill_one_node_mid_batch_the_others_finish_every_line_once(
         }
         done_before = Counter(r["claimed_by"] for r in at_kill if r["status"] == "succeeded")
 
-        finished = created
-        deadline = time.time() + 300
-        while finished.status not in ("completed", "failed", "expired", "cancelled"):
-            assert time.time() < deadline, f"batch stayed {finished.status}"
-            time.sleep(0.5)
-            finished = sdk_a.batches.retrieve(created.id)
+        finished = until(
+            lambda: sdk_a.batches.retrieve(created.id),
+            300,
+            f"batch {created.id} to finish",
+            accept=lambda b: b.status in ("completed", "failed", "expired", "cancelled"),
+            poll=0.5,
+        )
         assert finished.status == "completed", finished
         out = [
             json.loads(x)

@@ -11,7 +11,6 @@ checked too. The example count is bounded so the whole run takes seconds.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -26,6 +25,7 @@ from schemathesis.specs.openapi.checks import response_schema_conformance
 
 from tests.factories import batch_line, jsonl
 from tests.live import OUTPUT, LiveServer, start_server, stop_server
+from tests.waiting import until
 
 #: Operations that would run the model for every example.
 GENERATION = r"^/v1/(chat/completions|completions|embeddings|responses)$"
@@ -71,10 +71,13 @@ def known_ids(fuzz_server: LiveServer) -> dict[str, str]:
     )
     assert made.status_code == 200, made.text
     batch_id = made.json()["id"]
-    deadline = time.time() + 120
-    while (b := httpx.get(f"{api}/batches/{batch_id}").json())["status"] != "completed":
-        assert time.time() < deadline, b
-        time.sleep(0.2)
+    b = until(
+        lambda: httpx.get(f"{api}/batches/{batch_id}").json(),
+        120,
+        f"batch {batch_id} to complete",
+        accept=lambda b: b["status"] == "completed",
+        poll=0.2,
+    )
     pending = httpx.post(
         f"{api}/uploads",
         json={"bytes": 64, "filename": "u.bin", "mime_type": "text/plain", "purpose": "user_data"},

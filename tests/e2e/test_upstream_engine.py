@@ -16,6 +16,7 @@ from app.engine.upstream.engine import UpstreamEngine
 from app.wire.endpoints import CHAT
 from tests.factories import chat_body
 from tests.upstream_double import UPSTREAM_MODEL, FlakyUpstream, Fleet
+from tests.waiting import until
 
 
 @pytest.fixture
@@ -101,9 +102,7 @@ def test_cancel_drops_a_queued_request_and_aborts_a_running_one(double: FlakyUps
         for fut in (queued, running):
             with pytest.raises(RequestCancelled):
                 fut.result(timeout=1)
-        deadline = time.time() + 5
-        while engine.stats().active_slots and time.time() < deadline:
-            time.sleep(0.05)
+        until(lambda: engine.stats().active_slots == 0, 5, "the slot to be free")
         stats = engine.stats()
         assert stats.active_slots == 0 and stats.queue_depth == 0
         assert stats.requests_total == {"cancelled": 2}
@@ -118,18 +117,20 @@ def test_cancel_during_a_backoff_ends_it_at_once(double: FlakyUpstream) -> None:
     try:
         double.plan(*["500"] * 7)
         fut = engine.submit(CHAT, chat_body("Hi", model=UPSTREAM_MODEL, max_tokens=2))
-        deadline = time.time() + 10
-        while engine.status().retries_total < 3:  # now waiting 2 s for its fourth try
-            assert time.time() < deadline and not fut.done()
-            time.sleep(0.02)
+
+        def retries() -> int:
+            assert not fut.done(), fut.result()
+            return engine.status().retries_total
+
+        # After the third retry it waits 2 s for its fourth try.
+        until(retries, 10, "3 retries", accept=lambda n: n >= 3)
         assert engine.stats().queue_depth == 1
         engine.cancel(fut)
         with pytest.raises(RequestCancelled):
             fut.result(timeout=1)
-        deadline = time.time() + 0.5  # not when the 2 s would have passed
-        while engine.stats().queue_depth and time.time() < deadline:
-            time.sleep(0.02)
-        assert engine.stats().queue_depth == 0 and engine.stats().active_slots == 0
+        # ...at once, not when the 2 s would have passed.
+        until(lambda: engine.stats().queue_depth == 0, 0.5, "the cancelled request to leave")
+        assert engine.stats().active_slots == 0
         time.sleep(2.5)
         assert len(double.arrivals) == 3 and engine.status().retries_total == 3
     finally:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import io
 import json
-import time
 
 import httpx
 import openai
@@ -14,6 +13,7 @@ from openai import OpenAI
 from tests.factories import batch_line, jsonl
 from tests.http_helpers import FINISHED, wait_for_status
 from tests.live import LiveServer
+from tests.waiting import until
 
 #: A long system prompt every line shares, so the engine's prefix cache has something to hit.
 SYSTEM = "You are a terse assistant for a shipping company. " + " ".join(
@@ -134,10 +134,12 @@ def test_every_response_carries_an_x_request_id_that_the_log_names(
         )
     ]
     # The server logs through a queue: its lines reach the file a moment after the answer.
-    deadline = time.time() + 10
-    while not all(w in (log := live_server.log()) for w in wanted) and time.time() < deadline:
-        time.sleep(0.1)
-    for w in wanted:
-        assert w in log
+    log = until(
+        live_server.log,
+        10,
+        f"the log to name {wanted}",
+        accept=lambda log: all(w in log for w in wanted),
+        poll=0.1,
+    )
     line = next(x for x in log.splitlines() if wanted[1] in x)
     assert "path=/v1/files/file-nope status=404 " in line

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import base64
 import sqlite3
-import time
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +17,7 @@ from tests.factories import batch_line, jsonl
 from tests.http_helpers import wait_for_status
 from tests.live import OUTPUT, start_server, stop_server
 from tests.receiver import webhook_receiver
+from tests.waiting import until
 
 pytestmark = pytest.mark.slow
 
@@ -90,9 +90,10 @@ def test_a_failed_delivery_is_retried_with_the_same_event_across_a_restart(
 
 
 def wait_for_page(http: httpx.Client, batch_id: str, text: str, timeout: float = 20) -> str:
-    deadline = time.time() + timeout
-    while True:
-        page = http.get(f"/batches/{batch_id}").text
-        if text in page or time.time() > deadline:
-            return page
-        time.sleep(0.2)
+    return until(
+        lambda: http.get(f"/batches/{batch_id}").text,
+        timeout,
+        f"{text!r} on batch {batch_id}'s page",
+        accept=lambda page: text in page,
+        poll=0.2,
+    )

@@ -7,7 +7,6 @@ The real app on a real SQLite file, driven by the test client; the engine is the
 from __future__ import annotations
 
 import json
-import time
 from typing import Any
 
 import pytest
@@ -26,6 +25,7 @@ from tests.http_helpers import (
     upload,
     wait_for_status,
 )
+from tests.waiting import until
 
 CAP = 4 * 1024 * 1024  # the batch file cap where a test needs big files
 CAPS = {"max_batch_file_bytes": CAP, "max_file_bytes": 2 * CAP}
@@ -352,10 +352,7 @@ def test_deleting_the_input_of_a_running_batch_hides_it_and_keeps_its_bytes_unti
 
     client.post(f"/v1/batches/{b['id']}/cancel")
     wait_for_status(batch_getter(client), b["id"], ("cancelled",))
-    deadline = time.time() + 10
-    while stored.exists() and time.time() < deadline:
-        time.sleep(0.05)
-    assert not stored.exists()
+    until(lambda: not stored.exists(), 10, f"the cancelled batch's input {stored} to go")
     # The batch still names its input; its output file is still served.
     again = client.get(f"/v1/batches/{b['id']}").json()
     assert again["input_file_id"] == f["id"]

@@ -21,6 +21,7 @@ from app.config import Settings
 from app.engine.base import EngineError, Priority, RequestCancelled
 from app.engine.llama.engine import LlamaEngine, load_engine
 from app.wire.endpoints import CHAT, COMPLETIONS, EMBEDDINGS
+from tests.waiting import until
 
 SLOTS = 8
 CTX = 512
@@ -252,9 +253,8 @@ def test_online_overtakes_queued_batch_lines(engine: LlamaEngine) -> None:
 def test_a_slot_stays_free_for_online_requests(engine: LlamaEngine) -> None:
     long = chat("Tell a long story.", max_tokens=300, logit_bias=NO_EOG)
     lines = [engine.submit(CHAT, long, priority=Priority.BATCH) for _ in range(SLOTS)]
-    deadline = time.monotonic() + 30
-    while engine.stats().active_slots < SLOTS - 1 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    busy = f"{SLOTS - 1} busy slots"
+    until(lambda: engine.stats().active_slots, 30, busy, accept=lambda n: n >= SLOTS - 1, poll=0.01)
     time.sleep(0.2)
     # Batch lines fill all but one slot; the last line waits in the queue.
     assert engine.stats().active_slots == SLOTS - 1 and engine.stats().queue_depth == 1
@@ -275,9 +275,7 @@ def test_cancel_queued_and_running_requests(engine: LlamaEngine) -> None:
     long = chat("Tell a long story.", max_tokens=300, logit_bias=NO_EOG)
     running = [engine.submit(CHAT, long) for _ in range(SLOTS)]
     queued = engine.submit(CHAT, long)
-    deadline = time.monotonic() + 30
-    while engine.stats().active_slots < SLOTS and time.monotonic() < deadline:
-        time.sleep(0.01)
+    until(lambda: engine.stats().active_slots, 30, "every slot busy", accept=lambda n: n >= SLOTS)
     assert engine.stats().queue_depth >= 1
     engine.cancel(queued)
     with pytest.raises(RequestCancelled):
@@ -291,10 +289,7 @@ def test_cancel_queued_and_running_requests(engine: LlamaEngine) -> None:
     for f in running[1:]:
         with pytest.raises(RequestCancelled):
             f.result(timeout=10)
-    deadline = time.monotonic() + 10
-    while engine.stats().active_slots and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert engine.stats().active_slots == 0
+    until(lambda: engine.stats().active_slots == 0, 10, "every slot free", poll=0.01)
     # The freed slots take new work.
     assert (
         engine.submit(CHAT, chat("Hi", max_tokens=2)).result(timeout=30)["usage"][

@@ -4,13 +4,13 @@ the batch they belong to, linked; on SQLite and on PostgreSQL."""
 from __future__ import annotations
 
 import re
-import time
 
 import pytest
 
 from tests.factories import batch_line, jsonl
 from tests.fakes import HangingEngine
 from tests.http_helpers import MakeClient, batch_getter, create_batch, upload, wait_for_status
+from tests.waiting import until
 
 pytestmark = pytest.mark.parametrize("database_url", ["sqlite", "postgres"], indirect=True)
 
@@ -25,16 +25,19 @@ def test_the_engines_page_shows_which_node_runs_what(make_client: MakeClient) ->
     f = upload(client, jsonl(*(batch_line(f"h{i}", "HANG", max_tokens=4) for i in range(2))))
     b = create_batch(client, f["id"])
     wait_for_status(batch_getter(client), b["id"], ("in_progress",))
-    row = ""
-    deadline = time.time() + 10
-    while time.time() < deadline:
-        page = client.get("/engines")
-        found = re.search(rf'<tr data-node="{node}">(.*?)</tr>', page.text, re.S)
-        row = found.group(1) if found else ""
-        if '<td class="num">2</td>' in row:
-            break
-        time.sleep(0.05)
-    assert '<h3 id="nodes-title">Nodes</h3>' in page.text
+
+    def page_and_row() -> tuple[str, str]:
+        page = client.get("/engines").text
+        found = re.search(rf'<tr data-node="{node}">(.*?)</tr>', page, re.S)
+        return page, found.group(1) if found else ""
+
+    page, row = until(
+        page_and_row,
+        10,
+        "this node's 2 running lines",
+        accept=lambda p: '<td class="num">2</td>' in p[1],
+    )
+    assert '<h3 id="nodes-title">Nodes</h3>' in page
     assert "this node" in row
     assert '<td class="num">2</td>' in row, row
     assert f'<a href="/batches/{b["id"]}">' in row

@@ -4,7 +4,6 @@ per final status, per-key endpoints over the server's, the retry schedule, bad s
 from __future__ import annotations
 
 import base64
-import time
 from pathlib import Path
 
 import pytest
@@ -18,6 +17,7 @@ from tests.factories import batch_line, jsonl
 from tests.fakes import HangingEngine
 from tests.http_helpers import MakeClient, batch_getter, create_batch, upload, wait_for_status
 from tests.receiver import webhook_receiver
+from tests.waiting import until
 
 
 def secret(seed: str) -> str:
@@ -126,12 +126,13 @@ def test_a_delivery_gives_up_when_its_window_is_spent(make_client: MakeClient) -
 
 
 def wait_for(client: TestClient, batch_id: str, text: str, timeout: float = 15) -> str:
-    deadline = time.time() + timeout
-    while True:
-        page = client.get(f"/web/batches/{batch_id}/webhooks").text
-        if text in page or time.time() > deadline:
-            return page
-        time.sleep(0.1)
+    return until(
+        lambda: client.get(f"/web/batches/{batch_id}/webhooks").text,
+        timeout,
+        f"{text!r} on batch {batch_id}'s webhooks partial",
+        accept=lambda page: text in page,
+        poll=0.1,
+    )
 
 
 @pytest.mark.parametrize(

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import re
 import threading
-import time
 from pathlib import Path
 
 import httpx
@@ -18,6 +17,7 @@ from tests.factories import batch_line, jsonl
 from tests.http_helpers import batch_getter, create_batch, upload, wait_for_status
 from tests.live import LiveServer
 from tests.metrics import parse, value
+from tests.waiting import until
 
 
 def run_batch(server: LiveServer, n: int) -> dict:
@@ -134,11 +134,14 @@ def test_health_says_starting_until_the_model_is_loaded(
         assert r.json()["status"] == "starting"
         assert "batchyard_ready 0" in client.get("/metrics").text
         slow_model_load.set()
-        deadline = time.time() + 60
-        while (r := client.get("/health")).status_code != 200:
-            assert r.json()["status"] == "starting"
-            assert time.time() < deadline
-            time.sleep(0.1)
+        r = until(
+            lambda: client.get("/health"),
+            60,
+            "/health to stop saying starting",
+            accept=lambda r: r.status_code == 200 or r.json()["status"] != "starting",
+            poll=0.1,
+        )
+        assert r.status_code == 200, r.text
         body = r.json()
         assert body["status"] == "ready"
         assert body["database"] == "sqlite" and body["node"].count("-") >= 1
@@ -149,10 +152,12 @@ def test_health_says_starting_until_the_model_is_loaded(
 def test_health_says_failed_for_a_model_that_cannot_load(tmp_path: Path) -> None:
     settings = Settings(data_dir=str(tmp_path / "data"), model=str(tmp_path / "missing.gguf"))
     with TestClient(create_app(settings)) as client:
-        deadline = time.time() + 30
-        while (r := client.get("/health")).json()["status"] == "starting":
-            assert time.time() < deadline
-            time.sleep(0.05)
+        r = until(
+            lambda: client.get("/health"),
+            30,
+            "/health to stop saying starting",
+            accept=lambda r: r.json()["status"] != "starting",
+        )
         assert r.status_code == 503
         assert r.json()["status"] == "failed"
         assert "missing.gguf" in r.json()["error"]

@@ -10,7 +10,6 @@ import re
 import signal
 import sqlite3
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -18,6 +17,7 @@ import pytest
 from app.offline import Progress
 from tests.factories import CHAT, batch_line, jsonl
 from tests.live import batchyard, start_batchyard
+from tests.waiting import until
 
 # Two slots of 256 tokens: enough for these lines, quick to load.
 SMALL = ("--parallel", "2", "--ctx-size", "256")
@@ -150,11 +150,12 @@ def test_interrupted_run_resumes_without_redoing_lines(tmp_path: Path) -> None:
     args = ("run", str(src), "-o", str(out), *SMALL)
 
     proc = start_batchyard(*args)
-    deadline = time.time() + 240
-    while len(_succeeded(db)) < 3:
+
+    def succeeded() -> int:
         assert proc.poll() is None, proc.communicate()
-        assert time.time() < deadline, "no lines finished in time"
-        time.sleep(0.2)
+        return len(_succeeded(db))
+
+    until(succeeded, 240, "3 lines to succeed", accept=lambda n: n >= 3, poll=0.2)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err

@@ -14,6 +14,7 @@ from pathlib import Path
 import httpx
 
 from tests.live import ROOT, free_port, stop_process
+from tests.waiting import until
 
 
 def clean_copy(dest: Path) -> Path:
@@ -106,20 +107,23 @@ def start(cmd: list[str], cwd: Path, log: Path, timeout: float = 120, **env: str
             stderr=subprocess.STDOUT,
         )  # fmt: skip
     server = Started(f"http://127.0.0.1:{port}", proc, log, 0.0)
-    while True:
+
+    def ready() -> bool:
         if proc.poll() is not None:
             raise AssertionError(f"serve exited with {proc.returncode}:\n{log.read_text()}")
-        try:
-            r = httpx.get(server.url + "/health", timeout=2)
-            if r.status_code == 200 and r.json()["status"] == "ready":
-                server.seconds_to_ready = time.monotonic() - t0
-                return server
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() - t0 > timeout:
-            server.stop()
-            raise AssertionError(f"not ready in {timeout}s:\n{log.read_text()}")
-        time.sleep(0.1)
+        r = httpx.get(server.url + "/health", timeout=2)
+        return r.status_code == 200 and r.json()["status"] == "ready"
+
+    left = timeout - (time.monotonic() - t0)
+    try:
+        until(ready, left, "serve's /health to say ready", poll=0.1, ignoring=(httpx.HTTPError,))
+    except AssertionError as e:
+        if proc.poll() is not None:
+            raise  # it exited: the message has its log already
+        server.stop()
+        raise AssertionError(f"{e}\n{log.read_text()}") from None
+    server.seconds_to_ready = time.monotonic() - t0
+    return server
 
 
 def check_dashboard(url: str, static_files: list[str]) -> None:

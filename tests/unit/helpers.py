@@ -33,7 +33,7 @@ def batch(svc: Services, batch_id: str) -> Batch:
 
 
 def drive(svc: Services, batch_id: str, timeout: float = 20) -> Batch:
-    """Step the runner until the batch ends."""
+    """Step the runner until the batch ends (a loop of work, each turn a step: not an until())."""
     deadline = time.time() + timeout
     while time.time() < deadline:
         svc.runner.step()

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -24,6 +23,7 @@ from tests.factories import batch_line
 from tests.fakes import FakeEngine
 from tests.live import ROOT, batchyard, checkout_env
 from tests.unit.helpers import batch, file_lines, file_rows, make_batch, request_rows
+from tests.waiting import until
 
 
 def node(data_dir: Path, url: str, name: str, engine: FakeEngine) -> Services:
@@ -32,10 +32,12 @@ def node(data_dir: Path, url: str, name: str, engine: FakeEngine) -> Services:
 
 
 def wait_finished(svc: Services, batch_id: str, timeout: float = 60) -> None:
-    deadline = time.time() + timeout
-    while batch(svc, batch_id).status not in BatchStatus.FINISHED:
-        assert time.time() < deadline, f"batch stayed {batch(svc, batch_id).status}"
-        time.sleep(0.05)
+    until(
+        lambda: batch(svc, batch_id).status,
+        timeout,
+        f"batch {batch_id} to finish",
+        accept=lambda status: status in BatchStatus.FINISHED,
+    )
 
 
 def test_two_nodes_share_the_lines_and_record_each_once(tmp_path: Path, postgres_url: str) -> None:

@@ -27,6 +27,7 @@ from tests.unit.helpers import (
     request_rows,
     services,
 )
+from tests.waiting import until
 
 
 class Crash(BaseException):
@@ -99,9 +100,12 @@ def test_crash_between_output_bytes_and_commit_finishes_once(
     svc2 = services(tmp_path, FakeEngine())
     svc2.runner.start()  # start() sweeps what the crash left, then runs the loop
     try:
-        deadline = time.time() + 20
-        while batch(svc2, batch_id).status not in BatchStatus.FINISHED and time.time() < deadline:
-            time.sleep(0.05)
+        until(
+            lambda: batch(svc2, batch_id).status,
+            20,
+            "the recovered batch to finish",
+            accept=lambda status: status in BatchStatus.FINISHED,
+        )
     finally:
         svc2.runner.stop()
     b = batch(svc2, batch_id)

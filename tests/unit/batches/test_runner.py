@@ -154,7 +154,7 @@ def test_a_step_woken_by_results_finishes_batches_and_leaves_new_ones_to_the_pol
     first = add_batch(svc, 3)
     svc.runner.step()  # a poll: validates the first batch and claims its lines
     second = add_batch(svc, 2)
-    deadline = time.time() + 10
+    deadline = time.time() + 10  # each turn is a step, the work under test: not an until()
     while batch(svc, first).status != "completed":
         assert time.time() < deadline, batch(svc, first).status
         svc.runner.step(poll=False)
