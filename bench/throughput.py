@@ -1,9 +1,12 @@
 """Throughput benchmark: batchyard against llama.cpp's own llama-server on batch workloads.
 
-Three workloads (--workload), each a list of batch lines:
-  short  chat lines of about 45 prompt tokens, 48 tokens out (256 lines)
-  long   chat lines of about 320-token distinct prompts, 16 tokens out (128 lines)
-  embed  embedding lines of about 43 tokens each (512 lines)
+Four workloads (--workload), each a list of batch lines:
+  short   chat lines of about 45 prompt tokens, 48 tokens out (256 lines)
+  long    chat lines of about 320-token distinct prompts, 16 tokens out (128 lines)
+  embed   embedding lines of about 43 tokens each (512 lines)
+  shared  the batch most users send (classification, extraction): every line the same system
+          prompt of about 900 tokens of instructions and a short distinct input, 4 tokens out
+          (128 lines; 1,280 tokens of context per slot; llama-server fed `slots` at a time)
 run side by side, in alternating rounds (A, B, A, B) so machine noise hits both alike, through
   (a)  batchyard end to end: `python -m app.cli serve` as a subprocess, the openai SDK uploads
        a batch file, creates a batch and polls it to completion (`--batchyard engine`: the
@@ -11,7 +14,7 @@ run side by side, in alternating rounds (A, B, A, B) so machine noise hits both 
   (b)  llama-server (bench/build_llama_server.sh: the same llama.cpp sources, the same header
        fix) with the same slot count, tuned (`-fa on -ctk q8_0 -ctv q8_0`; embeddings
        `--embeddings --pooling mean` with --server-ub), every line its own HTTP request,
-       `2 x slots` of them in flight;
+       `2 x slots` of them in flight (`slots` for shared);
   (c)  optionally (--old SRC) batchyard from another checkout, e.g. the commit before a change;
   (d)  optionally (--sequential) a sequential llama-cpp-python loop (`Llama`, one line after
        another), the baseline this script always had;
@@ -22,6 +25,8 @@ the median over rounds of each round's ratio.
 
     bash bench/build_llama_server.sh            # once; prints the binary dir
     python bench/throughput.py --workload long --lines 64 --rounds 2
+    python bench/throughput.py --workload shared --no-ceiling
+`--n-gpu-layers -1` offloads every layer on both sides (bench/gpu.sh on a GPU machine).
 """
 
 from __future__ import annotations
@@ -95,17 +100,40 @@ class Workload:
     endpoint: str
     lines: int
     max_tokens: int  # 0 for embeddings
+    ctx_size: int = 512  # context per slot
+    in_flight_per_slot: int = 2  # llama-server's requests in flight, per slot
 
 
 WORKLOADS = {
     "short": Workload("/v1/chat/completions", 256, 48),
     "long": Workload("/v1/chat/completions", 128, 16),
     "embed": Workload("/v1/embeddings", 512, 0),
+    "shared": Workload("/v1/chat/completions", 128, 4, ctx_size=1280, in_flight_per_slot=1),
 }
+CATEGORIES = ("billing", "shipping", "returns", "account", "product", "other")
+
+
+def shared_instructions() -> str:
+    """The shared workload's system prompt: about 900 tokens of rules, the same on every line."""
+    rng = random.Random(900)
+    rules = [
+        f"Rule {n}: when a ticket mentions {_words(rng, 2)} or {_words(rng, 2)}, weigh "
+        f"{CATEGORIES[n % len(CATEGORIES)]} first, unless it also names {_words(rng, 3)}."
+        for n in range(1, 31)
+    ]
+    return (
+        "You sort customer support tickets into exactly one category: "
+        + ", ".join(CATEGORIES)
+        + ". Read the rules below, then answer with the category's name only.\n"
+        + "\n".join(rules)
+    )
 
 
 def _words(rng: random.Random, n: int) -> str:
     return " ".join(rng.choice(WORDS) for _ in range(n))
+
+
+SHARED_INSTRUCTIONS = shared_instructions()
 
 
 def bodies_for(workload: str, n: int, max_tokens: int) -> list[dict[str, Any]]:
@@ -116,6 +144,19 @@ def bodies_for(workload: str, n: int, max_tokens: int) -> list[dict[str, Any]]:
         if workload == "embed":
             # About 43 tokens: an id and 39 words, distinct from the first token on.
             out.append({"model": "text-embedding-3-small", "input": f"{i}: {_words(rng, 39)}"})
+            continue
+        if workload == "shared":
+            out.append(
+                {
+                    "model": "gpt-4o-mini",
+                    "messages": [
+                        {"role": "system", "content": SHARED_INSTRUCTIONS},
+                        {"role": "user", "content": f"Ticket {i}: {_words(rng, 12)}"},
+                    ],
+                    "max_tokens": max_tokens,
+                    "temperature": 0,
+                }
+            )
             continue
         if workload == "short":
             q = QUESTIONS[i % len(QUESTIONS)]
@@ -191,8 +232,10 @@ def run_batchyard(
         cmd = [sys.executable, "-m", "app.cli", "serve", "--no-browser", "--port", str(port),
                "--data-dir", tmp, "--parallel", str(args.parallel), "--ctx-size",
                str(args.ctx_size), "--model", str(model), "--kv-cache-type", args.kv_cache_type,
-               "--threads", str(args.threads)]  # fmt: skip
-        env = {**os.environ, "PYTHONPATH": str(src)}
+               "--threads", str(args.threads), "--n-gpu-layers", str(args.n_gpu_layers)]  # fmt: skip
+        # The checkout first; what PYTHONPATH held stays (bench/gpu.sh's dependencies live there).
+        path = os.pathsep.join(x for x in (str(src), os.environ.get("PYTHONPATH", "")) if x)
+        env = {**os.environ, "PYTHONPATH": path}
         with open(Path(tmp) / "serve.log", "wb") as logf:
             server = subprocess.Popen(cmd, cwd=src, env=env, stdout=logf, stderr=logf)
         try:
@@ -251,6 +294,7 @@ def run_engine(
                 "ctx_size": args.ctx_size,
                 "threads": args.threads,
                 "kv_cache_type": args.kv_cache_type,
+                "n_gpu_layers": args.n_gpu_layers,
             }
         )
     )
@@ -272,7 +316,8 @@ def server_command(
 ) -> list[str]:
     cmd = [str(binary_dir / "llama-server"), "-m", str(model), "--host", "127.0.0.1",
            "-np", str(args.parallel), "-c", str(args.parallel * args.ctx_size),
-           "-t", str(args.threads), "-tb", str(args.threads), "--no-webui"]  # fmt: skip
+           "-t", str(args.threads), "-tb", str(args.threads), "--no-webui",
+           "-ngl", str(args.n_gpu_layers)]  # fmt: skip
     if workload == "embed":
         ub = str(args.server_ub)
         cmd += ["--embeddings", "--pooling", "mean", "-ub", ub, "-b", ub]
@@ -297,7 +342,8 @@ def run_llama_server(
     bodies: list[dict[str, Any]],
     args: argparse.Namespace,
 ) -> Result:
-    """(b): llama-server with the same slots; each line one request, 2 x slots in flight."""
+    """(b): llama-server with the same slots; each line one request, the workload's
+    in-flight count (2 x slots; slots for shared) at a time."""
     port = free_port()
     cmd = server_command(binary_dir, model, workload, args) + ["--port", str(port)]
     with tempfile.TemporaryFile() as logf:
@@ -310,7 +356,8 @@ def run_llama_server(
                 raise RuntimeError(logf.read()[-3000:].decode(errors="replace")) from None
             url = f"http://127.0.0.1:{port}{endpoint}"
             start, cpu = time.perf_counter(), cpu_seconds(server.pid)
-            with ThreadPoolExecutor(2 * args.parallel) as pool:
+            in_flight = WORKLOADS[workload].in_flight_per_slot * args.parallel
+            with ThreadPoolExecutor(in_flight) as pool:
                 outs = list(pool.map(lambda b: _post(url, b), bodies))
             elapsed, cpu = time.perf_counter() - start, cpu_seconds(server.pid) - cpu
             usages = [_usage(o) for o in outs]
@@ -329,7 +376,7 @@ def batched_bench(
            str(args.parallel * (prompt + gen + 8)), "-b", "2048", "-ub", str(args.bench_ub),
            "-npp", str(prompt), "-ntg", str(gen), "-npl", str(args.parallel), "-t",
            str(args.threads), "-fa", "on", "-ctk", args.kv_cache_type, "-ctv",
-           args.kv_cache_type, "--output-format", "jsonl"]  # fmt: skip
+           args.kv_cache_type, "-ngl", str(args.n_gpu_layers), "--output-format", "jsonl"]  # fmt: skip
     out = subprocess.run(cmd, capture_output=True, text=True, check=False)
     rows = [json.loads(x) for x in out.stdout.splitlines() if x.startswith("{")]
     if not rows:
@@ -434,8 +481,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--max-tokens", type=int, default=-1, help="default: the workload's")
     parser.add_argument("--rounds", type=int, default=1, help="alternating rounds (default 1)")
     parser.add_argument("--parallel", type=int, default=32, help="slots on both sides (32)")
-    parser.add_argument("--ctx-size", type=int, default=512, help="context per slot (512)")
+    parser.add_argument("--ctx-size", type=int, default=0,
+                        help="context per slot (default: the workload's, 512; 1280 for shared)")  # fmt: skip
     parser.add_argument("--threads", type=int, default=0, help="CPU threads, 0 = all cores")
+    parser.add_argument("--n-gpu-layers", type=int, default=0,
+                        help="layers offloaded to the GPU on every side (-1: all; default 0)")  # fmt: skip
     parser.add_argument("--kv-cache-type", default=Settings.kv_cache_type,
                         help=f"KV cache type for both sides (default {Settings.kv_cache_type})")  # fmt: skip
     parser.add_argument("--model", default="", help="a .gguf; default the embedded SmolLM2")
@@ -455,6 +505,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     spec = WORKLOADS[args.workload]
     args.lines = args.lines or spec.lines
     args.max_tokens = spec.max_tokens if args.max_tokens < 0 else args.max_tokens
+    args.ctx_size = args.ctx_size or spec.ctx_size
     args.threads = args.threads or max(1, len(os.sched_getaffinity(0)))
     return args
 
@@ -487,7 +538,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"workload={args.workload} lines={args.lines} max_tokens={args.max_tokens} "
         f"model={model.name} slots={args.parallel} ctx/slot={args.ctx_size} "
-        f"threads={args.threads} kv={args.kv_cache_type}",
+        f"threads={args.threads} kv={args.kv_cache_type} n_gpu_layers={args.n_gpu_layers}",
         flush=True,
     )
     sides: dict[str, Any] = {}

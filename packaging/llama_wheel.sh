@@ -4,7 +4,8 @@
 # then; see that file) and without the parts batchyard never loads. pip prefers a wheel found
 # with --find-links to the index's source package, so
 # `pip install --find-links "$(bash packaging/llama_wheel.sh PYTHON)" .` uses it.
-# Usage: bash packaging/llama_wheel.sh PYTHON [--cuda ARCH]
+# Usage: bash packaging/llama_wheel.sh PYTHON [--cuda ARCH] [--no-build]
+#   --no-build: print the wheelhouse and exit 1 when it holds no wheel yet, instead of building.
 #   PYTHON: the python whose pip builds the wheel. --cuda ARCH builds the CUDA wheel for the
 #   architectures ARCH ("90", "80;89;90"; "auto": what `batchyard engine build --cuda` picks),
 #   with the flags app/toolchain/cuda.py gives (cuBLAS from the nvidia-cublas wheel where the
@@ -17,10 +18,17 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PY=$1
+shift
 CUDA_ARCH=""
-if [ "${2:-}" = "--cuda" ]; then
-  CUDA_ARCH=${3:?--cuda needs an architecture, like 90 or auto}
-fi
+BUILD=1
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --cuda) CUDA_ARCH=${2:?--cuda needs an architecture, like 90 or auto}; shift ;;
+    --no-build) BUILD=0 ;;
+    *) echo "llama_wheel.sh: unknown argument $1" >&2; exit 2 ;;
+  esac
+  shift
+done
 VERSION=$(sed -n 's/.*"llama-cpp-python==\([^"]*\)".*/\1/p' pyproject.toml)
 # The one copy of the fix header: `batchyard engine build` uses it from the installed package.
 FIX=app/toolchain/amx_tilecfg.h
@@ -52,6 +60,10 @@ KEY=$(printf '%s\n' "$VERSION" "$KEY_CMAKE_FLAGS" "$KEY_C_FLAGS" ${KEY_CUDA:+"$K
   cat - "$FIX" "$COMMON_OFF" | sha256sum | cut -c1-12)
 WHEELS="${BATCHYARD_WHEELHOUSE:-${XDG_CACHE_HOME:-$HOME/.cache}/batchyard/wheels}/$KEY"
 if ! ls "$WHEELS/llama_cpp_python-$VERSION-"*.whl >/dev/null 2>&1; then
+  if [ "$BUILD" = 0 ]; then
+    echo "$WHEELS"
+    exit 1
+  fi
   echo "building llama-cpp-python $VERSION into $WHEELS (once; several minutes)" >&2
   CFLAGS="${CFLAGS:-} $C_FLAGS" CXXFLAGS="${CXXFLAGS:-} $C_FLAGS" \
     CMAKE_ARGS="${CMAKE_ARGS:-} $CMAKE_FLAGS" \

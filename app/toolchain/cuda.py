@@ -166,7 +166,12 @@ def find_cublas(root: Path) -> Cublas | None:
 
 
 def fetch_cublas(major: int, log: bool = True) -> Cublas:
-    """cuBLAS from the nvidia-cublas wheel, installed once into cache_dir()/cublas-cuMAJOR."""
+    """cuBLAS from an nvidia-cublas wheel: one already installed in this environment (PyTorch
+    brings one), else installed once into cache_dir()/cublas-cuMAJOR."""
+    for site in dict.fromkeys(Path(p) for p in sys.path if p):
+        found = find_cublas(site)
+        if found and found.cublas.name.endswith(f".so.{major}"):
+            return found
     target = cache_dir() / f"cublas-cu{major}"
     found = find_cublas(target)
     if found:
