@@ -46,8 +46,9 @@ def until(
             shown = repr(last)
             if len(shown) > SHOWN:
                 shown = shown[:SHOWN] + f"... ({len(shown)} characters)"
+            awaited = what or _source(predicate)
             raise AssertionError(
-                f"waited {timeout:g}s for {what or _source(predicate)}; the last value: {shown}"
+                f"waited {round(timeout, 2):g}s for {awaited}; the last value: {shown}"
             )
         time.sleep(min(poll, left))
 
