@@ -91,7 +91,7 @@ WORKER_FLAGS = (
 
 
 def _defaults() -> dict[str, Any]:
-    return {f.name: f.default for f in fields(Settings) if not callable(f.default_factory)}  # type: ignore[misc]
+    return {f.name: f.default for f in fields(Settings) if not callable(f.default_factory)}
 
 
 def _add_engine_flags(p: argparse.ArgumentParser, names: tuple[str, ...]) -> None:

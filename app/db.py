@@ -14,6 +14,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import event, inspect, make_url, text
 from sqlalchemy.engine import Connection
@@ -21,6 +22,9 @@ from sqlalchemy.engine import Engine as SAEngine
 from sqlmodel import Session, create_engine
 
 from app import models  # noqa: F401  (registers the tables)
+
+if TYPE_CHECKING:
+    from alembic.config import Config
 
 log = logging.getLogger("batchyard.db")
 
@@ -92,7 +96,7 @@ class Database:
 
     def _install_sqlite_hooks(self) -> None:
         @event.listens_for(self.engine, "connect")
-        def _on_connect(dbapi_conn, _record) -> None:  # type: ignore[no-untyped-def]
+        def _on_connect(dbapi_conn: Any, _record: Any) -> None:
             # Let SQLAlchemy's "begin" event emit BEGIN itself (pysqlite's own is deferred).
             dbapi_conn.isolation_level = None
             cur = dbapi_conn.cursor()
@@ -103,7 +107,7 @@ class Database:
             cur.close()
 
         @event.listens_for(self.engine, "begin")
-        def _on_begin(conn) -> None:  # type: ignore[no-untyped-def]
+        def _on_begin(conn: Connection) -> None:
             immediate = conn.get_execution_options().get("batchyard_immediate")
             conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
 
@@ -226,7 +230,7 @@ class Database:
             self._sqlite_file = None
 
 
-def _alembic_config(conn: Connection):  # type: ignore[no-untyped-def]
+def _alembic_config(conn: Connection) -> Config:
     from alembic.config import Config
 
     config = Config()

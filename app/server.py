@@ -79,19 +79,19 @@ def security_notes(settings: Settings, keys: Keys) -> list[tuple[int, str]]:
 
 
 def provide_services(state: State, owner: NamedDependency[str]) -> Services:
-    return state.services  # type: ignore[no-any-return]
+    return state.services
 
 
 def provide_files(state: State, owner: NamedDependency[str]) -> FileService:
-    return state.services.files  # type: ignore[no-any-return]
+    return state.services.files
 
 
 def provide_uploads(state: State, owner: NamedDependency[str]) -> UploadService:
-    return state.services.uploads  # type: ignore[no-any-return]
+    return state.services.uploads
 
 
 def provide_batches(state: State, owner: NamedDependency[str]) -> BatchService:
-    return state.services.batches  # type: ignore[no-any-return]
+    return state.services.batches
 
 
 def provide_engine(state: State) -> Engine:
@@ -104,7 +104,7 @@ def provide_engine(state: State) -> Engine:
             code="model_loading",
             type="server_error",
         )
-    return engine  # type: ignore[no-any-return]
+    return engine
 
 
 DEPENDENCIES = {

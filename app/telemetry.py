@@ -85,7 +85,7 @@ def count_by_status(db: Database) -> tuple[dict[str, int], dict[str, int]]:
     with db.read() as s:
         batches = s.exec(select(Batch.status, func.count()).group_by(col(Batch.status))).all()
         lines = s.exec(select(Request.status, func.count()).group_by(col(Request.status))).all()
-    return dict(batches), dict(lines)  # type: ignore[arg-type]
+    return dict(batches), dict(lines)
 
 
 def running_by_node(db: Database) -> dict[str, int]:

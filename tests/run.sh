@@ -67,4 +67,5 @@ rm -rf "$LOGS"
 "$VENV/bin/python" -m ruff check app tests bench
 "$VENV/bin/python" -m ruff format --check app tests bench
 "$VENV/bin/lint-imports" --no-cache
+"$VENV/bin/python" -m mypy
 exec "$VENV/bin/python" -m pytest -ra "$@"

@@ -37,6 +37,7 @@ from app.wire.inference import (
     EngineBody,
     EngineHealth,
     Health,
+    HealthStatus,
     Model,
     ModelPage,
     ResponseCreateParams,
@@ -116,19 +117,18 @@ async def _stream(engine: Engine, endpoint: str, body: dict[str, Any], receive: 
     answered with its error status, not a stream holding the error."""
     loop = asyncio.get_running_loop()
     chunks: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
-    fut = engine.submit(
-        endpoint,
-        body,
-        priority=Priority.ONLINE,
-        on_chunk=lambda c: loop.call_soon_threadsafe(chunks.put_nowait, c),
-    )
+
+    def on_chunk(chunk: dict[str, Any]) -> None:
+        loop.call_soon_threadsafe(chunks.put_nowait, chunk)
+
+    fut = engine.submit(endpoint, body, priority=Priority.ONLINE, on_chunk=on_chunk)
     fut.add_done_callback(lambda _: loop.call_soon_threadsafe(chunks.put_nowait, None))
     responses = endpoint == RESPONSES
     # Until the first chunk the client is watched as for a whole answer (an upstream may be
     # retrying); after it, the stream itself ends when the client goes (`finally` below).
     first = await _unless_gone(engine, fut, chunks.get(), receive)
-    if first is None and isinstance(fut.exception(), APIError):
-        raise fut.exception()  # type: ignore[misc]
+    if first is None and isinstance(refused := fut.exception(), APIError):
+        raise refused
 
     async def events() -> AsyncIterator[bytes]:
         sent = 0
@@ -283,7 +283,7 @@ async def health(services: NamedDependency[Services]) -> Response[Health]:
     database: Literal["sqlite", "postgresql"] = "sqlite" if services.db.is_sqlite else "postgresql"
     if engine is None:
         failure = services.engine_failure
-        status = "failed" if failure else "starting"
+        status: HealthStatus = "failed" if failure else "starting"
         return Response(
             Health(status=status, node=node, database=database, error=failure), status_code=503
         )

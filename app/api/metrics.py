@@ -40,7 +40,7 @@ def request_metrics(app: Litestar) -> RequestMetrics:
         found = app.state.get(_STATE_KEY)
         if found is None:
             found = app.state[_STATE_KEY] = RequestMetrics()
-        return found  # type: ignore[no-any-return]
+        return found
 
 
 def _log_request(scope: Scope, status: int, seconds: float) -> None:
@@ -68,7 +68,7 @@ class RequestTiming(ASGIMiddleware):
     async def handle(self, scope: Scope, receive: Receive, send: Send, next_app: ASGIApp) -> None:
         started = time.perf_counter()
         status = 500  # what the client sees if the app fails before it starts a response
-        scope[_SCOPE_TIMED] = True  # type: ignore[literal-required]
+        scope["state"][_SCOPE_TIMED] = True
 
         async def timed_send(message: Message) -> None:
             nonlocal status
@@ -82,7 +82,7 @@ class RequestTiming(ASGIMiddleware):
             seconds = time.perf_counter() - started
             route = str(scope.get("path_template") or scope.get("path", ""))
             method = str(scope.get("method", ""))
-            request_metrics(scope["litestar_app"]).observe(method, route, status, seconds)  # type: ignore[typeddict-item]
+            request_metrics(scope["litestar_app"]).observe(method, route, status, seconds)
             _log_request(scope, status, seconds)
 
 
@@ -90,12 +90,12 @@ async def count_unmatched(message: Message, scope: Scope) -> None:
     """A before_send hook: the requests no route matched never reach the middleware."""
     if scope.get("type") != "http" or message["type"] != "http.response.start":
         return
-    if scope.get(_SCOPE_TIMED):
+    if scope["state"].get(_SCOPE_TIMED):
         return
     method = str(scope.get("method", ""))
     status = int(message["status"])
     # No start time is known here; such answers are immediate, so they count as zero.
-    request_metrics(scope["litestar_app"]).observe(method, UNMATCHED, status, 0.0)  # type: ignore[typeddict-item]
+    request_metrics(scope["litestar_app"]).observe(method, UNMATCHED, status, 0.0)
     _log_request(scope, status, 0.0)
 
 

@@ -55,9 +55,11 @@ class EngineBodyPlugin(OpenAPISchemaPlugin):
     def is_plugin_supported_field(self, field_definition: FieldDefinition) -> bool:
         return any(isinstance(m, EngineBody) for m in field_definition.metadata)
 
-    def to_openapi_schema(
+    # Litestar's protocol says Schema, but its own SchemaCreator answers Schema | Reference
+    # (a Struct becomes a $ref), and returning that is what Litestar does with it.
+    def to_openapi_schema(  # type: ignore[override]
         self, field_definition: FieldDefinition, schema_creator: SchemaCreator
-    ) -> Schema | Reference:  # type: ignore[override]
+    ) -> Schema | Reference:
         marker = next(m for m in field_definition.metadata if isinstance(m, EngineBody))
         return schema_creator.for_field_definition(FieldDefinition.from_annotation(marker.params))
 

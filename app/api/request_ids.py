@@ -6,14 +6,14 @@ incoming `X-Request-Id` is not taken over (a client could otherwise make two req
 an id in the log); a client's own `X-Client-Request-Id`, OpenAI's header for that, is
 written next to it in the log line instead.
 
-The id is made on first use and kept in the ASGI scope, so the exception handlers, the
-request log line and the `before_send` hook that adds the header all see the same one.
+The id is made on first use and kept in the ASGI scope's per-request `state`, so the
+exception handlers, the request log line and the `before_send` hook that adds the header all
+see the same one.
 """
 
 from __future__ import annotations
 
 import uuid
-from typing import Any
 
 from litestar.types import Message, Scope
 
@@ -21,17 +21,18 @@ SCOPE_KEY = "batchyard_request_id"
 HEADER = b"x-request-id"
 
 
-def request_id(scope: Scope | dict[str, Any]) -> str:
+def request_id(scope: Scope) -> str:
     """The request's id, made the first time it is asked for."""
-    found = scope.get(SCOPE_KEY)  # type: ignore[union-attr]
+    state = scope["state"]
+    found = state.get(SCOPE_KEY)
     if found is None:
-        found = scope[SCOPE_KEY] = "req_" + uuid.uuid4().hex  # type: ignore[index]
+        found = state[SCOPE_KEY] = "req_" + uuid.uuid4().hex
     return str(found)
 
 
 def client_request_id(scope: Scope) -> str | None:
     """The `X-Client-Request-Id` the client sent, if any (at most 512 characters are kept)."""
-    for name, value in scope.get("headers", []):  # type: ignore[union-attr]
+    for name, value in scope.get("headers", []):
         if name.lower() == b"x-client-request-id":
             return value.decode("latin-1")[:512]
     return None
@@ -41,8 +42,8 @@ async def add_request_id(message: Message, scope: Scope) -> None:
     """A before_send hook: put `x-request-id` on every HTTP response."""
     if scope.get("type") != "http" or message["type"] != "http.response.start":
         return
-    headers = [h for h in message.get("headers", []) if h[0].lower() != HEADER]  # type: ignore[union-attr]
-    message["headers"] = [*headers, (HEADER, request_id(scope).encode())]  # type: ignore[typeddict-unknown-key]
+    headers = [h for h in message.get("headers", []) if h[0].lower() != HEADER]
+    message["headers"] = [*headers, (HEADER, request_id(scope).encode())]
 
 
 BEFORE_SEND = [add_request_id]

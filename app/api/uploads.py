@@ -15,8 +15,10 @@ from app.errors import APIError, missing
 from app.files.multipart import declared_over, stream_form
 from app.files.storage import PartialWrite, TooLarge
 from app.files.uploads import UploadService, status_of
+from app.wire.common import one_of
 from app.wire.files import file_object
 from app.wire.uploads import (
+    UPLOAD_STATUSES,
     Upload,
     UploadCompleteParams,
     UploadCreateParams,
@@ -43,7 +45,7 @@ def upload_object(row: models.Upload, file: models.File | None = None) -> Upload
         expires_at=row.expires_at,
         filename=row.filename,
         purpose=row.purpose,
-        status=status_of(row),  # type: ignore[arg-type]
+        status=one_of(status_of(row), UPLOAD_STATUSES),
         file=file_object(file) if file is not None else None,
     )
 

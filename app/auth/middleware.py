@@ -3,7 +3,7 @@
 An ASGI middleware in front of every route. With no keys configured everyone is the one
 local owner ("") and the server listens on 127.0.0.1 unless told otherwise. With keys,
 `/v1` needs `Authorization: Bearer <key>`, and each key is its own owner: a stable id
-derived from the key is put in `scope["batchyard_owner"]`, which the services filter by
+derived from the key is put in the request's state (`OWNER_KEY`), which the services filter by
 (handlers get it as their `owner` dependency, from `request_owner`). The dashboard gets
 the same owner from a signed session cookie (`app.auth.sessions.Sessions`) set by `/login`.
 
@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 from urllib.parse import quote, urlsplit
 
 from litestar import Request
+from litestar.enums import ScopeType
+from litestar.types import ASGIApp, Receive, Scope, Send
 
 from app.auth.keys import Keys, mask
 from app.auth.sessions import SESSION_COOKIE, Sessions
@@ -27,12 +28,8 @@ from app.errors import error_body
 
 log = logging.getLogger("batchyard.auth")
 
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
-
+#: Where the caller's owner id lives in the ASGI scope's per-request `state`.
+OWNER_KEY = "batchyard_owner"
 SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
 #: Paths the dashboard serves without a session: the login page itself, assets, health.
 PUBLIC_PREFIXES = ("/login", "/logout", "/static/", "/health", "/favicon.ico")
@@ -40,7 +37,7 @@ PUBLIC_PREFIXES = ("/login", "/logout", "/static/", "/health", "/favicon.ico")
 
 def request_owner(request: Request[Any, Any, Any]) -> str:
     """The owner id of the caller (the `owner` dependency): "" when keys are off."""
-    return str(request.scope.get("batchyard_owner", ""))  # type: ignore[call-overload]
+    return str(request.scope["state"].get(OWNER_KEY, ""))
 
 
 def _headers(scope: Scope) -> dict[str, str]:
@@ -85,12 +82,12 @@ class AuthMiddleware:
         self.sessions = sessions
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        if scope["type"] != ScopeType.HTTP:
             await self.app(scope, receive, send)
             return
         headers = _headers(scope)
         path: str = scope.get("path", "")
-        method: str = scope.get("method", "GET")
+        method: str = scope["method"]
         if method not in SAFE_METHODS and not same_site(headers):
             await _json(
                 send,
@@ -100,7 +97,8 @@ class AuthMiddleware:
                 "cross_site_request",
             )
             return
-        scope["batchyard_owner"] = ""
+        state = scope["state"]
+        state[OWNER_KEY] = ""
         if not self.keys.enabled:
             await self.app(scope, receive, send)
             return
@@ -127,13 +125,13 @@ class AuthMiddleware:
                     "invalid_api_key",
                 )
                 return
-            scope["batchyard_owner"] = owner
+            state[OWNER_KEY] = owner
             await self.app(scope, receive, send)
             return
         owner = self.sessions.owner_of(_cookie(headers, SESSION_COOKIE))
         # A session of a key that was since removed from the key list ends with it.
         if owner is not None and self.keys.knows(owner):
-            scope["batchyard_owner"] = owner
+            state[OWNER_KEY] = owner
             await self.app(scope, receive, send)
             return
         if is_public(path):
@@ -172,4 +170,4 @@ async def _send(send: Send, status: int, body: bytes, headers: list[tuple[bytes,
             "headers": [*headers, (b"content-length", str(len(body)).encode())],
         }
     )
-    await send({"type": "http.response.body", "body": body})
+    await send({"type": "http.response.body", "body": body, "more_body": False})

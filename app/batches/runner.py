@@ -20,6 +20,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import Future
+from functools import partial
 from typing import Any, NamedTuple
 
 from sqlalchemy import Update, func, update
@@ -343,7 +344,7 @@ class Runner:
             return
         fut = self._engine.submit(c.endpoint, body, priority=Priority.BATCH)
         self._inflight[req.id] = Held(req.batch_id, fut, c.lane)
-        fut.add_done_callback(lambda f, rid=req.id, bid=req.batch_id: self._on_done(rid, bid, f))
+        fut.add_done_callback(partial(self._on_done, req.id, req.batch_id))
 
     def _hand_back(self, c: Claim, error: EngineError) -> None:
         """A claimed line that fails without reaching the engine: recorded like any result."""

@@ -96,7 +96,10 @@ ChunkCallback = Callable[[dict[str, Any]], None]
 
 
 class Engine(Protocol):
-    info: ModelInfo
+    @property
+    def info(self) -> ModelInfo:
+        """The model's figures (a registry's is its first member's; it changes as they do)."""
+        ...
 
     def submit(
         self,

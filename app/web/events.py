@@ -55,7 +55,10 @@ async def poll_until(
 
 def render(request: Request[Any, Any, Any], name: str, **context: Any) -> str:
     """A partial as a string, for an event's data."""
-    return request.app.template_engine.get_template(name).render(request=request, **context)
+    templates = request.app.template_engine
+    if templates is None:
+        raise RuntimeError("create_app configures the dashboard's templates")
+    return str(templates.get_template(name).render(request=request, **context))
 
 
 @get("/web/events/batches", name="web:list_events", include_in_schema=False)

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from msgspec import Struct
 from msgspec import json as msgspec_json
 
 from app import models
-from app.wire.common import doc
+from app.wire.common import doc, one_of
 from app.wire.endpoints import ENDPOINTS
 
 # -- batches ---------------------------------------------------------------------------------
@@ -77,6 +77,7 @@ BatchStatusName = Literal[
     "cancelling",
     "cancelled",
 ]
+BATCH_STATUSES: tuple[BatchStatusName, ...] = get_args(BatchStatusName)
 
 
 class Batch(Struct, kw_only=True):
@@ -115,7 +116,7 @@ def batch_object(row: models.Batch) -> Batch:
         errors=Errors(data=[BatchError(**e) for e in errors]) if errors else None,
         input_file_id=row.input_file_id,
         completion_window=row.completion_window,
-        status=row.status,  # type: ignore[arg-type]
+        status=one_of(row.status, BATCH_STATUSES),
         output_file_id=row.output_file_id,
         error_file_id=row.error_file_id,
         created_at=row.created_at,

@@ -8,6 +8,7 @@ import msgspec
 from msgspec import Meta, Struct
 
 T = TypeVar("T")
+Name = TypeVar("Name", bound=str)
 
 
 def doc(description: str | None = None, **schema: Any) -> Meta:
@@ -58,4 +59,17 @@ def cursor_page(data: list[Any], has_more: bool) -> CursorPage[Any]:
 
 def to_builtins(obj: Struct) -> dict[str, Any]:
     """A Struct as plain JSON values (for templates and anything that reads it as a dict)."""
-    return msgspec.to_builtins(obj)  # type: ignore[no-any-return]
+    built: dict[str, Any] = msgspec.to_builtins(obj)
+    return built
+
+
+def one_of(value: str, names: tuple[Name, ...]) -> Name:
+    """`value` as one of a Literal's `names` (a status or purpose read from a table's str).
+
+    A stored value outside the wire's list is a bug in what wrote it, so it fails loudly here
+    rather than reaching a client that validates the enum.
+    """
+    for name in names:
+        if value == name:
+            return name
+    raise ValueError(f"{value!r} is not one of {', '.join(names)}")

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, get_args
 
 from msgspec import Struct
 
 from app import models
+from app.wire.common import one_of
 
 # -- files -----------------------------------------------------------------------------------
 
@@ -21,6 +22,7 @@ FilePurpose = Literal[
     "user_data",
     "evals",
 ]
+FILE_PURPOSES: tuple[FilePurpose, ...] = get_args(FilePurpose)
 
 
 #: Purposes a client may upload with (OpenAI's list); batch_output is written by batchyard.
@@ -54,5 +56,5 @@ def file_object(row: models.File) -> FileObject:
         created_at=row.created_at,
         expires_at=row.expires_at,
         filename=row.filename,
-        purpose=row.purpose,  # type: ignore[arg-type]
+        purpose=one_of(row.purpose, FILE_PURPOSES),
     )

@@ -35,10 +35,13 @@ class EngineHealth(Struct, kw_only=True):
     models: list[str]
 
 
+HealthStatus = Literal["ready", "starting", "failed"]
+
+
 class Health(Struct, kw_only=True):
     """`/health`: ready with the model's figures, or starting / failed with the reason."""
 
-    status: Literal["ready", "starting", "failed"]
+    status: HealthStatus
     #: Which node answered: its id (node name and a per-process suffix), as in claims.
     node: str | None = None
     database: Literal["sqlite", "postgresql"] | None = None

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Literal, get_args
 
 from msgspec import Struct
 
 from app import models
 from app.wire.common import doc
 from app.wire.files import EXPIRES_MAX, EXPIRES_MIN, UPLOAD_PURPOSES, FileObject
+
+UploadStatusName = Literal["pending", "completed", "cancelled", "expired"]
+UPLOAD_STATUSES: tuple[UploadStatusName, ...] = get_args(UploadStatusName)
 
 
 class ExpiresAfter(Struct, kw_only=True):
@@ -49,7 +52,7 @@ class Upload(Struct, kw_only=True):
     expires_at: int
     filename: str
     purpose: str
-    status: Literal["pending", "completed", "cancelled", "expired"]
+    status: UploadStatusName
     file: FileObject | None = None
 
 

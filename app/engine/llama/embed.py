@@ -70,7 +70,8 @@ class Embedder:
         try:
             pending = list(prompts)
             while pending:
-                group, used = [], 0
+                group: list[list[int]] = []
+                used = 0
                 while (
                     pending
                     and len(group) < EMBED_SEQS

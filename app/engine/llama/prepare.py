@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from typing import Any, Protocol
 
 from app.engine.base import EngineError
-from app.engine.llama.jobs import Choice, Job, Task
+from app.engine.llama.jobs import Choice, Job, Task, ToolPlan
 from app.engine.llama.oai import responses_request, tools
 from app.engine.llama.oai.sampling import parse_sampling
 from app.errors import invalid
@@ -34,7 +34,7 @@ class Tokenizer(Protocol):
 class Template(Protocol):
     """What preparing needs of a chat template (oai/chat_template.py's ChatTemplate)."""
 
-    def render(self, messages: Any, plan: tools.ToolPlan | None = None) -> str: ...
+    def render(self, messages: Any, plan: ToolPlan | None = None) -> str: ...
 
     def stop_strings(self) -> list[str]: ...
 
@@ -110,10 +110,10 @@ class Preparer:
             isinstance(stream_options, dict) and stream_options.get("include_usage")
         )
         if chat:
-            job.tools = tools.parse_tools(body)
-            call_grammar = tools.grammar(job.tools)
-            if call_grammar is not None:
-                if job.params.grammar is not None and job.tools.choice == "auto":
+            plan = job.tools = tools.parse_tools(body)
+            call_grammar = tools.grammar(plan)
+            if plan is not None and call_grammar is not None:
+                if job.params.grammar is not None and plan.choice == "auto":
                     raise invalid(
                         "'response_format' together with tools that the model may call "
                         "('tool_choice' auto) is not supported; use tool_choice 'none' or "

@@ -21,11 +21,9 @@ def build_sampler(
 
     chain = lc.llama_sampler_chain_init(lc.llama_sampler_chain_default_params())
     if params.logit_bias:
-        items = (lc.llama_logit_bias * len(params.logit_bias))()
-        for i, (token, bias) in enumerate(params.logit_bias.items()):
-            items[i].token = token
-            # OpenAI's +-100 means "always" / "never"; a large finite bias does that reliably.
-            items[i].bias = bias
+        # OpenAI's +-100 means "always" / "never"; a large finite bias does that reliably.
+        biases = [lc.llama_logit_bias(token, bias) for token, bias in params.logit_bias.items()]
+        items = (lc.llama_logit_bias * len(biases))(*biases)
         lc.llama_sampler_chain_add(
             chain, lc.llama_sampler_init_logit_bias(n_vocab, len(params.logit_bias), items)
         )

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from app.engine.llama.jobs import Choice, Job
+from app.engine.llama.jobs import Choice, Job, ToolPlan
 from app.engine.llama.oai import responses_answer, tools
 from app.wire.endpoints import CHAT, RESPONSES
 
@@ -129,7 +129,7 @@ def choice_chunks(
     if job.endpoint == RESPONSES:
         return responses_answer.stream_events(job, choice, text, model)
     if job.tools is not None and job.tools.active:
-        return _tool_choice_chunks(job, choice, text, model, fingerprint)
+        return _tool_choice_chunks(job, job.tools, choice, text, model, fingerprint)
     finish = None if text is not None else choice.finish_reason
     if job.endpoint != CHAT:
         delta = {
@@ -163,12 +163,11 @@ def choice_chunks(
 
 
 def _tool_choice_chunks(
-    job: Job, choice: Choice, text: str | None, model: str, fingerprint: str
+    job: Job, plan: ToolPlan, choice: Choice, text: str | None, model: str, fingerprint: str
 ) -> list[dict[str, Any]]:
     """A chat choice that may be a call: its text is held back until it shows what it is.
     Opening with `{` it is a call, sent whole at the end as `tool_calls`; anything else is
     content, streamed from there on."""
-    plan = job.tools
     mode = plan.modes.get(choice.index)
 
     def one(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:

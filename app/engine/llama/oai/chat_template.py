@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from app.engine.base import EngineError
+from app.engine.llama.jobs import ToolPlan
 from app.engine.llama.oai import tools
+
+if TYPE_CHECKING:
+    from llama_cpp.llama_types import ChatCompletionRequestMessage
 
 # llama.cpp falls back to ChatML when a model ships no template; so do we.
 CHATML_TEMPLATE = (
@@ -91,6 +95,20 @@ def normalise_messages(messages: Any) -> list[dict[str, str]]:
     return out
 
 
+def formatter_messages(messages: list[dict[str, str]]) -> list[ChatCompletionRequestMessage]:
+    """Plain messages (roles system, user, assistant) as llama_cpp's formatter types them."""
+    out: list[ChatCompletionRequestMessage] = []
+    for message in messages:
+        role, content = message["role"], message["content"]
+        if role == "system":
+            out.append({"role": "system", "content": content})
+        elif role == "assistant":
+            out.append({"role": "assistant", "content": content})
+        else:
+            out.append({"role": "user", "content": content})
+    return out
+
+
 class ChatTemplate:
     """The GGUF's `tokenizer.chat_template`, rendered like transformers does it."""
 
@@ -106,12 +124,12 @@ class ChatTemplate:
             add_generation_prompt=True,
         )
 
-    def render(self, messages: Any, plan: tools.ToolPlan | None = None) -> str:
+    def render(self, messages: Any, plan: ToolPlan | None = None) -> str:
         """The prompt text, ending with the assistant's generation prompt; with the
         functions of an active tool `plan` in its system message."""
         normalised = tools.with_tools(normalise_messages(messages), plan)
         try:
-            return self._formatter(messages=normalised).prompt
+            return self._formatter(messages=formatter_messages(normalised)).prompt
         except Exception as exc:  # a template's raise_exception(), e.g. roles out of order
             raise EngineError(
                 f"The model's chat template rejected the messages: {exc}",

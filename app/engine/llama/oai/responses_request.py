@@ -271,7 +271,9 @@ def to_chat(body: dict[str, Any]) -> tuple[dict[str, Any], ResponseRequest]:
     choice = _tool_choice(body.get("tool_choice"))
     if choice is not None:
         chat["tool_choice"] = choice
-    text = body.get("text") if isinstance(body.get("text"), dict) else {}
+    text = body.get("text")
+    if not isinstance(text, dict):
+        text = {}
     echo = {
         "instructions": body.get("instructions"),
         "max_output_tokens": body.get("max_output_tokens"),

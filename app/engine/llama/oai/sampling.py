@@ -176,7 +176,8 @@ def _response_format(body: dict[str, Any]) -> str | None:
         from llama_cpp.llama_grammar import json_schema_to_gbnf
 
         try:
-            return json_schema_to_gbnf(json.dumps(schema))
+            gbnf: str = json_schema_to_gbnf(json.dumps(schema))
+            return gbnf
         except Exception as exc:  # the converter raises plain errors on schemas it cannot express
             raise invalid(
                 f"The JSON schema cannot be turned into a grammar: {exc}",

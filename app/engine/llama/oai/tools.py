@@ -241,7 +241,7 @@ def grammar(plan: ToolPlan | None) -> str | None:
     from llama_cpp.llama_grammar import json_schema_to_gbnf
 
     try:
-        gbnf = json_schema_to_gbnf(json.dumps(_call_schema(plan)))
+        gbnf: str = json_schema_to_gbnf(json.dumps(_call_schema(plan)))
     except Exception as exc:  # the converter raises plain errors on schemas it cannot express
         raise bad_param(
             f"The functions' parameter schemas cannot be turned into a grammar: {exc}", "tools"
