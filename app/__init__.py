@@ -1,4 +1,5 @@
-"""batchyard: OpenAI's Files and Batch APIs on an embedded llama.cpp model."""
+"""batchyard: OpenAI's Files, Batch, Uploads and Responses APIs, on an embedded llama.cpp model
+or upstream OpenAI-compatible servers."""
 
 from __future__ import annotations
 
@@ -12,4 +13,6 @@ import os
 os.environ.setdefault("GOMP_SPINCOUNT", "1000")
 os.environ.setdefault("OMP_WAIT_POLICY", "ACTIVE")
 
+#: The one place the version is written: pyproject.toml reads it from here (hatch), and
+#: `batchyard --version`, the start-up line and /metrics' batchyard_info show it.
 __version__ = "0.1.0"

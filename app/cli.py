@@ -132,7 +132,8 @@ def _add_upstream_flags(p: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="batchyard",
-        description="OpenAI's Files and Batch APIs on an embedded llama.cpp model.",
+        description="OpenAI's Files, Batch, Uploads and Responses APIs, on an embedded "
+        "llama.cpp model or upstream OpenAI-compatible servers.",
     )
     parser.add_argument("--version", action="version", version=f"batchyard {__version__}")
     sub = parser.add_subparsers(dest="command")

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+import app
 from tests.packaging.helpers import (
     assert_cpu_check_passed,
     assert_llama_cpp_from,
@@ -55,6 +56,11 @@ def test_wheel_contains_templates_static_files_and_vendored_js(wheel: Path, sour
     migrations = files_under(source / "app" / "migrations")
     assert {f"app/migrations/{m}" for m in migrations if "__pycache__" not in m} <= names
     assert "app/migrations/versions/0001_tables_of_0_1_0.py" in names
+    assert "app/py.typed" in names  # the package says it is typed (PEP 561)
+    # The version written once, in app/__init__.py, is the wheel's.
+    metadata = next(n for n in names if n.endswith(".dist-info/METADATA"))
+    lines = zipfile.ZipFile(wheel).read(metadata).decode().splitlines()
+    assert f"Version: {app.__version__}" in lines
     entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
     assert "batchyard = app.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
     assert not any(n.startswith(("tests/", "app/tests/")) for n in names)
