@@ -74,6 +74,7 @@ class FakeEngine:
 
         if self.delay:
             t = threading.Timer(self.delay, finish)
+            t.daemon = True  # a test that ends before its lines does not wait for them
             self._timers.append(t)
             t.start()
         else:

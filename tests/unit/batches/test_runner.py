@@ -103,7 +103,9 @@ def test_a_line_that_keeps_killing_the_server_fails_alone(tmp_path: Path) -> Non
 
 
 def test_cancel_stops_lines_that_have_not_started(tmp_path: Path) -> None:
-    eng = FakeEngine(n_slots=1, delay=0.2)
+    # Lines that take a minute: the cancel always comes while both claimed lines are running,
+    # however slow the machine (with 0.2 s, a loaded machine finished them first).
+    eng = FakeEngine(n_slots=1, delay=60)
     svc = services(tmp_path, eng)
     bid = add_batch(svc, 10)
     svc.runner._validate_next()
