@@ -232,7 +232,10 @@ def run_batchyard(
         cmd = [sys.executable, "-m", "app.cli", "serve", "--no-browser", "--port", str(port),
                "--data-dir", tmp, "--parallel", str(args.parallel), "--ctx-size",
                str(args.ctx_size), "--model", str(model), "--kv-cache-type", args.kv_cache_type,
-               "--threads", str(args.threads), "--n-gpu-layers", str(args.n_gpu_layers)]  # fmt: skip
+               "--threads", str(args.threads), "--n-gpu-layers", str(args.n_gpu_layers),
+               # llama-server runs at normal priority; on a CPU batchyard's default is the
+               # lowest (SCHED_IDLE), which any other load on the machine starves.
+               "--engine-priority", "normal"]  # fmt: skip
         # The checkout first; what PYTHONPATH held stays (bench/gpu.sh's dependencies live there).
         path = os.pathsep.join(x for x in (str(src), os.environ.get("PYTHONPATH", "")) if x)
         env = {**os.environ, "PYTHONPATH": path}
