@@ -126,13 +126,13 @@ class Database:
                 # Alembic alters a SQLite table by copying it and dropping the old one; with
                 # foreign keys on, that drop would cascade into the rows pointing at it.
                 # The pragma does nothing inside a transaction, so it goes first.
-                conn.connection.dbapi_connection.execute("PRAGMA foreign_keys=OFF")  # type: ignore[union-attr]
+                _driver_execute(conn, "PRAGMA foreign_keys=OFF")
             try:
                 with conn.begin():
                     self._migrate(conn)
             finally:
                 if self.is_sqlite:
-                    conn.connection.dbapi_connection.execute("PRAGMA foreign_keys=ON")  # type: ignore[union-attr]
+                    _driver_execute(conn, "PRAGMA foreign_keys=ON")
 
     def _migrate(self, conn: Connection) -> None:
         from alembic import command
@@ -228,6 +228,14 @@ class Database:
         if self._sqlite_file is not None:
             release_sqlite_file(self._sqlite_file)
             self._sqlite_file = None
+
+
+def _driver_execute(conn: Connection, sql: str) -> None:
+    """`sql` on the driver's connection itself, outside any transaction SQLAlchemy began."""
+    driver = conn.connection.dbapi_connection
+    if driver is None:  # only once the connection was invalidated
+        raise RuntimeError("the database connection is closed")
+    driver.execute(sql)
 
 
 def _alembic_config(conn: Connection) -> Config:

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from sqlalchemy import func, insert, update
+from sqlalchemy import delete, func, insert, update
 from sqlmodel import Session, col, select
 
 from app.batches.validate import validate_jsonl
@@ -181,7 +181,10 @@ def _validate(
         assert fresh is not None
         # A crash mid-validation leaves nothing behind (this is one transaction),
         # but clear any rows anyway so validation can always start over.
-        s.exec(Request.__table__.delete().where(Request.__table__.c.batch_id == b.id))  # type: ignore[attr-defined]
+        s.exec(
+            delete(Request).where(col(Request.batch_id) == b.id),
+            execution_options={"synchronize_session": False},  # a bulk DELETE, no ORM objects
+        )
         for start in range(0, len(rows), INSERT_CHUNK):
             s.exec(insert(Request), params=rows[start : start + INSERT_CHUNK])
         fresh.status = BatchStatus.IN_PROGRESS

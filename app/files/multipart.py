@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 from collections.abc import AsyncIterable, Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import anyio.to_thread
 from python_multipart.multipart import MultipartParser, parse_options_header
@@ -18,6 +19,10 @@ from app.errors import APIError, missing
 from app.files.service import FileService, parse_expires_after, too_large
 from app.files.storage import PartialWrite, TooLarge
 from app.models import File
+
+if TYPE_CHECKING:
+    # Declared for type checkers only (python_multipart defines it under TYPE_CHECKING).
+    from python_multipart.multipart import MultipartCallbacks
 
 #: Small form fields (purpose, expires_after[...]) are kept in memory up to this size.
 MAX_FIELD_BYTES = 64 * 1024
@@ -128,7 +133,7 @@ async def stream_form(
             code="invalid_content_type",
         )
     col = _Collector(file_field, begin_write)
-    callbacks = {
+    callbacks: MultipartCallbacks = {
         "on_part_begin": col.on_part_begin,
         "on_part_data": col.on_part_data,
         "on_part_end": col.on_part_end,
@@ -137,7 +142,7 @@ async def stream_form(
         "on_header_end": col.on_header_end,
         "on_headers_finished": col.on_headers_finished,
     }
-    parser = MultipartParser(params[b"boundary"], callbacks)  # type: ignore[arg-type]
+    parser = MultipartParser(params[b"boundary"], callbacks)
 
     async def flush(force: bool) -> None:
         if col.partial is not None and col.pending and (force or len(col.pending) >= WRITE_PIECE):
