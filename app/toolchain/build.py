@@ -285,6 +285,24 @@ def verify(backend: str, settings: Settings) -> tuple[bool, str]:
         threads = cpu_threads(settings.threads)
         ok, why = cpu_check.extra_buffers(model, threads, "auto", settings.cache_path)
         return ok, f"CPU check: {why}"
+    if backend == "cuda" and visible_nvidia_gpu() is None:
+        # An image build or a CI runner: no GPU to check on. The build must still load and
+        # run (on the CPU, as it will wherever no GPU is visible); the GPU is checked where
+        # it runs (`batchyard engine status`, the start-up line).
+        threads = str(cpu_threads(settings.threads))
+        try:
+            done = run_child(selfcheck_command("cpu", str(model), threads), GPU_CHECK_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            return False, f"load check: no answer in {GPU_CHECK_TIMEOUT_S:.0f} s"
+        if done.answer is None or done.answer.startswith("error"):
+            return False, (
+                "no GPU visible, and the build did not load and run on the CPU: "
+                f"{done.answer or f'ended without an answer (exit code {done.returncode})'}"
+            )
+        return True, (
+            "no GPU visible (nvidia-smi lists none), so no GPU check: the build loads and "
+            "runs on the CPU; on a machine with a GPU it offloads there"
+        )
     try:
         done = run_child(selfcheck_command("gpu", str(model)), GPU_CHECK_TIMEOUT_S)
     except subprocess.TimeoutExpired:
@@ -353,7 +371,14 @@ def build(
         except (BuildError, cuda.CudaError) as exc:
             print(f"engine build: {exc}\nThe installed build is unchanged.", file=out)
             return 1
-        phase(4, "checking the new build" + (" on the GPU" if backend != "cpu" else ""))
+        where = (
+            ""
+            if backend == "cpu"
+            else " (no GPU visible: it loads and runs on the CPU)"
+            if backend == "cuda" and visible_nvidia_gpu() is None
+            else " on the GPU"
+        )
+        phase(4, f"checking the new build{where}")
         ok, why = verify(backend, settings)
         print(f"  {why}", file=out, flush=True)
         if not ok:

@@ -82,7 +82,9 @@ def test_a_cuda_build_without_a_gpu_serves_on_the_cpu(cuda_lib: Path, tmp_path: 
     assert f"CUDA architectures: sm_{ARCH}" in status.stdout
     assert FALLBACK in status.stdout
 
-    server = start_server(tmp_path / "data", OUTPUT / "cuda-build-server.log", env=env)
+    log_path = OUTPUT / "cuda-build-server.log"
+    log_path.unlink(missing_ok=True)  # start_server appends: this run's log only
+    server = start_server(tmp_path / "data", log_path, env=env)
     try:
         health = httpx.get(server.url + "/health").json()
         assert health["gpu_fallback"] == FALLBACK
@@ -130,3 +132,16 @@ def test_a_cuda_build_without_a_gpu_serves_on_the_cpu(cuda_lib: Path, tmp_path: 
         stop_server(server)
     log = server.log()
     assert log.count(FALLBACK) == 1, log[-3000:]
+
+
+def test_engine_build_keeps_a_cuda_build_that_loads_where_no_gpu_is_visible(
+    cuda_lib: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What `engine build --cuda` checks in an image build: the new build loads and runs."""
+    from app.config import Settings
+    from app.toolchain import build
+
+    monkeypatch.setenv("LLAMA_CPP_LIB_PATH", str(cuda_lib))
+    ok, why = build.verify("cuda", Settings())
+    assert ok, why
+    assert "no GPU visible" in why

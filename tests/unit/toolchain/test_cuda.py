@@ -159,3 +159,31 @@ def test_preload_runtime_does_nothing_for_a_build_without_cuda(tmp_path: Path) -
     (tmp_path / "libggml-cpu.so").write_bytes(b"")
     assert cuda.preload_runtime(tmp_path) == []
     assert cuda.preload_runtime(tmp_path / "missing") == []
+
+
+def test_a_cuda_build_with_no_gpu_in_sight_is_kept_when_it_loads_on_the_cpu(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An image build has no GPU to check on: the build is kept if it loads and runs."""
+    from app.config import Settings
+
+    asked: list[list[str]] = []
+
+    def child(answer: str | None) -> object:
+        def run(command: list[str], timeout: float) -> facts.ChildAnswer:
+            asked.append(command)
+            return facts.ChildAnswer(answer, 0 if answer else -11)
+
+        return run
+
+    monkeypatch.setattr(build, "visible_nvidia_gpu", lambda: None)
+    monkeypatch.setattr(build, "run_child", child("ok"))
+    ok, why = build.verify("cuda", Settings())
+    assert ok and "no GPU visible" in why and "loads and runs on the CPU" in why
+    assert asked[-1][-3] == "cpu"  # the CPU check's child, not the GPU one
+    monkeypatch.setattr(build, "run_child", child(None))
+    ok, why = build.verify("cuda", Settings())
+    assert not ok and "exit code -11" in why
+    monkeypatch.setattr(build, "run_child", child("error: OSError: libcublas.so.13"))
+    ok, why = build.verify("cuda", Settings())
+    assert not ok and "libcublas.so.13" in why
