@@ -289,9 +289,9 @@ def verify(backend: str, settings: Settings) -> tuple[bool, str]:
         # An image build or a CI runner: no GPU to check on. The build must still load and
         # run (on the CPU, as it will wherever no GPU is visible); the GPU is checked where
         # it runs (`batchyard engine status`, the start-up line).
-        threads = str(cpu_threads(settings.threads))
+        n = str(cpu_threads(settings.threads))
         try:
-            done = run_child(selfcheck_command("cpu", str(model), threads), GPU_CHECK_TIMEOUT_S)
+            done = run_child(selfcheck_command("cpu", str(model), n), GPU_CHECK_TIMEOUT_S)
         except subprocess.TimeoutExpired:
             return False, f"load check: no answer in {GPU_CHECK_TIMEOUT_S:.0f} s"
         if done.answer is None or done.answer.startswith("error"):
