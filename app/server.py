@@ -78,25 +78,30 @@ def security_notes(settings: Settings, keys: Keys) -> list[tuple[int, str]]:
 # tests/integration/test_dependencies.py keeps every route to levels of one.
 
 
+def _services(state: State) -> Services:
+    services: Services = state.services  # set by create_app; State holds Any
+    return services
+
+
 def provide_services(state: State, owner: NamedDependency[str]) -> Services:
-    return state.services
+    return _services(state)
 
 
 def provide_files(state: State, owner: NamedDependency[str]) -> FileService:
-    return state.services.files
+    return _services(state).files
 
 
 def provide_uploads(state: State, owner: NamedDependency[str]) -> UploadService:
-    return state.services.uploads
+    return _services(state).uploads
 
 
 def provide_batches(state: State, owner: NamedDependency[str]) -> BatchService:
-    return state.services.batches
+    return _services(state).batches
 
 
 def provide_engine(state: State) -> Engine:
     """The loaded engine; a 503 while the model is still loading (or failed to)."""
-    engine = state.services.engine
+    engine = _services(state).engine
     if engine is None:
         raise APIError(
             503,

@@ -88,7 +88,7 @@ class RequestTiming(ASGIMiddleware):
 
 async def count_unmatched(message: Message, scope: Scope) -> None:
     """A before_send hook: the requests no route matched never reach the middleware."""
-    if scope.get("type") != "http" or message["type"] != "http.response.start":
+    if scope["type"] != ScopeType.HTTP or message["type"] != "http.response.start":
         return
     if scope["state"].get(_SCOPE_TIMED):
         return

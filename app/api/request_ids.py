@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import uuid
 
+from litestar.enums import ScopeType
 from litestar.types import Message, Scope
 
 SCOPE_KEY = "batchyard_request_id"
@@ -40,7 +41,7 @@ def client_request_id(scope: Scope) -> str | None:
 
 async def add_request_id(message: Message, scope: Scope) -> None:
     """A before_send hook: put `x-request-id` on every HTTP response."""
-    if scope.get("type") != "http" or message["type"] != "http.response.start":
+    if scope["type"] != ScopeType.HTTP or message["type"] != "http.response.start":
         return
     headers = [h for h in message.get("headers", []) if h[0].lower() != HEADER]
     message["headers"] = [*headers, (HEADER, request_id(scope).encode())]

@@ -72,7 +72,8 @@ def gpu_backend_name() -> str | None:
     for i in range(ggml.ggml_backend_dev_count()):
         dev = ggml.ggml_backend_dev_get(i)
         if ggml.ggml_backend_dev_type(dev) != 0:  # 0 is GGML_BACKEND_DEVICE_TYPE_CPU
-            return ggml.ggml_backend_reg_name(ggml.ggml_backend_dev_backend_reg(dev)).decode()
+            backend: bytes = ggml.ggml_backend_reg_name(ggml.ggml_backend_dev_backend_reg(dev))
+            return backend.decode()
     return None
 
 
