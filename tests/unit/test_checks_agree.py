@@ -1,11 +1,13 @@
 """The checks a commit meets: `.pre-commit-config.yaml` runs exactly the checks tests/run.sh
-runs before pytest, in the same order, so a commit that passes its hooks passes them in CI."""
+runs before pytest, in the same order, so a commit that passes its hooks passes them in CI;
+and mypy's strict rooms are rooms that exist."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
+import tomllib
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -43,3 +45,17 @@ def test_a_check_missing_from_the_hooks_is_seen() -> None:
     config = yaml.safe_load((ROOT / ".pre-commit-config.yaml").read_text())
     assert run_sh_checks(more)[-1] == ".venv/bin/codespell"
     assert hook_checks(config) != run_sh_checks(more)
+
+
+def test_the_rooms_mypy_checks_strictly_exist() -> None:
+    """A renamed room would silently leave the strict list (mypy only warns about an
+    override that matches nothing), so each entry must name a module or package in app/."""
+    overrides = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mypy"]["overrides"]
+    strict = [o for o in overrides if o.get("disallow_untyped_defs")]
+    assert len(strict) == 1
+    modules = strict[0]["module"]
+    assert modules
+    for name in modules:
+        path = ROOT / Path(*name.removesuffix(".*").split("."))
+        wanted = path.is_dir() if name.endswith(".*") else path.with_suffix(".py").is_file()
+        assert wanted, name
