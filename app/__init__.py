@@ -14,5 +14,5 @@ os.environ.setdefault("GOMP_SPINCOUNT", "1000")
 os.environ.setdefault("OMP_WAIT_POLICY", "ACTIVE")
 
 #: The one place the version is written: pyproject.toml reads it from here (hatch), and
-#: `batchyard --version`, the start-up line and /metrics' batchyard_info show it.
+#: `batchyard --version`, the start-up line, /metrics' batchyard_info and /schema show it.
 __version__ = "0.1.0"
