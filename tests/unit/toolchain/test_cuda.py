@@ -4,6 +4,7 @@ the architectures read back from a built library."""
 from __future__ import annotations
 
 import io
+import sys
 from pathlib import Path
 
 import pytest
@@ -187,3 +188,20 @@ def test_a_cuda_build_with_no_gpu_in_sight_is_kept_when_it_loads_on_the_cpu(
     monkeypatch.setattr(build, "run_child", child("error: OSError: libcublas.so.13"))
     ok, why = build.verify("cuda", Settings())
     assert not ok and "libcublas.so.13" in why
+
+
+def test_fetch_cublas_takes_a_wheel_already_in_the_environment_before_pypi(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    site = tmp_path / "site-packages"
+    base = site / "nvidia" / "cu13"
+    (base / "include").mkdir(parents=True)
+    (base / "lib").mkdir()
+    (base / "include" / "cublas_v2.h").write_text("")
+    for name in ("libcublas.so.13", "libcublasLt.so.13"):
+        (base / "lib" / name).write_bytes(b"")
+    monkeypatch.setattr(sys, "path", [str(site)])
+    monkeypatch.setenv(cuda.CACHE_ENV, str(tmp_path / "cache"))
+    found = cuda.fetch_cublas(13)  # no pip run: it would need the network
+    assert found.cublas == base / "lib" / "libcublas.so.13"
+    assert not (tmp_path / "cache").exists()
