@@ -314,13 +314,19 @@ def run_engine(
 # --------------------------------------------------------------------------- llama-server
 
 
+def llama_ngl(n_gpu_layers: int) -> str:
+    """llama.cpp's tools take -ngl as a count, 'auto' (-1: as many as fit) or 'all'; batchyard's
+    -1 means every layer, which is their 'all'."""
+    return "all" if n_gpu_layers < 0 else str(n_gpu_layers)
+
+
 def server_command(
     binary_dir: Path, model: Path, workload: str, args: argparse.Namespace
 ) -> list[str]:
     cmd = [str(binary_dir / "llama-server"), "-m", str(model), "--host", "127.0.0.1",
            "-np", str(args.parallel), "-c", str(args.parallel * args.ctx_size),
            "-t", str(args.threads), "-tb", str(args.threads), "--no-webui",
-           "-ngl", str(args.n_gpu_layers)]  # fmt: skip
+           "-ngl", llama_ngl(args.n_gpu_layers)]  # fmt: skip
     if workload == "embed":
         ub = str(args.server_ub)
         cmd += ["--embeddings", "--pooling", "mean", "-ub", ub, "-b", ub]
@@ -379,7 +385,7 @@ def batched_bench(
            str(args.parallel * (prompt + gen + 8)), "-b", "2048", "-ub", str(args.bench_ub),
            "-npp", str(prompt), "-ntg", str(gen), "-npl", str(args.parallel), "-t",
            str(args.threads), "-fa", "on", "-ctk", args.kv_cache_type, "-ctv",
-           args.kv_cache_type, "-ngl", str(args.n_gpu_layers), "--output-format", "jsonl"]  # fmt: skip
+           args.kv_cache_type, "-ngl", llama_ngl(args.n_gpu_layers), "--output-format", "jsonl"]  # fmt: skip
     out = subprocess.run(cmd, capture_output=True, text=True, check=False)
     rows = [json.loads(x) for x in out.stdout.splitlines() if x.startswith("{")]
     if not rows:
