@@ -18,6 +18,8 @@
 #            offloaded;  --quick  8 lines a workload and only the short one on the 1B model.
 # BATCHYARD_GPU_WORK: the work directory (default /tmp/batchyard-gpu). The log and the table
 # go to $OUT too where it is set (the device machine sends that folder back).
+# On the device tool: `bash bench/gpu_kit.sh` here first, then run `bash bench/gpu.sh` with
+# carry [".gpukit"] and timeout_s 600 (the checkout, 4 MB, and the kit, 51 MiB, fit its 64).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
