@@ -254,9 +254,11 @@ def load_engines(
     failure = None
     default = embedded
     if default is None and not settings.no_embedded:
-        from app.engine.llama.engine import load_engine
-
         try:
+            # Imported here: llama_cpp loads its libraries on import, and a build that cannot
+            # (a CUDA build whose cuBLAS is gone) is a load failure like a bad model path.
+            from app.engine.llama.engine import load_engine
+
             default = load_engine(settings)
         except Exception as exc:  # a bad model path: the caller says so, upstreams still serve
             log.exception("the model could not be loaded")
