@@ -1,0 +1,348 @@
+"""One node feeding a fast upstream: batchyard's own cost per line, against a direct client.
+
+A tiny upstream inside the bench (its own process, aiohttp on uvloop) answers every
+`/v1/chat/completions` after --latency-ms and lists one model on `/v1/models`: it stands for
+a GPU server answering short lines, so what is measured is the front's own cost. In one run:
+
+  direct   the N bodies POSTed straight to the upstream by aiohttp, C at a time;
+  sqlite   the N lines as one batch through `batchyard serve --no-embedded
+           --engine up=openai:URL,concurrency=C` on SQLite, from create to `completed`;
+  pg       the same on PostgreSQL (a fresh database on --pg-server), when it is reachable.
+
+For each front it prints lines/s, the ratio to direct, the server's CPU seconds per line
+(utime+stime of the server process from /proc, over the batch), and the phases as the bench
+saw them polling every 20 ms: validate (create -> in_progress), run (-> finalizing) and
+finalize (-> completed). `--nodes 2` runs two nodes on one PostgreSQL (and one files location)
+and reports the rate against one node. `--profile DIR` records py-spy (raw) of each server.
+
+    python bench/fleet.py                      # 3,000 lines, C=64, 20 ms
+    python bench/fleet.py --lines 50000 --only sqlite,pg
+    python bench/fleet.py --nodes 2 --only pg
+
+Figures (2 shared cores, 3,000 lines `max_tokens: 1`, C=64, 20 ms; bench/README.md):
+  before issue 22: direct 1,828 l/s; sqlite 71 l/s (0.04x), 9.4 ms CPU/line;
+                   pg 65 l/s (0.04x), 9.6 ms CPU/line (py-spy attached at 50 Hz).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tests.live import LiveServer, free_port, start_server, stop_server  # noqa: E402
+
+MODEL = "fleet-model"
+CHAT = "/v1/chat/completions"
+DEFAULT_PG = "postgresql+psycopg://root@127.0.0.1:5432/test"
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+# -- the upstream ------------------------------------------------------------------------
+
+
+def serve_upstream(port: int, latency_ms: float) -> None:
+    """Run the fixed-latency upstream (the child process's whole life)."""
+    import uvloop
+    from aiohttp import web
+
+    answer = {
+        "id": "chatcmpl-fleet",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": MODEL,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": "A"},
+                "finish_reason": "length",
+            }
+        ],
+        "usage": {"prompt_tokens": 9, "completion_tokens": 1, "total_tokens": 10},
+    }
+    body = json.dumps(answer).encode()
+    models = json.dumps(
+        {"object": "list", "data": [{"id": MODEL, "object": "model", "owned_by": "bench"}]}
+    ).encode()
+
+    async def chat(request: web.Request) -> web.Response:
+        await request.read()
+        await asyncio.sleep(latency_ms / 1000)
+        return web.Response(body=body, content_type="application/json")
+
+    async def list_models(request: web.Request) -> web.Response:
+        return web.Response(body=models, content_type="application/json")
+
+    app = web.Application()
+    app.router.add_post(CHAT, chat)
+    app.router.add_get("/v1/models", list_models)
+    uvloop.install()
+    web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None, backlog=1024)
+
+
+def start_upstream(latency_ms: float) -> tuple[subprocess.Popen[bytes], str]:
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, __file__, "--upstream-only", str(port), "--latency-ms", str(latency_ms)]
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        try:
+            if httpx.get(url + "/v1/models", timeout=2).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    proc.kill()
+    raise SystemExit("the bench's upstream did not start")
+
+
+# -- the lines ---------------------------------------------------------------------------
+
+
+def bodies(n: int) -> list[dict[str, Any]]:
+    return [
+        {
+            "model": MODEL,
+            "max_tokens": 1,
+            "messages": [{"role": "user", "content": f"Is line {i} positive or negative?"}],
+        }
+        for i in range(n)
+    ]
+
+
+def jsonl(items: list[dict[str, Any]]) -> bytes:
+    return b"".join(
+        json.dumps({"custom_id": f"l{i}", "method": "POST", "url": CHAT, "body": b}).encode()
+        + b"\n"
+        for i, b in enumerate(items)
+    )
+
+
+async def direct(url: str, items: list[dict[str, Any]], concurrency: int) -> float:
+    """Seconds for aiohttp to POST every body, `concurrency` at a time."""
+    import aiohttp
+
+    todo = iter(items)
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency)) as s:
+
+        async def worker() -> None:
+            for b in todo:
+                async with s.post(url + CHAT, json=b) as r:
+                    await r.read()
+                    assert r.status == 200, r.status
+
+        started = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        return time.perf_counter() - started
+
+
+# -- the fronts --------------------------------------------------------------------------
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS  # utime, stime
+
+
+class PgDatabase:
+    """A fresh database on the server for one front, dropped afterwards."""
+
+    def __init__(self, server_url: str) -> None:
+        from sqlalchemy import create_engine, make_url, text
+
+        self._text = text
+        server = make_url(server_url)
+        self.name = f"batchyard_fleet_{secrets.token_hex(5)}"
+        self.admin = create_engine(server, isolation_level="AUTOCOMMIT")
+        with self.admin.connect() as conn:
+            conn.execute(text(f'CREATE DATABASE "{self.name}"'))
+        self.url = server.set(database=self.name).render_as_string(hide_password=False)
+
+    def drop(self) -> None:
+        with self.admin.connect() as conn:
+            conn.execute(self._text(f'DROP DATABASE IF EXISTS "{self.name}" WITH (FORCE)'))
+        self.admin.dispose()
+
+
+def pg_reachable(url: str) -> bool:
+    try:
+        PgDatabase(url).drop()
+        return True
+    except Exception as exc:  # noqa: BLE001 - no PostgreSQL here: that front is skipped
+        print(f"pg: skipped ({type(exc).__name__}: {exc})", file=sys.stderr)
+        return False
+
+
+def through_batchyard(
+    args: argparse.Namespace, upstream: str, data: bytes, n: int, database_url: str, nodes: int
+) -> dict[str, Any]:
+    tmp = Path(tempfile.mkdtemp(prefix="batchyard-fleet-"))
+    engine = f"up=openai:{upstream},concurrency={args.concurrency}"
+    extra = ["--no-embedded", "--engine", engine]
+    if database_url:
+        extra += ["--database-url", database_url]
+    servers: list[LiveServer] = []
+    spies: list[subprocess.Popen[bytes]] = []
+    try:
+        for k in range(nodes):
+            env = {"BATCHYARD_NODE_NAME": f"fleet{k}"}
+            servers.append(
+                start_server(tmp / "data", tmp / f"node{k}.log", env=env, args=extra, timeout=60)
+            )
+        api = servers[0].url + "/v1"
+        with httpx.Client(timeout=120) as c:
+            f = c.post(
+                f"{api}/files",
+                files={"file": ("fleet.jsonl", data)},
+                data={"purpose": "batch"},
+            )
+            f.raise_for_status()
+            cpu0 = [cpu_seconds(s.process.pid) for s in servers]
+            if args.profile:
+                for k, s in enumerate(servers):
+                    out = (
+                        Path(args.profile)
+                        / f"{args.label}-{'pg' if database_url else 'sqlite'}-{k}.txt"
+                    )
+                    out.parent.mkdir(parents=True, exist_ok=True)
+                    spies.append(
+                        subprocess.Popen(
+                            [
+                                sys.executable.replace("python", "py-spy"),
+                                "record",
+                                "--format",
+                                "raw",
+                                "--rate",
+                                "50",
+                                "-o",
+                                str(out),
+                                "--pid",
+                                str(s.process.pid),
+                                "--threads",
+                                "--nonblocking",
+                            ],
+                            stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL,
+                        )
+                    )
+            started = time.perf_counter()
+            b = c.post(
+                f"{api}/batches",
+                json={
+                    "input_file_id": f.json()["id"],
+                    "endpoint": CHAT,
+                    "completion_window": "24h",
+                },
+            ).json()
+            seen: dict[str, float] = {}
+            while b["status"] not in ("completed", "failed", "expired", "cancelled"):
+                time.sleep(0.02)
+                b = c.get(f"{api}/batches/{b['id']}").json()
+                seen.setdefault(b["status"], time.perf_counter() - started)
+            seconds = time.perf_counter() - started
+            cpu = sum(cpu_seconds(s.process.pid) for s in servers) - sum(cpu0)
+        for spy in spies:
+            spy.send_signal(signal.SIGINT)  # py-spy writes its profile on SIGINT
+            spy.wait(30)
+        counts = b["request_counts"]
+        if b["status"] != "completed" or counts["completed"] != n:
+            raise SystemExit(f"the batch ended {b['status']} with {counts}")
+        t_run = seen.get("in_progress", 0.0)
+        t_fin = seen.get("finalizing", seconds)
+        return {
+            "status": b["status"],
+            "seconds": round(seconds, 2),
+            "lines_per_s": round(n / seconds, 1),
+            "cpu_ms_per_line": round(cpu / n * 1000, 3),
+            "validate_s": round(t_run, 2),
+            "run_s": round(t_fin - t_run, 2),
+            "finalize_s": round(seconds - t_fin, 2),
+            "run_lines_per_s": round(n / max(t_fin - t_run, 1e-9), 1),
+        }
+    finally:
+        for spy in spies:
+            if spy.poll() is None:
+                spy.kill()
+        for s in servers:
+            stop_server(s)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--lines", type=int, default=3000)
+    p.add_argument("--concurrency", type=int, default=64)
+    p.add_argument("--latency-ms", type=float, default=20.0)
+    p.add_argument("--only", default="direct,sqlite,pg", help="which of direct,sqlite,pg to run")
+    p.add_argument("--nodes", type=int, default=1, help="2: also two nodes on PostgreSQL")
+    p.add_argument("--pg-server", default=os.environ.get("BATCHYARD_TEST_DATABASE_URL", DEFAULT_PG))
+    p.add_argument("--profile", default="", help="a folder for py-spy's raw profiles")
+    p.add_argument("--label", default="run", help="names the profiles")
+    p.add_argument("--json", default="", help="also write the figures here")
+    p.add_argument("--upstream-only", type=int, default=0, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.upstream_only:
+        serve_upstream(args.upstream_only, args.latency_ms)
+        return 0
+    only = set(args.only.split(","))
+    items = bodies(args.lines)
+    data = jsonl(items)
+    proc, upstream = start_upstream(args.latency_ms)
+    results: dict[str, Any] = {
+        "lines": args.lines,
+        "concurrency": args.concurrency,
+        "latency_ms": args.latency_ms,
+    }
+    try:
+        if "direct" in only:
+            seconds = asyncio.run(direct(upstream, items, args.concurrency))
+            results["direct"] = {"lines_per_s": round(args.lines / seconds, 1)}
+            print(f"direct  {results['direct']['lines_per_s']:>8} lines/s", flush=True)
+        fronts: list[tuple[str, str, int]] = []
+        if "sqlite" in only:
+            fronts.append(("sqlite", "", 1))
+        if "pg" in only and pg_reachable(args.pg_server):
+            fronts.append(("pg", args.pg_server, 1))
+            if args.nodes > 1:
+                fronts.append((f"pg-{args.nodes}-nodes", args.pg_server, args.nodes))
+        for name, server_url, nodes in fronts:
+            db = PgDatabase(server_url) if server_url else None
+            try:
+                r = through_batchyard(args, upstream, data, args.lines, db.url if db else "", nodes)
+            finally:
+                if db is not None:
+                    db.drop()
+            if "direct" in results:
+                r["ratio"] = round(r["lines_per_s"] / results["direct"]["lines_per_s"], 3)
+            results[name] = r
+            print(f"{name:<8}" + "  ".join(f"{k}={v}" for k, v in r.items()), flush=True)
+        if "pg" in results and f"pg-{args.nodes}-nodes" in results:
+            two = results[f"pg-{args.nodes}-nodes"]["lines_per_s"] / results["pg"]["lines_per_s"]
+            results["nodes_over_one"] = round(two, 2)
+            print(f"{args.nodes} nodes / 1 node on PostgreSQL: {two:.2f}x")
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
