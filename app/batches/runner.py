@@ -310,9 +310,12 @@ class Runner:
             worker_id=self.worker_id,
             lease_seconds=self.settings.lease_seconds,
         )
+        by_file: dict[str, list[Claim]] = {}
         for c in claims:
             if not c.exhausted:
-                self._submit(c)
+                by_file.setdefault(c.input_file_id, []).append(c)
+        for file_id, group in by_file.items():
+            self._submit_lines(file_id, group)
         for c in claims:
             if c.exhausted:
                 self._hand_back(
@@ -326,21 +329,25 @@ class Runner:
                     ),
                 )
 
-    def _submit(self, c: Claim) -> None:
+    def _submit_lines(self, file_id: str, group: list[Claim]) -> None:
+        """Read the claimed lines of one input file in blocks and hand them to the engine."""
+        try:
+            raws = self.storage.read_spans(
+                file_id, [(c.request.offset, c.request.length) for c in group]
+            )
+        except Exception as exc:  # the file is gone or unreadable: its lines fail alone
+            for c in group:
+                self._hand_back(c, unreadable(exc))
+            return
+        for c, raw in zip(group, raws, strict=True):
+            self._submit(c, raw)
+
+    def _submit(self, c: Claim, raw: bytes) -> None:
         req = c.request
         try:
-            raw = self.storage.read_range(c.input_file_id, req.offset, req.length)
             body = json.loads(raw.decode("utf-8"))["body"]
         except Exception as exc:  # the file changed under us: fail this line alone
-            self._hand_back(
-                c,
-                EngineError(
-                    f"The input line could not be read again: {exc}",
-                    status_code=500,
-                    code="server_error",
-                    type="server_error",
-                ),
-            )
+            self._hand_back(c, unreadable(exc))
             return
         fut = self._engine.submit(c.endpoint, body, priority=Priority.BATCH)
         self._inflight[req.id] = Held(req.batch_id, fut, c.lane)
@@ -423,3 +430,13 @@ class Runner:
                         type="server_error",
                     )
                 record(s, req, outcome, t)
+
+
+def unreadable(exc: Exception) -> EngineError:
+    """The error of a claimed line whose input could not be read again."""
+    return EngineError(
+        f"The input line could not be read again: {exc}",
+        status_code=500,
+        code="server_error",
+        type="server_error",
+    )

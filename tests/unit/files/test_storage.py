@@ -39,3 +39,25 @@ def test_a_discarded_write_leaves_nothing_whether_or_not_it_began(tmp_path: Path
     assert list(storage.tmp_dir.iterdir()) == []
     with pytest.raises(ValueError):
         begun.write(b"y")
+
+
+def test_read_spans_gives_each_line_in_the_order_asked_in_few_reads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from app.files import storage as storage_module
+
+    storage = Storage(tmp_path)
+    lines = [f'{{"custom_id": "l{i}"}}\n'.encode() * (1 + i % 3) for i in range(50)]
+    partial = storage.begin_write(10**6)
+    for line in lines:
+        partial.write(line)
+    partial.commit("file-lines")
+    offsets = [sum(len(x) for x in lines[:i]) for i in range(50)]
+    spans = [(offsets[i], len(lines[i])) for i in (7, 3, 4, 40, 5, 0)]
+    assert storage.read_spans("file-lines", spans) == [lines[i] for i in (7, 3, 4, 40, 5, 0)]
+    assert storage.read_spans("file-lines", []) == []
+    # Neighbours share one block; a span far away (past the gap) starts another.
+    monkeypatch.setattr(storage_module, "SPAN_GAP_BYTES", 100)
+    blocks = storage_module.span_blocks([(offsets[i], len(lines[i])) for i in (0, 1, 2, 45)])
+    assert [members for _, _, members in blocks] == [[0, 1, 2], [3]]
+    assert storage.read_spans("file-lines", spans) == [lines[i] for i in (7, 3, 4, 40, 5, 0)]
