@@ -3,7 +3,8 @@
 Each engine behind a node has a lane (`Lane` in engine/registry.py): the lines whose model
 it serves, or for the default engine every line no other lane takes. A claim gives each
 lane its own room, twice the engine's slots less the lines it holds already, and fills it
-with the oldest lines routed to it (by batch, then line). So a big batch for one engine
+with the oldest lines routed to it (by batch, then line); a lane whose engine is down
+(`Lane.up` false) takes none, and its lines wait for it. So a big batch for one engine
 never keeps the lines of another engine waiting while that engine has room, and no engine
 holds more than its room. A node with one engine has one lane that takes every line.
 
@@ -75,7 +76,8 @@ def claim(
 ) -> list[Claim]:
     """Claim up to each lane's room of its oldest pending lines (or lines whose lease ran
     out); `held` counts the lines each lane holds now, `inflight` names them."""
-    rooms = [(lane, room(lane, held.get(lane.name, 0))) for lane in lanes]
+    # A lane whose engine is down claims nothing; it still keeps its lines from the others.
+    rooms = [(lane, room(lane, held.get(lane.name, 0))) for lane in lanes if lane.up]
     rooms = [(lane, n) for lane, n in rooms if n > 0]
     if not rooms:
         return []

@@ -8,10 +8,16 @@ again, by this node or another, with the same query that claims a fresh line (FO
 SKIP LOCKED on PostgreSQL, so two nodes never take one line). A result is written only by
 the holder of the claim, so no line is recorded twice. Validation, cancel and expiry live
 in lifecycle.py, output files in finalize.py.
+
+An engine that is down (`EngineUnavailable`: its upstream cannot be reached) is not the
+line's fault: the line goes back to the queue without using an attempt, and the engine's
+lane claims nothing more until the engine says it is up again. Only the batch's completion
+window ends such lines (`batch_expired`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import queue
@@ -33,8 +39,8 @@ from app.batches.lifecycle import failure, locked_batch, record
 from app.batches.output import sweep_orphans
 from app.config import Settings
 from app.db import Database
-from app.engine.base import Engine, EngineError, Priority, RequestCancelled
-from app.engine.registry import lanes
+from app.engine.base import Engine, EngineError, EngineUnavailable, Priority, RequestCancelled
+from app.engine.registry import Lane, lanes
 from app.files.service import FileService
 from app.files.storage import Storage
 from app.models import Batch, BatchStatus, File, Request, RequestStatus
@@ -48,6 +54,9 @@ NOTICE_INTERVAL = 1.0
 POLL_INTERVAL = 0.25
 #: Seconds between two sweeps of expired files.
 SWEEP_INTERVAL = 60.0
+#: Seconds a lane stays paused after its engine was found down, even if the engine says it
+#: is up again sooner (an engine that does not track its own state is not hammered).
+LANE_PAUSE_MIN = 1.0
 #: Files and temporary uploads younger than this are never swept at start-up: on a shared
 #: files location they may be another node's upload or output in the making.
 SWEEP_MIN_AGE = 3600.0
@@ -118,6 +127,9 @@ class Runner:
         # looks for lifecycle work at once instead of at the next poll.
         self._poked = False
         self._last_poll = 0.0
+        #: Lanes whose engine was found down -> when (monotonic): they claim nothing until
+        #: the engine's lane says it is up again (and LANE_PAUSE_MIN has passed).
+        self._paused: dict[str, float] = {}
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -300,11 +312,27 @@ class Runner:
 
     # -- claims (claims.py) -------------------------------------------------------------
 
+    def _open_lanes(self) -> list[Lane]:
+        """The engine's lanes, those paused here (their engine was found down) marked down;
+        a paused lane opens again once its engine says it is up."""
+        now = time.monotonic()
+        out = []
+        for lane in lanes(self._engine):
+            since = self._paused.get(lane.name)
+            if since is not None:
+                if lane.up and now - since >= LANE_PAUSE_MIN:
+                    del self._paused[lane.name]
+                    log.info("lane=%s engine is up again: claiming", lane.name)
+                else:
+                    lane = dataclasses.replace(lane, up=False)
+            out.append(lane)
+        return out
+
     def _claim_and_submit(self) -> None:
         held = Counter(h.lane for h in self._inflight.values())
         claims = claim(
             self.db,
-            lanes(self._engine),
+            self._open_lanes(),
             held,
             self._inflight,
             worker_id=self.worker_id,
@@ -399,6 +427,7 @@ class Runner:
 
     def _record(self, done: list[Result]) -> None:
         t = time.time()
+        down: set[str] = set()  # lanes whose engine was found down
         with self.db.write() as s:
             # Batch rows first, then request rows: the order every transaction keeps.
             for batch_id in sorted({bid for _, bid, _ in done}):
@@ -417,6 +446,17 @@ class Runner:
                     req.finished_at = int(t)
                     s.add(req)
                     continue
+                if isinstance(exc, EngineUnavailable):
+                    # The engine is down, not the line bad: back to the queue, attempt unused.
+                    req.status = RequestStatus.PENDING
+                    req.lease_until = None
+                    req.claimed_by = None
+                    req.attempts = max(0, req.attempts - 1)
+                    s.add(req)
+                    held = self._inflight.get(request_id)
+                    if held is not None:
+                        down.add(held.lane)
+                    continue
                 if exc is None:
                     outcome: tuple[int, dict[str, Any]] = (200, fut.result())
                 elif isinstance(exc, EngineError):
@@ -430,6 +470,11 @@ class Runner:
                         type="server_error",
                     )
                 record(s, req, outcome, t)
+        now = time.monotonic()
+        for lane in sorted(down):
+            if lane not in self._paused:
+                log.warning("lane=%s engine unavailable: its lines wait in the queue", lane)
+            self._paused[lane] = now
 
 
 def unreadable(exc: Exception) -> EngineError:

@@ -49,6 +49,19 @@ class RequestCancelled(EngineError):
         super().__init__(message, status_code=499, code="request_cancelled")
 
 
+class EngineUnavailable(EngineError):
+    """The engine itself cannot be reached (its server is down), not a fault of the request.
+
+    An upstream raises it when its server refused the connection, did not answer the
+    connect, had no DNS name, or answered 502/503/504 through every retry. The runner puts
+    the line back in the queue without using an attempt and stops claiming for the engine's
+    lane until the engine says it is up again (`Lane.up`); an online request gets it as 503.
+    """
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, status_code=503, code="engine_unavailable", type="server_error")
+
+
 def engine_closed() -> EngineError:
     """The error of a request sent to (or still queued in) an engine that is shutting down."""
     return EngineError(

@@ -26,7 +26,7 @@ class Counters:
         self._rate: deque[tuple[float, int]] = deque()  # (when, tokens generated)
 
     def count(self, outcome: str) -> None:
-        """One request ended: "succeeded", "failed" or "cancelled"."""
+        """One request ended: "succeeded", "failed", "unavailable" (engine down) or "cancelled"."""
         with self._lock:
             self._requests[outcome] = self._requests.get(outcome, 0) + 1
 

@@ -42,6 +42,9 @@ class Lane:
     name: str
     slots: int
     models: frozenset[str] | None = None
+    #: False while the engine is down (an upstream that its probe of /v1/models has not
+    #: brought back): the lane claims nothing and its lines wait in the queue.
+    up: bool = True
 
 
 @dataclass
@@ -100,8 +103,10 @@ class EngineRegistry:
         the default lane takes the rest. One engine alone takes every line."""
         engines = self._engines()
         if len(engines) == 1:
-            name = EMBEDDED if self.default is not None else self.upstreams[0].name
-            return [Lane(name, engines[0].info.n_slots)]
+            if self.default is not None:
+                return [Lane(EMBEDDED, engines[0].info.n_slots)]
+            only = self.upstreams[0]
+            return [Lane(only.name, only.info.n_slots, up=only.status().up)]
         routed: dict[str, set[str]] = {u.name: set() for u in self.upstreams}
         names = {id(u): u.name for u in self.upstreams}
         for upstream in self.upstreams:
@@ -110,7 +115,7 @@ class EngineRegistry:
                 if target is not None:
                     routed[target].add(model)
         lanes = [
-            Lane(u.name, u.info.n_slots, frozenset(routed[u.name]))
+            Lane(u.name, u.info.n_slots, frozenset(routed[u.name]), up=u.status().up)
             for u in self.upstreams
             if routed[u.name]
         ]

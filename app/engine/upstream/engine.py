@@ -11,6 +11,11 @@ the body they answer. One asyncio loop in its own thread owns the HTTP client an
 - Connection errors, timeouts and 5xx are tried again with exponential backoff, a bounded
   number of times; only the final outcome resolves the future, so a line's result is
   recorded once. The upstream's own 4xx is the request's error: its status and error body.
+- A server that cannot be reached (connection refused, connect timeout, no DNS name) or
+  answers 502/503/504 through every retry is down, not the request's fault: the request
+  fails with `EngineUnavailable`, the engine marks itself down (its lane stops claiming)
+  and probes `/v1/models` every couple of seconds until the server answers again.
+  A 500 that stays, or a broken connection mid-answer, is still the request's error.
 - `cancel` drops a queued request and aborts a running one's HTTP request.
 
 The `--engine` grammar is in app/config/upstreams.py, the window in window.py, and the reading
@@ -39,6 +44,7 @@ from app.engine.base import (
     ChunkCallback,
     EngineError,
     EngineStats,
+    EngineUnavailable,
     ModelInfo,
     Priority,
     RequestCancelled,
@@ -56,6 +62,9 @@ log = logging.getLogger("batchyard.upstream")
 THROTTLE_STATUSES = frozenset({429, 503})
 #: Statuses tried again with backoff (besides connection errors and timeouts).
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+#: Statuses that, when they outlast the retries, mean the server (or the proxy in front of
+#: it) is down rather than that the request is bad.
+DOWN_STATUSES = frozenset({502, 503, 504})
 BACKOFF_BASE_S = 0.5
 BACKOFF_MAX_S = 30.0
 #: How often the upstream's /v1/models is read again (its models, and whether it is up).
@@ -85,12 +94,20 @@ class _Retry(Exception):
     the tries run out."""
 
     def __init__(
-        self, error: EngineError, *, throttle: bool = False, retry_after: float | None = None
+        self,
+        error: EngineError,
+        *,
+        throttle: bool = False,
+        retry_after: float | None = None,
+        down: bool = False,
     ) -> None:
         super().__init__(error.message)
         self.error = error
         self.throttle = throttle
         self.retry_after = retry_after
+        #: The server could not be reached or said it is unavailable: if the retries run
+        #: out on this, the engine is down (EngineUnavailable), not the request bad.
+        self.down = down
 
 
 @dataclass
@@ -126,6 +143,7 @@ class UpstreamEngine:
         self._pause_timer: asyncio.TimerHandle | None = None
         self._client: aiohttp.ClientSession | None = None
         self._watcher: asyncio.Task[None] | None = None
+        self._look_now: asyncio.Event | None = None  # set when a request found it down
         # Read from any thread (under _lock):
         self._discovered: list[dict[str, Any]] = []
         self._up = False
@@ -186,6 +204,7 @@ class UpstreamEngine:
             # One stream event is one line: room for long ones.
             read_bufsize=1 << 20,
         )
+        self._look_now = asyncio.Event()
         self._watcher = asyncio.create_task(self._watch())
 
     def close(self) -> None:
@@ -321,10 +340,27 @@ class UpstreamEngine:
             self.info = dataclasses.replace(self.info, id=self.models()[0])
 
     async def _watch(self) -> None:
+        assert self._look_now is not None
         while True:
             # An upstream that is down (or still loading its model) is looked at more often.
-            await asyncio.sleep(WATCH_INTERVAL_S if self._up else WATCH_INTERVAL_DOWN_S)
+            interval = WATCH_INTERVAL_S if self._up else WATCH_INTERVAL_DOWN_S
+            try:
+                await asyncio.wait_for(self._look_now.wait(), interval)
+                await asyncio.sleep(WATCH_INTERVAL_DOWN_S)  # marked down: probe shortly
+            except asyncio.TimeoutError:
+                pass
+            self._look_now.clear()
             await self._discover()
+
+    def _mark_down(self, reason: str) -> None:
+        """A request found the server down: stop claiming for it until a probe of its
+        /v1/models answers (the watcher looks every WATCH_INTERVAL_DOWN_S from now)."""
+        with self._lock:
+            was_up, self._up, self._last_error = self._up, False, reason
+        if was_up:
+            log.warning("engine=%s is down: %s", self.name, reason)
+        if self._look_now is not None:
+            self._look_now.set()
 
     # ------------------------------------------------------------------ the loop thread
 
@@ -403,8 +439,12 @@ class UpstreamEngine:
             self._shrink(job, retry.retry_after)
         job.attempts += 1
         if job.emitted or job.attempts > self.spec.retries or job.future.done():
-            if self._settle(job, error=retry.error):
-                self._count("failed")
+            error = retry.error
+            if retry.down and not job.emitted:
+                self._mark_down(error.message)
+                error = EngineUnavailable(error.message)
+            if self._settle(job, error=error):
+                self._count("unavailable" if retry.down else "failed")
             return
         with self._lock:
             self._retries_total += 1
@@ -449,7 +489,12 @@ class UpstreamEngine:
                     status_code=502,
                     code="upstream_unavailable",
                     type="server_error",
-                )
+                ),
+                # No connection at all (refused, no DNS name, connect timed out): down. A
+                # connection broken mid-answer may be this request's doing: its own error.
+                down=isinstance(
+                    exc, (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError)
+                ),
             ) from exc
 
     async def _stream(self, job: _Job, url: str) -> dict[str, Any]:
@@ -487,6 +532,7 @@ class UpstreamEngine:
                 error,
                 throttle=status in THROTTLE_STATUSES,
                 retry_after=retry_after_seconds(headers.get("retry-after")),
+                down=status in DOWN_STATUSES,
             )
         return error
 
