@@ -146,6 +146,7 @@ class FakeUpstream(HangingEngine):
     HangingEngine, never finishes a HANG prompt until the test says so (`finish`)."""
 
     kind = "openai"
+    up = True  # a test may set it False: the upstream is down
 
     def __init__(self, name: str, served: list[str], *, n_slots: int = 2) -> None:
         super().__init__(n_slots=n_slots)

@@ -106,7 +106,7 @@ class EngineRegistry:
             if self.default is not None:
                 return [Lane(EMBEDDED, engines[0].info.n_slots)]
             only = self.upstreams[0]
-            return [Lane(only.name, only.info.n_slots, up=only.status().up)]
+            return [Lane(only.name, only.info.n_slots, up=only.up)]
         routed: dict[str, set[str]] = {u.name: set() for u in self.upstreams}
         names = {id(u): u.name for u in self.upstreams}
         for upstream in self.upstreams:
@@ -115,7 +115,7 @@ class EngineRegistry:
                 if target is not None:
                     routed[target].add(model)
         lanes = [
-            Lane(u.name, u.info.n_slots, frozenset(routed[u.name]), up=u.status().up)
+            Lane(u.name, u.info.n_slots, frozenset(routed[u.name]), up=u.up)
             for u in self.upstreams
             if routed[u.name]
         ]

@@ -301,6 +301,13 @@ class UpstreamEngine:
     def serves(self, model: str) -> bool:
         return model in self.models()
 
+    @property
+    def up(self) -> bool:
+        """Whether its server answers: its last /v1/models probe did, and no request has
+        found it down since (the runner claims nothing for a down engine's lane)."""
+        with self._lock:
+            return self._up
+
     def status(self) -> UpstreamStatus:
         with self._lock:
             up, error = self._up, self._last_error
