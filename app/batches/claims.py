@@ -26,7 +26,9 @@ from collections.abc import Container, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sqlmodel import Session, col, select
+from sqlalchemy import case, update
+from sqlalchemy import select as select_columns
+from sqlmodel import Session, col
 
 from app.db import Database
 from app.engine.registry import Lane
@@ -39,9 +41,15 @@ MAX_ATTEMPTS = 3
 
 @dataclass
 class Claim:
-    """One line this node now holds, for the runner to hand to its engine."""
+    """One line this node now holds, for the runner to hand to its engine: plain values
+    from the claim's own SELECT, no ORM object (the claim is on every line's path)."""
 
-    request: Request
+    request_id: str
+    batch_id: str
+    offset: int
+    length: int
+    #: Its attempts, this one included.
+    attempts: int
     endpoint: str
     input_file_id: str
     lane: str
@@ -75,7 +83,11 @@ def claim(
     lease_seconds: float,
 ) -> list[Claim]:
     """Claim up to each lane's room of its oldest pending lines (or lines whose lease ran
-    out); `held` counts the lines each lane holds now, `inflight` names them."""
+    out); `held` counts the lines each lane holds now, `inflight` names them.
+
+    One SELECT per lane finds (and on PostgreSQL locks) the lines, and one UPDATE by their
+    ids takes them all: a line already used up keeps its attempts and is failed by the
+    runner."""
     # A lane whose engine is down claims nothing; it still keeps its lines from the others.
     rooms = [(lane, room(lane, held.get(lane.name, 0))) for lane in lanes if lane.up]
     rooms = [(lane, n) for lane, n in rooms if n > 0]
@@ -88,17 +100,22 @@ def claim(
             claims += _claim_lane(
                 s, lane, n, routed_to(lane, lanes), held.get(lane.name, 0), inflight, t
             )
-        for c in claims:
-            req = c.request
-            req.status = RequestStatus.RUNNING
-            req.claimed_by = worker_id
-            req.claimed_at = int(t)
-            req.lease_until = t + lease_seconds
-            if req.attempts >= MAX_ATTEMPTS:
-                c.exhausted = True  # held, and failed by the runner without running
-            else:
-                req.attempts += 1
-            s.add(req)
+        if not claims:
+            return []
+        s.exec(
+            update(Request)
+            .where(col(Request.id).in_([c.request_id for c in claims]))
+            .values(
+                status=RequestStatus.RUNNING,
+                claimed_by=worker_id,
+                claimed_at=int(t),
+                lease_until=t + lease_seconds,
+                attempts=case(
+                    (col(Request.attempts) >= MAX_ATTEMPTS, col(Request.attempts)),
+                    else_=col(Request.attempts) + 1,
+                ),
+            )
+        )
     return claims
 
 
@@ -112,26 +129,55 @@ def _claim_lane(
     t: float,
 ) -> list[Claim]:
     query = (
-        select(Request, Batch.endpoint, Batch.input_file_id)
+        select_columns(
+            col(Request.id),
+            col(Request.batch_id),
+            col(Request.offset),
+            col(Request.length),
+            col(Request.attempts),
+            col(Batch.endpoint),
+            col(Batch.input_file_id),
+        )
         .join(Batch, col(Batch.id) == col(Request.batch_id))
         .where(
-            Batch.status == BatchStatus.IN_PROGRESS,
+            col(Batch.status) == BatchStatus.IN_PROGRESS,
             (col(Request.status) == RequestStatus.PENDING)
             | ((col(Request.status) == RequestStatus.RUNNING) & (col(Request.lease_until) < t)),
         )
     )
     if where is not None:
         query = query.where(where)
-    rows = s.exec(
-        query.order_by(col(Batch.created_ns), col(Request.line))
-        # Lines this node holds whose lease lapsed may come back: look past them.
-        .limit(n + held)
-        # Several nodes on one PostgreSQL queue never claim the same line; only the request
-        # rows are locked, so recording results for the batch goes on (SQLite has one
-        # writer at a time and leaves the clause out).
-        .with_for_update(skip_locked=True, of=Request)
-    ).all()
-    fresh = [(req, e, f) for req, e, f in rows if req.id not in inflight][:n]
-    return [
-        Claim(req, endpoint, input_file_id, lane.name) for req, endpoint, input_file_id in fresh
-    ]
+    rows = (
+        s.connection()
+        .execute(
+            query.order_by(col(Batch.created_ns), col(Request.line))
+            # Lines this node holds whose lease lapsed may come back: look past them.
+            .limit(n + held)
+            # Several nodes on one PostgreSQL queue never claim the same line; only the request
+            # rows are locked, so recording results for the batch goes on (SQLite has one
+            # writer at a time and leaves the clause out).
+            .with_for_update(skip_locked=True, of=Request)
+        )
+        .all()
+    )
+    claims = []
+    for request_id, batch_id, offset, length, attempts, endpoint, file_id in rows:
+        if request_id in inflight:
+            continue
+        exhausted = attempts >= MAX_ATTEMPTS
+        claims.append(
+            Claim(
+                request_id,
+                batch_id,
+                offset,
+                length,
+                attempts if exhausted else attempts + 1,
+                endpoint,
+                file_id,
+                lane.name,
+                exhausted,
+            )
+        )
+        if len(claims) == n:
+            break
+    return claims

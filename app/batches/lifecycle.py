@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from sqlalchemy import delete, func, insert, update
+from sqlalchemy import bindparam, delete, func, insert, update
 from sqlmodel import Session, col, select
 
 from app.batches.validate import validate_jsonl
@@ -75,31 +75,69 @@ def failure(
     return status_code, error_body(message, type=type, code=code)
 
 
-def record(s: Session, req: Request, outcome: tuple[int, dict[str, Any]], t: float) -> None:
-    """Store one line's result and move its batch's counters, in the caller's transaction
-    (which has locked the batch row first)."""
-    status_code, body = outcome
-    ok = status_code == 200
-    usage = body.get("usage") or {} if ok else {}
-    req.status = RequestStatus.SUCCEEDED if ok else RequestStatus.FAILED
-    req.status_code = status_code
-    req.request_id = new_id("req_")
-    req.body_json = json.dumps(body)
-    req.finished_at = int(t)
-    # Chat and completions count prompt/completion tokens, a `response` input/output.
-    req.prompt_tokens, req.completion_tokens, req.cached_tokens = usage_counts(usage)
-    s.add(req)
-    s.exec(
-        update(Batch)
-        .where(col(Batch.id) == req.batch_id)
-        .values(
-            completed=Batch.completed + (1 if ok else 0),
-            failed=Batch.failed + (0 if ok else 1),
-            input_tokens=Batch.input_tokens + req.prompt_tokens,
-            output_tokens=Batch.output_tokens + req.completion_tokens,
-            cached_tokens=Batch.cached_tokens + req.cached_tokens,
+def record(
+    s: Session, results: list[tuple[str, str, tuple[int, dict[str, Any]]]], t: float
+) -> None:
+    """Store lines' results, (request id, batch id, outcome) each, and move their batches'
+    counters, in the caller's transaction (which has locked the batch rows first and holds
+    the request rows). One UPDATE for every line (executemany) and one per batch."""
+    if not results:
+        return
+    rows: list[dict[str, Any]] = []
+    counts: dict[str, list[int]] = {}
+    for request_id, batch_id, (status_code, body) in results:
+        ok = status_code == 200
+        usage = body.get("usage") or {} if ok else {}
+        # Chat and completions count prompt/completion tokens, a `response` input/output.
+        prompt, completion, cached = usage_counts(usage)
+        rows.append(
+            {
+                "rid": request_id,
+                "status": RequestStatus.SUCCEEDED if ok else RequestStatus.FAILED,
+                "status_code": status_code,
+                "request_id": new_id("req_"),
+                "body": json.dumps(body),
+                "finished_at": int(t),
+                "prompt_tokens": prompt,
+                "completion_tokens": completion,
+                "cached_tokens": cached,
+            }
         )
+        c = counts.setdefault(batch_id, [0, 0, 0, 0, 0])
+        c[0 if ok else 1] += 1
+        c[2] += prompt
+        c[3] += completion
+        c[4] += cached
+    table = Request.__table__  # type: ignore[attr-defined]
+    s.connection().execute(
+        update(table)
+        .where(table.c.id == bindparam("rid"))
+        .values({k: bindparam(k) for k in rows[0] if k != "rid"}),
+        rows,
     )
+    for batch_id, (completed, failed, prompt, completion, cached) in sorted(counts.items()):
+        s.exec(
+            update(Batch)
+            .where(col(Batch.id) == batch_id)
+            .values(
+                completed=Batch.completed + completed,
+                failed=Batch.failed + failed,
+                input_tokens=Batch.input_tokens + prompt,
+                output_tokens=Batch.output_tokens + completion,
+                cached_tokens=Batch.cached_tokens + cached,
+            )
+        )
+
+
+def lock_batches(s: Session, batch_ids: list[str]) -> None:
+    """Lock batch rows, in id order (the order every transaction keeps), until the
+    transaction ends: FOR UPDATE on PostgreSQL; SQLite's write transaction holds them."""
+    s.exec(
+        select(Batch.id)
+        .where(col(Batch.id).in_(sorted(batch_ids)))
+        .order_by(col(Batch.id))
+        .with_for_update()
+    ).all()
 
 
 def usage_counts(usage: dict[str, Any]) -> tuple[int, int, int]:

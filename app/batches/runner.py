@@ -29,13 +29,13 @@ from concurrent.futures import Future
 from functools import partial
 from typing import Any, NamedTuple
 
-from sqlalchemy import Update, func, update
+from sqlalchemy import Update, case, func, update
 from sqlmodel import Session, col, select
 
 from app.batches import lifecycle
 from app.batches.claims import Claim, claim
 from app.batches.finalize import FINALIZE_RETRY_DELAYS, Finalizer
-from app.batches.lifecycle import failure, locked_batch, record
+from app.batches.lifecycle import failure, lock_batches, record
 from app.batches.output import sweep_orphans
 from app.config import Settings
 from app.db import Database
@@ -349,7 +349,7 @@ class Runner:
                 self._hand_back(
                     c,
                     EngineError(
-                        f"This line was started {c.request.attempts} times and the server "
+                        f"This line was started {c.attempts} times and the server "
                         "stopped each time; it is not tried again.",
                         status_code=500,
                         code="server_error",
@@ -360,9 +360,7 @@ class Runner:
     def _submit_lines(self, file_id: str, group: list[Claim]) -> None:
         """Read the claimed lines of one input file in blocks and hand them to the engine."""
         try:
-            raws = self.storage.read_spans(
-                file_id, [(c.request.offset, c.request.length) for c in group]
-            )
+            raws = self.storage.read_spans(file_id, [(c.offset, c.length) for c in group])
         except Exception as exc:  # the file is gone or unreadable: its lines fail alone
             for c in group:
                 self._hand_back(c, unreadable(exc))
@@ -371,23 +369,21 @@ class Runner:
             self._submit(c, raw)
 
     def _submit(self, c: Claim, raw: bytes) -> None:
-        req = c.request
         try:
             body = json.loads(raw.decode("utf-8"))["body"]
         except Exception as exc:  # the file changed under us: fail this line alone
             self._hand_back(c, unreadable(exc))
             return
         fut = self._engine.submit(c.endpoint, body, priority=Priority.BATCH)
-        self._inflight[req.id] = Held(req.batch_id, fut, c.lane)
-        fut.add_done_callback(partial(self._on_done, req.id, req.batch_id))
+        self._inflight[c.request_id] = Held(c.batch_id, fut, c.lane)
+        fut.add_done_callback(partial(self._on_done, c.request_id, c.batch_id))
 
     def _hand_back(self, c: Claim, error: EngineError) -> None:
         """A claimed line that fails without reaching the engine: recorded like any result."""
-        req = c.request
         fut: Future[dict[str, Any]] = Future()
         fut.set_exception(error)
-        self._inflight[req.id] = Held(req.batch_id, fut, c.lane)
-        self._on_done(req.id, req.batch_id, fut)
+        self._inflight[c.request_id] = Held(c.batch_id, fut, c.lane)
+        self._on_done(c.request_id, c.batch_id, fut)
 
     def _on_done(self, request_id: str, batch_id: str, fut: Future[dict[str, Any]]) -> None:
         self._results.put((request_id, batch_id, fut))
@@ -428,31 +424,34 @@ class Runner:
     def _record(self, done: list[Result]) -> None:
         t = time.time()
         down: set[str] = set()  # lanes whose engine was found down
+        futures = {request_id: fut for request_id, _, fut in done}
         with self.db.write() as s:
             # Batch rows first, then request rows: the order every transaction keeps.
-            for batch_id in sorted({bid for _, bid, _ in done}):
-                locked_batch(s, batch_id)
-            for request_id, _, fut in done:
-                req = s.get(Request, request_id, with_for_update=True, populate_existing=True)
-                if (
-                    req is None
-                    or req.status != RequestStatus.RUNNING
-                    or req.claimed_by != self.worker_id
-                ):
-                    continue  # cancelled, expired, or claimed again elsewhere: not ours to write
+            lock_batches(s, list({bid for _, bid, _ in done}))
+            # Only lines this node still holds: a cancelled, expired, or elsewhere claimed
+            # again line is not ours to write.
+            ours = s.exec(
+                select(Request.id, Request.batch_id)
+                .where(
+                    col(Request.id).in_(sorted(futures)),
+                    col(Request.status) == RequestStatus.RUNNING,
+                    col(Request.claimed_by) == self.worker_id,
+                )
+                .order_by(col(Request.id))
+                .with_for_update()
+            ).all()
+            cancelled: list[str] = []
+            unavailable: list[str] = []
+            results: list[tuple[str, str, tuple[int, dict[str, Any]]]] = []
+            for request_id, batch_id in ours:
+                fut = futures[request_id]
                 exc = fut.exception()
                 if isinstance(exc, RequestCancelled):
-                    req.status = RequestStatus.CANCELLED
-                    req.finished_at = int(t)
-                    s.add(req)
+                    cancelled.append(request_id)
                     continue
                 if isinstance(exc, EngineUnavailable):
                     # The engine is down, not the line bad: back to the queue, attempt unused.
-                    req.status = RequestStatus.PENDING
-                    req.lease_until = None
-                    req.claimed_by = None
-                    req.attempts = max(0, req.attempts - 1)
-                    s.add(req)
+                    unavailable.append(request_id)
                     held = self._inflight.get(request_id)
                     if held is not None:
                         down.add(held.lane)
@@ -469,7 +468,27 @@ class Runner:
                         code="server_error",
                         type="server_error",
                     )
-                record(s, req, outcome, t)
+                results.append((request_id, batch_id, outcome))
+            if cancelled:
+                s.exec(
+                    update(Request)
+                    .where(col(Request.id).in_(cancelled))
+                    .values(status=RequestStatus.CANCELLED, finished_at=int(t))
+                )
+            if unavailable:
+                s.exec(
+                    update(Request)
+                    .where(col(Request.id).in_(unavailable))
+                    .values(
+                        status=RequestStatus.PENDING,
+                        lease_until=None,
+                        claimed_by=None,
+                        attempts=case(
+                            (col(Request.attempts) > 0, col(Request.attempts) - 1), else_=0
+                        ),
+                    )
+                )
+            record(s, results, t)
         now = time.monotonic()
         for lane in sorted(down):
             if lane not in self._paused:
