@@ -44,6 +44,7 @@ from app.engine.registry import Lane, lanes
 from app.files.service import FileService
 from app.files.storage import Storage
 from app.models import Batch, BatchStatus, File, Request, RequestStatus
+from app.polling import PollingThread
 
 log = logging.getLogger("batchyard.runner")
 
@@ -93,12 +94,12 @@ class Runner:
         #: Who holds a claim (Request.claimed_by): unique to this process, so a restarted
         #: node never renews the leases of the one that died.
         self.worker_id = node_id or settings.new_node_id()
-        self._wake = threading.Event()
-        self._stop = threading.Event()
+        self._thread = PollingThread(
+            "batchyard-runner", self._tick, POLL_INTERVAL, log=log, on_exit=self._shut_down
+        )
         self._results: queue.Queue[Result] = queue.Queue()
         # request id -> (batch id, future, lane) for every line handed to the engine
         self._inflight: dict[str, Held] = {}
-        self._thread: threading.Thread | None = None
         self._last_renew = 0.0
         self._last_sweep = 0.0
         self._sweep_interval = sweep_interval
@@ -150,18 +151,14 @@ class Runner:
         min_age = 0.0 if self.db.is_sqlite else SWEEP_MIN_AGE
         self.storage.sweep_tmp(min_age=min_age)
         sweep_orphans(self.db, self.storage, min_age=min_age)
-        self._thread = threading.Thread(target=self._loop, name="batchyard-runner", daemon=True)
         self._thread.start()
 
     def stop(self, timeout: float = 10.0) -> None:
-        self._stop.set()
-        self._wake.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
+        self._thread.stop(timeout)
 
     def wake(self) -> None:
         self._poked = True
-        self._wake.set()
+        self._thread.wake()
 
     def wait_for_change(self, revision: int, timeout: float) -> int:
         """Block until the revision moves past `revision` or the timeout passes."""
@@ -174,16 +171,15 @@ class Runner:
             self.revision += 1
             self._changed.notify_all()
 
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            self._wake.wait(timeout=POLL_INTERVAL)
-            self._wake.clear()
-            try:
-                poll = self._poked or time.monotonic() - self._last_poll >= POLL_INTERVAL
-                self.step(poll=poll)
-            except Exception:
-                log.exception("runner step failed; retrying")
-                time.sleep(1.0)
+    def _tick(self) -> None:
+        """One step of the runner's thread: woken by a result, it only records and claims;
+        the look for lifecycle work waits for the poll interval or a wake()."""
+        poll = self._poked or time.monotonic() - self._last_poll >= POLL_INTERVAL
+        self.step(poll=poll)
+
+    def _shut_down(self) -> None:
+        """The thread's last act once stopped: withdraw what the engine still runs and
+        hand the claims back."""
         for _, fut, _ in list(self._inflight.values()):
             self._engine.cancel(fut)
         try:
@@ -387,7 +383,7 @@ class Runner:
 
     def _on_done(self, request_id: str, batch_id: str, fut: Future[dict[str, Any]]) -> None:
         self._results.put((request_id, batch_id, fut))
-        self._wake.set()
+        self._thread.wake()
 
     def _renew_leases(self) -> None:
         t = time.time()

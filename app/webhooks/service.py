@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 import time
 from dataclasses import dataclass
 
@@ -29,6 +28,7 @@ from app.config import Settings
 from app.db import Database
 from app.errors import not_found
 from app.models import Batch, BatchStatus, DeliveryStatus, WebhookDelivery, new_id, now
+from app.polling import PollingThread
 from app.webhooks import signing
 
 log = logging.getLogger("batchyard.webhooks")
@@ -44,6 +44,8 @@ EVENT_TYPES = {
 SEND_TIMEOUT = 10.0
 #: A claimed row is tried again after this long if its attempt never recorded an outcome.
 CLAIM_SECONDS = 60.0
+#: Seconds between two looks for due deliveries when nothing woke the thread.
+POLL_INTERVAL = 1.0
 #: Rows sent per pass of the delivery thread.
 PASS_LIMIT = 20
 #: How much of an error answer's body is kept with the delivery.
@@ -71,9 +73,9 @@ class WebhookService:
             if settings.webhook_url
             else None
         )
-        self._wake = threading.Event()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._thread = PollingThread(
+            "batchyard-webhooks", self._send_all_due, POLL_INTERVAL, log=log
+        )
         self._http: httpx.Client | None = None
 
     def endpoint_for(self, owner: str) -> Endpoint | None:
@@ -121,7 +123,7 @@ class WebhookService:
             next_attempt_at=time.time(),
         )
         s.add(row)
-        self._wake.set()
+        self._thread.wake()
         return row
 
     def deliveries(self, batch_id: str, owner: str) -> list[WebhookDelivery]:
@@ -143,7 +145,7 @@ class WebhookService:
             row.status = DeliveryStatus.PENDING
             row.next_attempt_at = time.time()
             s.add(row)
-        self._wake.set()
+        self._thread.wake()
         return row
 
     # -- delivery ------------------------------------------------------------------------
@@ -158,27 +160,17 @@ class WebhookService:
             follow_redirects=False,
             headers={"user-agent": f"batchyard/{__version__} (webhooks)"},
         )
-        self._thread = threading.Thread(target=self._loop, name="batchyard-webhooks", daemon=True)
         self._thread.start()
 
     def stop(self, timeout: float = 15.0) -> None:
-        self._stop.set()
-        self._wake.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
+        self._thread.stop(timeout)
         if self._http is not None:
             self._http.close()
 
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            self._wake.wait(timeout=1.0)
-            self._wake.clear()
-            try:
-                while self.send_due() and not self._stop.is_set():
-                    pass
-            except Exception:
-                log.exception("webhook delivery pass failed; retrying")
-                self._stop.wait(1.0)
+    def _send_all_due(self) -> None:
+        """The delivery thread's step: send passes until nothing is due (or stopping)."""
+        while self.send_due() and not self._thread.stopping:
+            pass
 
     def send_due(self, t: float | None = None) -> int:
         """Claim and send the deliveries due by `t` (default: now); returns how many."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 import time
 from pathlib import Path
 
@@ -167,3 +168,19 @@ def test_a_step_woken_by_results_finishes_batches_and_leaves_new_ones_to_the_pol
     svc.runner.step()
     assert batch(svc, second).status == "in_progress"
     assert drive(svc, second).completed == 2
+
+
+def test_stop_is_heard_during_the_back_off_after_a_failed_step(tmp_path: Path) -> None:
+    svc = services(tmp_path, FakeEngine(n_slots=1))
+    failed = threading.Event()
+
+    def boom(*, poll: bool = True) -> None:
+        failed.set()
+        raise RuntimeError("the database is gone")
+
+    svc.runner.step = boom  # type: ignore[method-assign]
+    svc.runner._thread.backoff = 60.0  # far longer than the stop() below may wait
+    svc.runner.start()
+    assert failed.wait(10)
+    svc.runner.stop(timeout=10)
+    assert not svc.runner._thread.alive, "the runner slept through stop()"
