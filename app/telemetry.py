@@ -17,8 +17,9 @@ from sqlalchemy import func
 from sqlmodel import col, select
 
 from app import __version__
+from app.batches.health import QueueHealth, queue_health
 from app.db import Database
-from app.engine.registry import EngineView, members
+from app.engine.registry import EngineView, lanes, members
 from app.models import Batch, BatchStatus, Request, RequestStatus
 
 if TYPE_CHECKING:
@@ -202,8 +203,33 @@ def render(
         [("", stats.tokens_per_second if stats else 0.0)],
     )
     per_engine(family, members(engine))
+    waiting(family, queue_health(db, lanes(engine) if engine is not None else []))
     out += requests.render()
     return "\n".join(out) + "\n"
+
+
+def waiting(
+    family: Callable[[str, str, str, Iterable[tuple[str, Any]]], None], health: QueueHealth
+) -> None:
+    """The queue's health (all nodes): lines waiting to be claimed, by engine and by owner."""
+    family(
+        "batchyard_engine_pending_lines",
+        "gauge",
+        "Batch lines waiting to be claimed, by the engine that will run them.",
+        [(_labels(engine=e), n) for e, n in sorted(health.pending_by_engine.items())],
+    )
+    family(
+        "batchyard_engine_oldest_pending_seconds",
+        "gauge",
+        "Age of the oldest batch line waiting for the engine (since its batch was created).",
+        [(_labels(engine=e), age) for e, age in sorted(health.oldest_by_engine.items())],
+    )
+    family(
+        "batchyard_owner_pending_lines",
+        "gauge",
+        "Batch lines waiting to be claimed, by owner (API key id; empty on an open server).",
+        [(_labels(owner=o), n) for o, n in sorted(health.pending_by_owner.items())],
+    )
 
 
 def per_engine(

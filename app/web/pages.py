@@ -14,8 +14,9 @@ from litestar.params import FromPath, FromQuery
 from litestar.response import File as FileResponse
 from litestar.response import Redirect, Template
 
+from app.batches.health import queue_health
 from app.batches.service import BatchService
-from app.engine.registry import members
+from app.engine.registry import lanes, members
 from app.errors import APIError
 from app.files.service import FileService
 from app.models import Batch, BatchStatus
@@ -179,6 +180,9 @@ def engines_context(services: Services, owner: str) -> dict[str, Any]:
         "sizes": {e.name: views.size(e.info.size_bytes) for e in engines},
         "total": services.engine.stats() if services.engine is not None else None,
         "nodes": services.batches.nodes_at_work(owner),
+        "queue": queue_health(
+            services.db, lanes(services.engine) if services.engine is not None else []
+        ),
     }
 
 

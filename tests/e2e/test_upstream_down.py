@@ -70,6 +70,9 @@ def test_a_batch_waits_for_its_upstream_to_come_back(tmp_path: Path) -> None:
         assert held.request_counts is not None
         assert held.request_counts.failed == 0, held.request_counts
         assert held.request_counts.completed < LINES
+        waiting = scrape(front.url)  # the queue's health shows the lines it holds
+        assert value(waiting, "batchyard_engine_pending_lines", engine="up") > 0
+        assert value(waiting, "batchyard_engine_oldest_pending_seconds", engine="up") > 0
 
         upstream = start_server(tmp_path / "upstream", log, port=port, args=upstream_args)
         done = wait_for_status(c.batches.retrieve, b.id, FINISHED, 180, poll=0.3)
