@@ -10,6 +10,7 @@ from litestar.params import FromPath, FromQuery, QueryParameter
 from litestar.response import File as FileResponse
 
 from app.api.openapi import MultipartUpload, errors
+from app.files.download import CONTENT_MEDIA_TYPE, file_download
 from app.files.multipart import receive_upload
 from app.files.service import FileService
 from app.wire.common import CursorPage, cursor_page
@@ -87,20 +88,14 @@ def delete_file(
     "/v1/files/{file_id:str}/content",
     operation_id="RetrieveFileContent",
     sync_to_thread=True,
-    media_type="application/octet-stream",
+    media_type=CONTENT_MEDIA_TYPE,
     responses=errors(404),
 )
 def file_content(
     files: NamedDependency[FileService], owner: NamedDependency[str], file_id: FromPath[str]
 ) -> FileResponse:
     """The file's bytes, as uploaded (or as batchyard wrote them, for batch output)."""
-    row, path = files.content_path(file_id, owner)
-    return FileResponse(
-        path=path,
-        filename=row.filename,
-        media_type="application/octet-stream",
-        content_disposition_type="attachment",
-    )
+    return file_download(files, owner, file_id)
 
 
 ROUTES = [create_file, list_files, retrieve_file, delete_file, file_content]

@@ -18,6 +18,7 @@ from app.batches.health import queue_health
 from app.batches.service import BatchService
 from app.engine.registry import lanes, members
 from app.errors import APIError
+from app.files.download import file_download
 from app.files.service import FileService
 from app.models import Batch, BatchStatus
 from app.services import Services
@@ -201,15 +202,8 @@ async def models_page() -> Redirect:
 def download(
     files: NamedDependency[FileService], owner: NamedDependency[str], file_id: FromPath[str]
 ) -> FileResponse:
-    row, path = files.content_path(file_id, owner)
-    return FileResponse(
-        path=path,
-        filename=row.filename,
-        media_type="application/jsonl"
-        if row.filename.endswith(".jsonl")
-        else "application/octet-stream",
-        content_disposition_type="attachment",
-    )
+    """The same download as `GET /v1/files/{id}/content` (app/files/download.py)."""
+    return file_download(files, owner, file_id)
 
 
 ROUTES = [home, batch_page, files_page, engines_page, models_page, download]
