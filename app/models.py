@@ -22,10 +22,21 @@ def now_ns() -> int:
     return time.time_ns()
 
 
+ID_ALPHABET = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
+_ID_SPACE = len(ID_ALPHABET) ** 24
+
+
 def new_id(prefix: str) -> str:
-    """OpenAI-style ids: a prefix and 24 random url-safe characters."""
-    alphabet = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
-    return prefix + "".join(secrets.choice(alphabet) for _ in range(24))
+    """OpenAI-style ids: a prefix and 24 random url-safe characters.
+
+    One draw below 62**24 written in base 62 (uniform like 24 draws of a character, at a
+    tenth of the cost: every recorded line gets an id)."""
+    n = secrets.randbelow(_ID_SPACE)
+    chars = []
+    for _ in range(24):
+        n, digit = divmod(n, 62)
+        chars.append(ID_ALPHABET[digit])
+    return prefix + "".join(chars)
 
 
 class File(SQLModel, table=True):

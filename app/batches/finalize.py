@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 from sqlalchemy import update
 from sqlmodel import col, select
@@ -54,20 +54,22 @@ class Finalizer:
         # is finalizing and will try again.
         self._failures: dict[str, tuple[int, float]] = {}
 
-    def finalize_ready(self) -> None:
-        """Finalize batches whose lines are all done, and those left finalizing."""
+    def finalize_ready(self, batch_ids: Collection[str] | None = None) -> None:
+        """Finalize batches whose lines are all done, and those left finalizing; only
+        among `batch_ids` when given (the batches whose results were just recorded)."""
         with self.db.read() as s:
             open_lines = (
                 select(Request.id)
                 .where(col(Request.batch_id) == Batch.id, col(Request.status).in_(OPEN))
                 .exists()
             )
-            ready = s.exec(
-                select(Batch.id, Batch.status, Batch.expired_at).where(
-                    (col(Batch.status) == BatchStatus.FINALIZING)
-                    | ((col(Batch.status) == BatchStatus.IN_PROGRESS) & ~open_lines)
-                )
-            ).all()
+            query = select(Batch.id, Batch.status, Batch.expired_at).where(
+                (col(Batch.status) == BatchStatus.FINALIZING)
+                | ((col(Batch.status) == BatchStatus.IN_PROGRESS) & ~open_lines)
+            )
+            if batch_ids is not None:
+                query = query.where(col(Batch.id).in_(sorted(batch_ids)))
+            ready = s.exec(query).all()
         for batch_id, status, expired_at in ready:
             if status == BatchStatus.IN_PROGRESS:
                 if not self._start(batch_id):
