@@ -172,7 +172,7 @@ def test_a_node_without_an_endpoint_leaves_deliveries_to_the_nodes_that_have_one
         receiver.wait_for(1)
     bare = WebhookService(Settings(data_dir=str(tmp_path)), db=None)  # type: ignore[arg-type]
     bare.start()
-    assert not bare.enabled and bare._thread is None
+    assert not bare.enabled and not bare._thread.alive
     bare.stop()
     from app.cli import WORKER_FLAGS
 
