@@ -38,8 +38,7 @@ from app.files.uploads import UploadService
 from app.logs import logging_config
 from app.resources import static_dir, templates_dir
 from app.services import Services, build_services
-from app.web import events, explorer, pages, partials
-from app.web.login import AUTH_ROUTES
+from app.web import routes as web_routes
 
 log = logging.getLogger("batchyard")
 
@@ -161,11 +160,7 @@ def create_app(settings: Settings, *, engine: Engine | None = None) -> Litestar:
         *batches_api.ROUTES,
         *inference_api.ROUTES,
         *metrics_api.ROUTES,
-        *pages.ROUTES,
-        *partials.ROUTES,
-        *events.ROUTES,
-        *explorer.ROUTES,
-        *AUTH_ROUTES,
+        *web_routes.ROUTERS,
         create_static_files_router(path="/static", directories=[static_dir()]),
     ]
     return Litestar(

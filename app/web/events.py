@@ -61,7 +61,7 @@ def render(request: Request[Any, Any, Any], name: str, **context: Any) -> str:
     return str(templates.get_template(name).render(request=request, **context))
 
 
-@get("/web/events/batches", name="web:list_events", include_in_schema=False)
+@get("/web/events/batches", name="web:list_events")
 async def list_events(
     request: Request[Any, Any, Any],
     batches: NamedDependency[BatchService],
@@ -92,7 +92,7 @@ async def list_events(
     return ServerSentEvent(poll_until(look))
 
 
-@get("/web/events/batch/{batch_id:str}", name="web:batch_events", include_in_schema=False)
+@get("/web/events/batch/{batch_id:str}", name="web:batch_events")
 async def batch_events(
     request: Request[Any, Any, Any],
     services: NamedDependency[Services],
@@ -128,7 +128,7 @@ async def batch_events(
     return ServerSentEvent(poll_until(look))
 
 
-@get("/web/events/engine", name="web:engine_events", include_in_schema=False)
+@get("/web/events/engine", name="web:engine_events")
 async def engine_events(
     request: Request[Any, Any, Any],
     services: NamedDependency[Services],

@@ -17,7 +17,6 @@ from litestar.response import Stream, Template
 
 from app.batches import throughput
 from app.batches.service import BatchService
-from app.errors import APIError
 from app.models import Batch, BatchStatus
 from app.web import views
 
@@ -57,16 +56,10 @@ def chart_context(batches: BatchService, batch: Batch, now: float | None = None)
     }
 
 
-def _error(exc: APIError) -> Template:
-    """The refusal as a sentence where the partial would go (htmx swaps only 2xx answers)."""
-    return Template(template_name="partials/inline_error.html", context={"error": exc})
-
-
 @get(
     "/web/batches/{batch_id:str}/lines",
     name="web:explorer_lines",
     sync_to_thread=True,
-    include_in_schema=False,
 )
 def explorer_lines(
     batches: NamedDependency[BatchService],
@@ -76,10 +69,7 @@ def explorer_lines(
     q: FromQuery[str] = "",
     after: FromQuery[int] = 0,
 ) -> Template:
-    try:
-        context = explorer_context(batches, batch_id, owner, status, q.strip(), after)
-    except APIError as exc:
-        return _error(exc)
+    context = explorer_context(batches, batch_id, owner, status, q.strip(), after)
     return Template(
         template_name="partials/explorer_lines.html", context={"explorer": context, "oob": True}
     )
@@ -89,7 +79,6 @@ def explorer_lines(
     "/web/batches/{batch_id:str}/lines/{line:int}",
     name="web:explorer_line",
     sync_to_thread=True,
-    include_in_schema=False,
 )
 def explorer_line(
     batches: NamedDependency[BatchService],
@@ -97,10 +86,7 @@ def explorer_line(
     batch_id: FromPath[str],
     line: FromPath[int],
 ) -> Template:
-    try:
-        detail = views.line_detail(batches.line(batch_id, owner, line))
-    except APIError as exc:
-        return _error(exc)
+    detail = views.line_detail(batches.line(batch_id, owner, line))
     return Template(
         template_name="partials/line_detail.html",
         context={"d": detail, "batch_id": batch_id},
@@ -111,15 +97,11 @@ def explorer_line(
     "/web/batches/{batch_id:str}/chart",
     name="web:throughput_chart",
     sync_to_thread=True,
-    include_in_schema=False,
 )
 def chart(
     batches: NamedDependency[BatchService], owner: NamedDependency[str], batch_id: FromPath[str]
 ) -> Template:
-    try:
-        context = chart_context(batches, batches.get(batch_id, owner))
-    except APIError as exc:
-        return _error(exc)
+    context = chart_context(batches, batches.get(batch_id, owner))
     return Template(template_name="partials/throughput_chart.html", context=context)
 
 
@@ -127,7 +109,6 @@ def chart(
     "/batches/{batch_id:str}/finished/{kind:str}",
     name="web:finished_output",
     sync_to_thread=True,
-    include_in_schema=False,
 )
 def finished_output(
     batches: NamedDependency[BatchService],
@@ -148,17 +129,13 @@ def finished_output(
     "/web/batches/{batch_id:str}/retry",
     name="web:retry",
     sync_to_thread=True,
-    include_in_schema=False,
     status_code=200,
 )
 def retry(
     batches: NamedDependency[BatchService], owner: NamedDependency[str], batch_id: FromPath[str]
-) -> Response[str] | Template:
+) -> Response[str]:
     """A new batch of the failed lines; the browser goes to its page."""
-    try:
-        new = batches.retry(batch_id, owner)
-    except APIError as exc:
-        return _error(exc)
+    new = batches.retry(batch_id, owner)
     return Response(
         f'<p class="notice">Retrying as <a href="/batches/{new.id}">{new.id}</a>.</p>',
         media_type="text/html",
@@ -166,4 +143,7 @@ def retry(
     )
 
 
-ROUTES = [explorer_lines, explorer_line, chart, finished_output, retry]
+#: The htmx fragments (app/web/routes.py renders their refusals inline).
+FRAGMENTS = [explorer_lines, explorer_line, chart, retry]
+#: A link the browser downloads: its refusal is the API's JSON error.
+DOWNLOADS = [finished_output]

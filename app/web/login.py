@@ -24,7 +24,7 @@ def _safe_next(value: Any) -> str:
     return target
 
 
-@get("/login", name="auth:login_page", include_in_schema=False)
+@get("/login", name="auth:login_page")
 async def login_page(request: Request[Any, Any, Any], state: State) -> Template | Redirect:
     target = _safe_next(request.query_params.get("next"))
     if not state.auth.keys.enabled:
@@ -35,7 +35,7 @@ async def login_page(request: Request[Any, Any, Any], state: State) -> Template 
     )
 
 
-@post("/login", name="auth:login", include_in_schema=False, status_code=303)
+@post("/login", name="auth:login", status_code=303)
 async def login(request: Request[Any, Any, Any], state: State) -> Template | Redirect:
     form = await request.form()
     keys, sessions = state.auth.keys, state.auth.sessions
@@ -61,7 +61,7 @@ async def login(request: Request[Any, Any, Any], state: State) -> Template | Red
     return Redirect(path=target, status_code=303, cookies=[cookie])
 
 
-@post("/logout", name="auth:logout", include_in_schema=False, status_code=303)
+@post("/logout", name="auth:logout", status_code=303)
 async def logout() -> Redirect:
     gone = Cookie(
         key=SESSION_COOKIE, value="", max_age=0, path="/", httponly=True, samesite="strict"

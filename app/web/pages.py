@@ -112,7 +112,7 @@ def batch_page_context(
     }
 
 
-@get("/", name="web:home", sync_to_thread=True, include_in_schema=False)
+@get("/", name="web:home", sync_to_thread=True)
 def home(
     request: Request[Any, Any, Any],
     batches: NamedDependency[BatchService],
@@ -124,7 +124,7 @@ def home(
     )
 
 
-@get("/batches/{batch_id:str}", name="web:batch", sync_to_thread=True, include_in_schema=False)
+@get("/batches/{batch_id:str}", name="web:batch", sync_to_thread=True)
 def batch_page(
     services: NamedDependency[Services],
     owner: NamedDependency[str],
@@ -145,7 +145,7 @@ def batch_page(
     return Template(template_name="batch.html", context=context)
 
 
-@get("/files", name="web:files", sync_to_thread=True, include_in_schema=False)
+@get("/files", name="web:files", sync_to_thread=True)
 def files_page(
     request: Request[Any, Any, Any],
     files: NamedDependency[FileService],
@@ -164,7 +164,7 @@ def files_page(
     )
 
 
-@get("/engines", name="web:engines", sync_to_thread=True, include_in_schema=False)
+@get("/engines", name="web:engines", sync_to_thread=True)
 def engines_page(services: NamedDependency[Services], owner: NamedDependency[str]) -> Template:
     """Each engine: its models, health, load and throughput, and which node runs what (the
     live part comes by SSE)."""
@@ -187,7 +187,7 @@ def engines_context(services: Services, owner: str) -> dict[str, Any]:
     }
 
 
-@get("/models", name="web:models", include_in_schema=False)
+@get("/models", name="web:models")
 async def models_page() -> Redirect:
     """The page's old address."""
     return Redirect("/engines")
@@ -197,7 +197,6 @@ async def models_page() -> Redirect:
     "/files/{file_id:str}/download",
     name="web:download",
     sync_to_thread=True,
-    include_in_schema=False,
 )
 def download(
     files: NamedDependency[FileService], owner: NamedDependency[str], file_id: FromPath[str]

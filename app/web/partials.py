@@ -46,12 +46,12 @@ def parse_metadata(text: str) -> dict[str, str] | None:
     return out or None
 
 
-@get("/web/upload", name="web:upload_form", include_in_schema=False)
+@get("/web/upload", name="web:upload_form")
 async def upload_form() -> Template:
     return Template(template_name="partials/upload_form.html")
 
 
-@post("/web/upload", name="web:upload", include_in_schema=False, request_max_body_size=None)
+@post("/web/upload", name="web:upload", request_max_body_size=None)
 async def upload(
     request: Request[Any, Any, Any],
     files: NamedDependency[FileService],
@@ -74,7 +74,7 @@ async def upload(
     )
 
 
-@post("/web/batches", name="web:create_batch", sync_to_thread=True, include_in_schema=False)
+@post("/web/batches", name="web:create_batch", sync_to_thread=True)
 def create_batch(
     request: Request[Any, Any, Any],
     data: Annotated[dict[str, str], Body(media_type=RequestEncodingType.URL_ENCODED)],
@@ -104,7 +104,7 @@ def create_batch(
     )
 
 
-@get("/web/batch-list", name="web:batch_list", sync_to_thread=True, include_in_schema=False)
+@get("/web/batch-list", name="web:batch_list", sync_to_thread=True)
 def batch_list(
     request: Request[Any, Any, Any],
     batches: NamedDependency[BatchService],
@@ -121,7 +121,6 @@ def batch_list(
     "/web/batches/{batch_id:str}/cancel",
     name="web:cancel",
     sync_to_thread=True,
-    include_in_schema=False,
 )
 def cancel(
     services: NamedDependency[Services], owner: NamedDependency[str], batch_id: FromPath[str]
@@ -141,7 +140,6 @@ def cancel(
     "/web/files/{file_id:str}",
     name="web:delete_file",
     sync_to_thread=True,
-    include_in_schema=False,
     status_code=200,
 )
 def delete_file(
@@ -161,7 +159,6 @@ def delete_file(
     "/web/batches/{batch_id:str}/webhooks",
     name="web:webhook_deliveries",
     sync_to_thread=True,
-    include_in_schema=False,
 )
 def webhook_deliveries(
     services: NamedDependency[Services], owner: NamedDependency[str], batch_id: FromPath[str]
@@ -177,7 +174,6 @@ def webhook_deliveries(
     "/web/webhooks/{delivery_id:str}/redeliver",
     name="web:redeliver",
     sync_to_thread=True,
-    include_in_schema=False,
     status_code=200,
 )
 def redeliver(
