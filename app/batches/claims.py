@@ -2,11 +2,18 @@
 
 Each engine behind a node has a lane (`Lane` in engine/registry.py): the lines whose model
 it serves, or for the default engine every line no other lane takes. A claim gives each
-lane its own room, twice the engine's slots less the lines it holds already, and fills it
-with the oldest lines routed to it (by batch, then line); a lane whose engine is down
-(`Lane.up` false) takes none, and its lines wait for it. So a big batch for one engine
-never keeps the lines of another engine waiting while that engine has room, and no engine
-holds more than its room. A node with one engine has one lane that takes every line.
+lane its own room, twice the engine's slots less the lines it holds already; a lane whose
+engine is down (`Lane.up` false) takes none, and its lines wait for it. So a big batch for
+one engine never keeps the lines of another engine waiting while that engine has room, and
+no engine holds more than its room. A node with one engine has one lane that takes every line.
+
+Fair shares: a lane's room is filled round-robin between owners (API keys), and within an
+owner round-robin between its batches in progress, oldest line first inside a batch. Each
+candidate line gets its turn in one statement with two window functions: its rank inside
+its batch (by line), then its rank among its owner's lines (by that rank, then the batch's
+age); the claim takes the lowest turns, the older batch first on a tie. So a 10-line batch
+created behind a 50,000-line one of another key starts at the next claim, and a key's new
+batch shares that key's room with its older one. Each node shares its own room this way.
 
 A line is routed by its batch's `model`: validation refuses a batch whose lines name
 different models (`mismatched_model`), so the batch row says where each of its lines goes
@@ -26,7 +33,7 @@ from collections.abc import Container, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import case, update
+from sqlalchemy import case, func, update
 from sqlalchemy import select as select_columns
 from sqlmodel import Session, col
 
@@ -128,6 +135,41 @@ def _claim_lane(
     inflight: Container[str],
     t: float,
 ) -> list[Claim]:
+    # Lines this node holds whose lease lapsed may come back: look past them.
+    wanted = n + held
+    candidates = (
+        select_columns(
+            col(Request.id).label("id"),
+            col(Batch.owner).label("owner"),
+            col(Batch.created_ns).label("created_ns"),
+            col(Request.line).label("line"),
+            func.row_number()
+            .over(partition_by=col(Request.batch_id), order_by=col(Request.line))
+            .label("in_batch"),
+        )
+        .join(Batch, col(Batch.id) == col(Request.batch_id))
+        .where(
+            col(Batch.status) == BatchStatus.IN_PROGRESS,
+            (col(Request.status) == RequestStatus.PENDING)
+            | ((col(Request.status) == RequestStatus.RUNNING) & (col(Request.lease_until) < t)),
+        )
+    )
+    if where is not None:
+        candidates = candidates.where(where)
+    first = candidates.subquery("first")
+    # Every candidate is ranked: on PostgreSQL another node may hold the first ones (SKIP
+    # LOCKED), and this claim then takes the next turns.
+    turns = select_columns(
+        first.c.id,
+        first.c.created_ns,
+        first.c.line,
+        func.row_number()
+        .over(
+            partition_by=first.c.owner,
+            order_by=(first.c.in_batch, first.c.created_ns, first.c.line),
+        )
+        .label("turn"),
+    ).subquery("turns")
     query = (
         select_columns(
             col(Request.id),
@@ -138,21 +180,15 @@ def _claim_lane(
             col(Batch.endpoint),
             col(Batch.input_file_id),
         )
+        .select_from(Request)
+        .join(turns, turns.c.id == col(Request.id))
         .join(Batch, col(Batch.id) == col(Request.batch_id))
-        .where(
-            col(Batch.status) == BatchStatus.IN_PROGRESS,
-            (col(Request.status) == RequestStatus.PENDING)
-            | ((col(Request.status) == RequestStatus.RUNNING) & (col(Request.lease_until) < t)),
-        )
     )
-    if where is not None:
-        query = query.where(where)
     rows = (
         s.connection()
         .execute(
-            query.order_by(col(Batch.created_ns), col(Request.line))
-            # Lines this node holds whose lease lapsed may come back: look past them.
-            .limit(n + held)
+            query.order_by(turns.c.turn, turns.c.created_ns, turns.c.line)
+            .limit(wanted)
             # Several nodes on one PostgreSQL queue never claim the same line; only the request
             # rows are locked, so recording results for the batch goes on (SQLite has one
             # writer at a time and leaves the clause out).
