@@ -18,6 +18,7 @@ from typing import Any
 from sqlalchemy import bindparam, delete, func, insert, update
 from sqlmodel import Session, col, select
 
+from app import jsoncodec
 from app.batches.validate import validate_jsonl
 from app.config import Settings
 from app.db import Database
@@ -96,7 +97,7 @@ def record(
                 "status": RequestStatus.SUCCEEDED if ok else RequestStatus.FAILED,
                 "status_code": status_code,
                 "request_id": new_id("req_"),
-                "body": json.dumps(body),
+                "body": jsoncodec.dumps(body),
                 "finished_at": int(t),
                 "prompt_tokens": prompt,
                 "completion_tokens": completion,
@@ -223,8 +224,10 @@ def _validate(
             delete(Request).where(col(Request.batch_id) == b.id),
             execution_options={"synchronize_session": False},  # a bulk DELETE, no ORM objects
         )
+        # Core executemany, not the ORM's bulk insert: no per-row ORM bookkeeping.
+        table = Request.__table__  # type: ignore[attr-defined]
         for start in range(0, len(rows), INSERT_CHUNK):
-            s.exec(insert(Request), params=rows[start : start + INSERT_CHUNK])
+            s.connection().execute(insert(table), rows[start : start + INSERT_CHUNK])
         fresh.status = BatchStatus.IN_PROGRESS
         fresh.in_progress_at = now()
         fresh.total = len(rows)

@@ -18,7 +18,6 @@ window ends such lines (`batch_expired`).
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import queue
 import threading
@@ -32,6 +31,7 @@ from typing import Any, NamedTuple
 from sqlalchemy import Update, case, func, update
 from sqlmodel import Session, col, select
 
+from app import jsoncodec
 from app.batches import lifecycle
 from app.batches.claims import Claim, claim
 from app.batches.finalize import FINALIZE_RETRY_DELAYS, Finalizer
@@ -375,7 +375,7 @@ class Runner:
 
     def _submit(self, c: Claim, raw: bytes) -> None:
         try:
-            body = json.loads(raw.decode("utf-8"))["body"]
+            body = jsoncodec.loads(raw)["body"]
         except Exception as exc:  # the file changed under us: fail this line alone
             self._hand_back(c, unreadable(exc))
             return

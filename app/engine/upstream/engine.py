@@ -28,7 +28,6 @@ import asyncio
 import dataclasses
 import heapq
 import itertools
-import json
 import logging
 import threading
 import time
@@ -39,6 +38,7 @@ from typing import Any
 
 import aiohttp
 
+from app import jsoncodec
 from app.config.upstreams import UpstreamSpec
 from app.engine.base import (
     ChunkCallback,
@@ -192,7 +192,9 @@ class UpstreamEngine:
         )
 
     async def _open(self) -> None:
-        headers = {"Authorization": f"Bearer {self.spec.key}"} if self.spec.key else {}
+        headers = {"Content-Type": "application/json"}
+        if self.spec.key:
+            headers["Authorization"] = f"Bearer {self.spec.key}"
         # aiohttp, not httpx: httpx's pool scans every connection on each request, which
         # took a quarter of this thread at 64 connections (bench/fleet.py); aiohttp's
         # connector hands a free connection over in constant time.
@@ -329,7 +331,7 @@ class UpstreamEngine:
                 self.spec.root + "/v1/models", timeout=aiohttp.ClientTimeout(total=10.0)
             ) as r:
                 r.raise_for_status()
-                answer = json.loads(await r.read())
+                answer = jsoncodec.loads(await r.read())
             data = answer.get("data")
             if not isinstance(data, list):
                 raise ValueError("GET /v1/models answered without a `data` list")
@@ -479,11 +481,11 @@ class UpstreamEngine:
         try:
             if job.body.get("stream"):
                 return await self._stream(job, url)
-            async with self._client.post(url, json=job.body) as r:
+            async with self._client.post(url, data=jsoncodec.dumps_bytes(job.body)) as r:
                 content = await r.read()
                 if r.status != 200:
                     raise self._http_error(r.status, content, r.headers)
-            data = json.loads(content)
+            data = jsoncodec.loads(content)
             if not isinstance(data, dict):
                 raise ValueError("the answer is not a JSON object")
             return data
@@ -507,7 +509,7 @@ class UpstreamEngine:
     async def _stream(self, job: _Job, url: str) -> dict[str, Any]:
         assert self._client is not None
         chunks = StreamAssembler()
-        async with self._client.post(url, json=job.body) as r:
+        async with self._client.post(url, data=jsoncodec.dumps_bytes(job.body)) as r:
             if r.status != 200:
                 raise self._http_error(r.status, await r.read(), r.headers)
             async for raw in r.content:
@@ -517,7 +519,7 @@ class UpstreamEngine:
                 data = line[len("data:") :].strip()
                 if data == "[DONE]":
                     break
-                chunk = json.loads(data)
+                chunk = jsoncodec.loads(data)
                 if isinstance(chunk, dict) and (
                     isinstance(chunk.get("error"), dict) or chunk.get("type") == "error"
                 ):  # the upstream failed mid-stream: the API relays the error as its own
@@ -530,7 +532,7 @@ class UpstreamEngine:
 
     def _http_error(self, status: int, content: bytes, headers: Mapping[str, str]) -> Exception:
         try:
-            parsed = json.loads(content)
+            parsed = jsoncodec.loads(content)
         except ValueError:
             parsed = content.decode("utf-8", "replace")[:1000]
         error = error_from(status, parsed, self.name)
