@@ -29,14 +29,7 @@ async def create_file(
     request: Request, files: NamedDependency[FileService], owner: NamedDependency[str]
 ) -> FileObject:
     """Upload a file (multipart: `file`, `purpose`, optional `expires_after[...]`)."""
-    row = await receive_upload(
-        files,
-        owner,
-        content_type=request.headers.get("content-type", ""),
-        content_length=request.headers.get("content-length"),
-        body=request.stream(),
-    )
-    return file_object(row)
+    return file_object(await receive_upload(request, files, owner))
 
 
 @get("/v1/files", operation_id="ListFiles", sync_to_thread=True, responses=errors(404))

@@ -11,9 +11,8 @@ from litestar.params import FromPath, JSONBody
 from app import models
 from app.api.errors import json_object_body
 from app.api.openapi import UploadPartForm, errors
-from app.errors import APIError, missing
-from app.files.multipart import declared_over, stream_form
-from app.files.storage import PartialWrite, TooLarge
+from app.errors import APIError
+from app.files.multipart import receive_file_part
 from app.files.uploads import UploadService, status_of
 from app.wire.common import one_of
 from app.wire.files import file_object
@@ -93,26 +92,16 @@ async def add_upload_part(
 ) -> UploadPart:
     """Add one part (multipart `data`, at most 64 MB); parts may come in any order and at once."""
     limit = uploads.settings.max_upload_part_bytes
-    if declared_over(request.headers.get("content-length"), limit):
-        raise part_too_large(limit)
-    await anyio.to_thread.run_sync(lambda: uploads.check_open(upload_id, owner))
-
-    def begin_write(_: dict[str, str]) -> PartialWrite:
-        return uploads.storage.begin_write(limit)
-
-    try:
-        form = await stream_form(
-            content_type=request.headers.get("content-type", ""),
-            body=request.stream(),
-            file_field="data",
-            begin_write=begin_write,
-            expected="Upload parts (a 'data' part)",
-        )
-    except TooLarge:
-        raise part_too_large(limit) from None
-    if form.partial is None:
-        raise missing("data")
-    partial = form.partial
+    got = await receive_file_part(
+        request,
+        uploads.storage,
+        field="data",
+        limit=lambda _: limit,
+        refuse=lambda limit, _: part_too_large(limit),
+        expected="Upload parts (a 'data' part)",
+        ready=lambda: uploads.check_open(upload_id, owner),
+    )
+    partial = got.partial
     part = await anyio.to_thread.run_sync(lambda: uploads.add_part(upload_id, owner, partial))
     return upload_part_object(part)
 

@@ -10,14 +10,15 @@ from __future__ import annotations
 import errno
 from collections.abc import AsyncIterable, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import anyio.to_thread
+from litestar import Request
 from python_multipart.multipart import MultipartParser, parse_options_header
 
 from app.errors import APIError, missing
 from app.files.service import FileService, parse_expires_after, too_large
-from app.files.storage import PartialWrite, TooLarge
+from app.files.storage import PartialWrite, Storage, TooLarge
 from app.models import File
 
 if TYPE_CHECKING:
@@ -173,61 +174,93 @@ async def stream_form(
     return col
 
 
-async def receive_upload(
-    files: FileService,
-    owner: str,
+@dataclass
+class Received:
+    """A multipart form whose file part is on disk, not yet committed: the caller keeps it
+    (`partial.commit`, through a service) or throws it away (`partial.discard`)."""
+
+    partial: PartialWrite
+    filename: str
+    fields: dict[str, str]
+
+
+async def receive_file_part(
+    request: Request[Any, Any, Any],
+    storage: Storage,
     *,
-    content_type: str,
-    content_length: str | None,
-    body: AsyncIterable[bytes],
-) -> File:
-    """Parse a multipart upload (`file`, `purpose`, optional `expires_after[...]`) from the
-    request's headers and its body as it streams in, and store it."""
-    if declared_over(content_length, files.settings.max_file_bytes):
-        raise too_large(None, files.settings.max_file_bytes)
-    purpose_sent: dict[str, str | None] = {}
+    field: str,
+    limit: Callable[[dict[str, str]], int],
+    refuse: Callable[[int, dict[str, str]], APIError],
+    expected: str,
+    ready: Callable[[], object] | None = None,
+) -> Received:
+    """Receive a request's multipart body with its one file part (`field`) streamed to disk.
+
+    The one path of `POST /v1/files`, the dashboard's upload and `POST /v1/uploads/{id}/parts`:
+    the file part may be at most `limit(fields sent before it)` bytes, and a body whose
+    declared Content-Length is already over `limit({})` is refused before a byte is read;
+    `refuse(limit, fields)` is the 413 either way. `ready` runs (in a thread) once that
+    check passed and before the body is read: the parts' 404 for an upload that is not open.
+    A missing file part is a 400 naming `field`; nothing half-written is kept on any error.
+    """
+    declared = limit({})
+    if declared_over(request.headers.get("content-length"), declared):
+        raise refuse(declared, {})
+    if ready is not None:
+        await anyio.to_thread.run_sync(ready)
+    before_file: dict[str, str] = {}
 
     def begin_write(fields: dict[str, str]) -> PartialWrite:
-        purpose_sent["purpose"] = fields.get("purpose")
-        return files.storage.begin_write(files.limit_for(fields.get("purpose")))
+        before_file.update(fields)
+        return storage.begin_write(limit(fields))
 
     try:
-        col = await stream_form(
-            content_type=content_type,
-            body=body,
-            file_field="file",
+        form = await stream_form(
+            content_type=request.headers.get("content-type", ""),
+            body=request.stream(),
+            file_field=field,
             begin_write=begin_write,
-            expected="Uploads (a 'file' part and a 'purpose' field)",
+            expected=expected,
         )
     except TooLarge as exc:
-        raise too_large(purpose_sent.get("purpose"), exc.limit) from None
+        raise refuse(exc.limit, before_file) from None
+    if form.partial is None:
+        raise missing(field)
+    return Received(form.partial, form.filename or "upload", form.fields)
 
+
+async def receive_upload(request: Request[Any, Any, Any], files: FileService, owner: str) -> File:
+    """Receive and store a file upload (`file`, `purpose`, optional `expires_after[...]`):
+    `POST /v1/files` and the dashboard's upload."""
+    got = await receive_file_part(
+        request,
+        files.storage,
+        field="file",
+        limit=lambda fields: files.limit_for(fields.get("purpose")),
+        refuse=lambda limit, fields: too_large(fields.get("purpose"), limit),
+        expected="Uploads (a 'file' part and a 'purpose' field)",
+    )
     try:
-        if col.partial is None:
-            raise missing("file")
-        purpose = files.check_purpose(col.fields.get("purpose"))
+        purpose = files.check_purpose(got.fields.get("purpose"))
         expires_after = None
-        if "expires_after[anchor]" in col.fields or "expires_after[seconds]" in col.fields:
+        if "expires_after[anchor]" in got.fields or "expires_after[seconds]" in got.fields:
             expires_after = parse_expires_after(
-                col.fields.get("expires_after[anchor]"), col.fields.get("expires_after[seconds]")
+                got.fields.get("expires_after[anchor]"), got.fields.get("expires_after[seconds]")
             )
-        partial = col.partial
         return await anyio.to_thread.run_sync(
             lambda: files.create(
-                partial=partial,
-                filename=col.filename or "upload",
+                partial=got.partial,
+                filename=got.filename,
                 purpose=purpose,
                 owner=owner,
                 expires_after=expires_after,
             )
         )
     except OSError as exc:
-        if col.partial is not None:
-            col.partial.discard()
+        got.partial.discard()
         raise storage_failed(exc) from None
     except BaseException:
-        if col.partial is not None:
-            col.partial.discard()
+        got.partial.discard()
         raise
 
 

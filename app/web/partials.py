@@ -59,13 +59,7 @@ async def upload(
 ) -> Template:
     """Store the dropped file through the same path as POST /v1/files, then preview it."""
     try:
-        row = await receive_upload(
-            files,
-            owner,
-            content_type=request.headers.get("content-type", ""),
-            content_length=request.headers.get("content-length"),
-            body=request.stream(),
-        )
+        row = await receive_upload(request, files, owner)
         preview = await anyio.to_thread.run_sync(preview_file, files, row.id, owner)
     except APIError as exc:
         return Template(template_name="partials/upload_error.html", context={"error": exc})

@@ -194,3 +194,27 @@ def test_an_upload_belongs_to_its_key(make_client: MakeClient) -> None:
     assert done.file is not None
     with pytest.raises(openai.NotFoundError):
         two.files.retrieve(done.file.id)
+
+
+def test_files_and_upload_parts_refuse_a_body_alike(make_client: MakeClient) -> None:
+    """POST /v1/files and an upload's parts receive through one helper: the same refusals,
+    each naming its own file field."""
+    client = make_client(max_upload_part_bytes=1024, max_file_bytes=1024)
+    up = sdk(client).uploads.create(
+        bytes=10, filename="x.bin", mime_type="application/octet-stream", purpose="user_data"
+    )
+    targets = {"/v1/files": "file", f"/v1/uploads/{up.id}/parts": "data"}
+    for path, field in targets.items():
+        r = client.post(path, content=b"raw", headers={"content-type": "text/plain"})
+        assert r.status_code == 400, (path, r.text)
+        assert (r.json()["error"]["code"], r.json()["error"]["param"]) == (
+            "invalid_content_type",
+            field,
+        )
+        r = client.post(path, files={"other": ("a", b"x")}, data={"purpose": "user_data"})
+        assert r.status_code == 400 and r.json()["error"]["param"] == field, (path, r.text)
+        r = client.post(path, files={field: ("a.bin", b"x" * 2048)}, data={"purpose": "user_data"})
+        assert r.status_code == 413 and r.json()["error"]["param"] == field, (path, r.text)
+        assert "1024 bytes" in r.json()["error"]["message"]
+    r = client.post("/v1/uploads/upload_nope/parts", files={"data": ("a", b"x")})
+    assert r.status_code == 404 and r.json()["error"]["param"] == "upload_id", r.text
