@@ -11,6 +11,7 @@ from __future__ import annotations
 import bisect
 import threading
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import func
@@ -23,7 +24,8 @@ from app.engine.registry import EngineView, lanes, members
 from app.models import Batch, BatchStatus, Request, RequestStatus
 
 if TYPE_CHECKING:
-    from app.engine.base import Engine
+    from app.engine.base import Engine, EngineStats
+    from app.engine.upstream.engine import UpstreamStatus
 
 #: Upper bounds of the latency histogram's buckets, in seconds.
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -100,6 +102,260 @@ def running_by_node(db: Database) -> dict[str, int]:
     return {str(n): c for n, c in rows}
 
 
+@dataclass(frozen=True)
+class Figures:
+    """Everything one /metrics page reports, read once: the database's counts (all nodes),
+    and this node's engine and runner."""
+
+    node: str
+    engine: Engine | None
+    engine_failure: str | None
+    in_flight: int
+    batches: dict[str, int]
+    lines: dict[str, int]
+    running: dict[str, int]
+    stats: EngineStats | None
+    views: list[EngineView]
+    health: QueueHealth
+
+    @property
+    def state(self) -> str:
+        if self.engine is not None:
+            return "ready"
+        return "failed" if self.engine_failure else "starting"
+
+    def info_labels(self) -> dict[str, str]:
+        labels = {"version": __version__, "node": self.node}
+        if self.engine is not None:
+            labels |= {"model": self.engine.info.id, "backend": self.engine.info.backend}
+        return labels
+
+    def stat(self, value: Callable[[EngineStats], float]) -> float:
+        """An engine figure, 0 while there is no engine."""
+        return value(self.stats) if self.stats is not None else 0
+
+
+Samples = Iterable[tuple[str, Any]]  # (labels, value)
+
+
+@dataclass(frozen=True)
+class Family:
+    """One metric family: its name, kind, help text and how its samples are read."""
+
+    name: str
+    kind: str  # "gauge" or "counter"
+    help: str
+    samples: Callable[[Figures], Samples]
+
+    def render(self, f: Figures) -> list[str]:
+        return [
+            f"# HELP {self.name} {self.help}",
+            f"# TYPE {self.name} {self.kind}",
+            *(f"{self.name}{labels} {_number(value)}" for labels, value in self.samples(f)),
+        ]
+
+
+def _one(value: Callable[[Figures], Any]) -> Callable[[Figures], Samples]:
+    """A family of one sample without labels."""
+    return lambda f: [("", value(f))]
+
+
+def _each_engine(value: Callable[[EngineView], Any]) -> Callable[[Figures], Samples]:
+    """A family of one sample per engine, labelled by its name."""
+    return lambda f: [(_labels(engine=v.name), value(v)) for v in f.views]
+
+
+def _each_upstream(value: Callable[[UpstreamStatus], Any]) -> Callable[[Figures], Samples]:
+    """A family of one sample per upstream engine, labelled by its name."""
+    return lambda f: [(_labels(engine=v.name), value(v.upstream)) for v in f.views if v.upstream]
+
+
+def _by(label: str, counts: Callable[[Figures], dict[str, Any]]) -> Callable[[Figures], Samples]:
+    """A family of one sample per key of `counts`, in key order."""
+    return lambda f: [(_labels(**{label: k}), n) for k, n in sorted(counts(f).items())]
+
+
+#: The /metrics page, family by family, in the order it is written.
+FAMILIES: tuple[Family, ...] = (
+    # -- this node and the database (all nodes) -----------------------------------------
+    Family(
+        "batchyard_info",
+        "gauge",
+        "The running version, model and backend.",
+        lambda f: [(_labels(**f.info_labels()), 1)],
+    ),
+    Family(
+        "batchyard_ready",
+        "gauge",
+        "1 once the model is loaded and requests are served; 0 while starting or failed.",
+        _one(lambda f: 1 if f.state == "ready" else 0),
+    ),
+    Family(
+        "batchyard_batches",
+        "gauge",
+        "Batches by status (a count in the database).",
+        lambda f: [(_labels(status=st), f.batches.get(st, 0)) for st in BATCH_STATUSES],
+    ),
+    Family(
+        "batchyard_batch_lines",
+        "gauge",
+        "Batch lines by status: pending and running ones, then processed ones by outcome.",
+        lambda f: [(_labels(status=st), f.lines.get(st, 0)) for st in LINE_STATUSES],
+    ),
+    Family(
+        "batchyard_node_lines_running",
+        "gauge",
+        "Batch lines running now, by the node that claimed them (a count in the database).",
+        _by("node", lambda f: f.running),
+    ),
+    Family(
+        "batchyard_node_in_flight",
+        "gauge",
+        "Lines this node has handed to its engine and not yet recorded.",
+        lambda f: [(_labels(node=f.node), f.in_flight)],
+    ),
+    # -- this node's engine, all its members together -----------------------------------
+    Family(
+        "batchyard_engine_requests_total",
+        "counter",
+        "Requests the engine finished (batch lines and online requests), by outcome.",
+        _by("outcome", lambda f: f.stats.requests_total if f.stats is not None else {}),
+    ),
+    Family(
+        "batchyard_tokens_total",
+        "counter",
+        "Tokens the engine has read (prompt, direction=in) and generated (direction=out).",
+        lambda f: [
+            (_labels(direction="in"), f.stat(lambda s: s.prompt_tokens_total)),
+            (_labels(direction="out"), f.stat(lambda s: s.completion_tokens_total)),
+        ],
+    ),
+    Family(
+        "batchyard_queue_depth",
+        "gauge",
+        "Requests waiting in the engine's queue for a slot.",
+        _one(lambda f: f.stat(lambda s: s.queue_depth)),
+    ),
+    Family(
+        "batchyard_active_slots",
+        "gauge",
+        "Slots decoding a sequence now.",
+        _one(lambda f: f.stat(lambda s: s.active_slots)),
+    ),
+    Family(
+        "batchyard_slots",
+        "gauge",
+        "Slots the engine has (--parallel).",
+        _one(lambda f: f.engine.info.n_slots if f.engine is not None else 0),
+    ),
+    Family(
+        "batchyard_tokens_per_second",
+        "gauge",
+        "Generated tokens per second over the last few seconds.",
+        _one(lambda f: f.stats.tokens_per_second if f.stats is not None else 0.0),
+    ),
+    # -- each engine, labelled by its name (`embedded`, or an --engine NAME) ------------
+    Family(
+        "batchyard_engine_up",
+        "gauge",
+        "1 while the engine answers (an upstream's GET /v1/models succeeds), else 0.",
+        _each_engine(lambda v: 1 if v.up else 0),
+    ),
+    Family(
+        "batchyard_engine_in_flight",
+        "gauge",
+        "Requests the engine is working on now (embedded: busy slots; upstream: open requests).",
+        _each_engine(lambda v: v.stats.active_slots),
+    ),
+    Family(
+        "batchyard_engine_queue_depth",
+        "gauge",
+        "Requests waiting for the engine (an upstream's include those waiting out a backoff).",
+        _each_engine(lambda v: v.stats.queue_depth),
+    ),
+    Family(
+        "batchyard_engine_slots",
+        "gauge",
+        "Requests the engine may run at once (--parallel, or an upstream's concurrency=).",
+        _each_engine(lambda v: v.info.n_slots),
+    ),
+    Family(
+        "batchyard_engine_errors_total",
+        "counter",
+        "Requests the engine finished with an error (after an upstream's retries).",
+        _each_engine(lambda v: v.errors),
+    ),
+    Family(
+        "batchyard_engine_tokens_per_second",
+        "gauge",
+        "Generated tokens per second over the last few seconds, per engine.",
+        _each_engine(lambda v: v.stats.tokens_per_second),
+    ),
+    Family(
+        "batchyard_engine_completion_tokens_total",
+        "counter",
+        "Tokens the engine has generated.",
+        _each_engine(lambda v: v.stats.completion_tokens_total),
+    ),
+    Family(
+        "batchyard_upstream_window",
+        "gauge",
+        "Requests an upstream may have open now: its AIMD window, at most its concurrency.",
+        _each_upstream(lambda u: u.window),
+    ),
+    Family(
+        "batchyard_upstream_retries_total",
+        "counter",
+        "Attempts an upstream's requests made again (connection errors, timeouts, 429, 5xx).",
+        _each_upstream(lambda u: u.retries_total),
+    ),
+    Family(
+        "batchyard_upstream_throttled_total",
+        "counter",
+        "Answers of 429 or 503 from an upstream (each halves its window at most once per round trip).",
+        _each_upstream(lambda u: u.throttled_total),
+    ),
+    # -- the queue's health (all nodes): lines waiting to be claimed --------------------
+    Family(
+        "batchyard_engine_pending_lines",
+        "gauge",
+        "Batch lines waiting to be claimed, by the engine that will run them.",
+        _by("engine", lambda f: f.health.pending_by_engine),
+    ),
+    Family(
+        "batchyard_engine_oldest_pending_seconds",
+        "gauge",
+        "Age of the oldest batch line waiting for the engine (since its batch was created).",
+        _by("engine", lambda f: f.health.oldest_by_engine),
+    ),
+    Family(
+        "batchyard_owner_pending_lines",
+        "gauge",
+        "Batch lines waiting to be claimed, by owner (API key id; empty on an open server).",
+        _by("owner", lambda f: f.health.pending_by_owner),
+    ),
+)
+
+
+def figures(
+    db: Database, engine: Engine | None, *, engine_failure: str | None, node: str, in_flight: int
+) -> Figures:
+    """Read what one /metrics page reports."""
+    batches, lines = count_by_status(db)
+    return Figures(
+        node=node,
+        engine=engine,
+        engine_failure=engine_failure,
+        in_flight=in_flight,
+        batches=batches,
+        lines=lines,
+        running=running_by_node(db),
+        stats=engine.stats() if engine is not None else None,
+        views=members(engine),
+        health=queue_health(db, lanes(engine) if engine is not None else []),
+    )
+
+
 def render(
     *,
     db: Database,
@@ -110,197 +366,10 @@ def render(
     in_flight: int = 0,
 ) -> str:
     """The whole /metrics page: the database's figures (all nodes) and this node's own."""
-    batches, lines = count_by_status(db)
-    running = running_by_node(db)
-    out: list[str] = []
-
-    def family(name: str, kind: str, text: str, samples: Iterable[tuple[str, Any]]) -> None:
-        out.append(f"# HELP {name} {text}")
-        out.append(f"# TYPE {name} {kind}")
-        out.extend(f"{name}{labels} {_number(value)}" for labels, value in samples)
-
-    info_labels = {"version": __version__, "node": node}
-    if engine is not None:
-        info_labels |= {"model": engine.info.id, "backend": engine.info.backend}
-    family(
-        "batchyard_info",
-        "gauge",
-        "The running version, model and backend.",
-        [(_labels(**info_labels), 1)],
-    )
-    state = "ready" if engine is not None else ("failed" if engine_failure else "starting")
-    family(
-        "batchyard_ready",
-        "gauge",
-        "1 once the model is loaded and requests are served; 0 while starting or failed.",
-        [("", 1 if state == "ready" else 0)],
-    )
-    family(
-        "batchyard_batches",
-        "gauge",
-        "Batches by status (a count in the database).",
-        [(_labels(status=st), batches.get(st, 0)) for st in BATCH_STATUSES],
-    )
-    family(
-        "batchyard_batch_lines",
-        "gauge",
-        "Batch lines by status: pending and running ones, then processed ones by outcome.",
-        [(_labels(status=st), lines.get(st, 0)) for st in LINE_STATUSES],
-    )
-
-    family(
-        "batchyard_node_lines_running",
-        "gauge",
-        "Batch lines running now, by the node that claimed them (a count in the database).",
-        [(_labels(node=n), count) for n, count in sorted(running.items())],
-    )
-    family(
-        "batchyard_node_in_flight",
-        "gauge",
-        "Lines this node has handed to its engine and not yet recorded.",
-        [(_labels(node=node), in_flight)],
-    )
-
-    stats = engine.stats() if engine is not None else None
-    outcomes = stats.requests_total if stats is not None else {}
-    family(
-        "batchyard_engine_requests_total",
-        "counter",
-        "Requests the engine finished (batch lines and online requests), by outcome.",
-        [(_labels(outcome=k), v) for k, v in sorted(outcomes.items())],
-    )
-    family(
-        "batchyard_tokens_total",
-        "counter",
-        "Tokens the engine has read (prompt, direction=in) and generated (direction=out).",
-        [
-            (_labels(direction="in"), stats.prompt_tokens_total if stats else 0),
-            (_labels(direction="out"), stats.completion_tokens_total if stats else 0),
-        ],
-    )
-    family(
-        "batchyard_queue_depth",
-        "gauge",
-        "Requests waiting in the engine's queue for a slot.",
-        [("", stats.queue_depth if stats else 0)],
-    )
-    family(
-        "batchyard_active_slots",
-        "gauge",
-        "Slots decoding a sequence now.",
-        [("", stats.active_slots if stats else 0)],
-    )
-    family(
-        "batchyard_slots",
-        "gauge",
-        "Slots the engine has (--parallel).",
-        [("", engine.info.n_slots if engine is not None else 0)],
-    )
-    family(
-        "batchyard_tokens_per_second",
-        "gauge",
-        "Generated tokens per second over the last few seconds.",
-        [("", stats.tokens_per_second if stats else 0.0)],
-    )
-    per_engine(family, members(engine))
-    waiting(family, queue_health(db, lanes(engine) if engine is not None else []))
+    f = figures(db, engine, engine_failure=engine_failure, node=node, in_flight=in_flight)
+    out = [line for family in FAMILIES for line in family.render(f)]
     out += requests.render()
     return "\n".join(out) + "\n"
-
-
-def waiting(
-    family: Callable[[str, str, str, Iterable[tuple[str, Any]]], None], health: QueueHealth
-) -> None:
-    """The queue's health (all nodes): lines waiting to be claimed, by engine and by owner."""
-    family(
-        "batchyard_engine_pending_lines",
-        "gauge",
-        "Batch lines waiting to be claimed, by the engine that will run them.",
-        [(_labels(engine=e), n) for e, n in sorted(health.pending_by_engine.items())],
-    )
-    family(
-        "batchyard_engine_oldest_pending_seconds",
-        "gauge",
-        "Age of the oldest batch line waiting for the engine (since its batch was created).",
-        [(_labels(engine=e), age) for e, age in sorted(health.oldest_by_engine.items())],
-    )
-    family(
-        "batchyard_owner_pending_lines",
-        "gauge",
-        "Batch lines waiting to be claimed, by owner (API key id; empty on an open server).",
-        [(_labels(owner=o), n) for o, n in sorted(health.pending_by_owner.items())],
-    )
-
-
-def per_engine(
-    family: Callable[[str, str, str, Iterable[tuple[str, Any]]], None], views: list[EngineView]
-) -> None:
-    """Each engine's own figures, labelled by its name (`embedded`, or an --engine NAME)."""
-
-    def each(value: Callable[[EngineView], Any]) -> list[tuple[str, Any]]:
-        return [(_labels(engine=v.name), value(v)) for v in views]
-
-    family(
-        "batchyard_engine_up",
-        "gauge",
-        "1 while the engine answers (an upstream's GET /v1/models succeeds), else 0.",
-        each(lambda v: 1 if v.up else 0),
-    )
-    family(
-        "batchyard_engine_in_flight",
-        "gauge",
-        "Requests the engine is working on now (embedded: busy slots; upstream: open requests).",
-        each(lambda v: v.stats.active_slots),
-    )
-    family(
-        "batchyard_engine_queue_depth",
-        "gauge",
-        "Requests waiting for the engine (an upstream's include those waiting out a backoff).",
-        each(lambda v: v.stats.queue_depth),
-    )
-    family(
-        "batchyard_engine_slots",
-        "gauge",
-        "Requests the engine may run at once (--parallel, or an upstream's concurrency=).",
-        each(lambda v: v.info.n_slots),
-    )
-    family(
-        "batchyard_engine_errors_total",
-        "counter",
-        "Requests the engine finished with an error (after an upstream's retries).",
-        each(lambda v: v.errors),
-    )
-    family(
-        "batchyard_engine_tokens_per_second",
-        "gauge",
-        "Generated tokens per second over the last few seconds, per engine.",
-        each(lambda v: v.stats.tokens_per_second),
-    )
-    family(
-        "batchyard_engine_completion_tokens_total",
-        "counter",
-        "Tokens the engine has generated.",
-        each(lambda v: v.stats.completion_tokens_total),
-    )
-    upstreams = [v for v in views if v.upstream is not None]
-    family(
-        "batchyard_upstream_window",
-        "gauge",
-        "Requests an upstream may have open now: its AIMD window, at most its concurrency.",
-        [(_labels(engine=v.name), v.upstream.window) for v in upstreams if v.upstream],
-    )
-    family(
-        "batchyard_upstream_retries_total",
-        "counter",
-        "Attempts an upstream's requests made again (connection errors, timeouts, 429, 5xx).",
-        [(_labels(engine=v.name), v.upstream.retries_total) for v in upstreams if v.upstream],
-    )
-    family(
-        "batchyard_upstream_throttled_total",
-        "counter",
-        "Answers of 429 or 503 from an upstream (each halves its window at most once per round trip).",
-        [(_labels(engine=v.name), v.upstream.throttled_total) for v in upstreams if v.upstream],
-    )
 
 
 def _escape(value: str) -> str:
