@@ -21,7 +21,7 @@ without reading the input file, and the query filters on it with the lanes' mode
 of this moment (an upstream's names follow its /v1/models). A batch row without a model
 goes to the default lane, as a body without a known model does.
 
-One transaction claims for every lane: BEGIN IMMEDIATE on SQLite; on PostgreSQL each
+One write transaction (the caller's) claims for every lane: BEGIN IMMEDIATE on SQLite; on PostgreSQL each
 lane's SELECT locks only its request rows, FOR UPDATE SKIP LOCKED, so several nodes never
 take one line and never wait on each other.
 """
@@ -37,7 +37,6 @@ from sqlalchemy import case, func, update
 from sqlalchemy import select as select_columns
 from sqlmodel import Session, col
 
-from app.db import Database
 from app.engine.registry import Lane
 from app.models import Batch, BatchStatus, Request, RequestStatus
 
@@ -81,7 +80,7 @@ def routed_to(lane: Lane, lanes: list[Lane]) -> Any:
 
 
 def claim(
-    db: Database,
+    s: Session,
     lanes: list[Lane],
     held: Mapping[str, int],
     inflight: Container[str],
@@ -94,7 +93,8 @@ def claim(
 
     One SELECT per lane finds (and on PostgreSQL locks) the lines, and one UPDATE by their
     ids takes them all: a line already used up keeps its attempts and is failed by the
-    runner."""
+    runner. It runs in the caller's write transaction: the runner's step records the
+    results that came back and claims into the room they left in one commit."""
     # A lane whose engine is down claims nothing; it still keeps its lines from the others.
     rooms = [(lane, room(lane, held.get(lane.name, 0))) for lane in lanes if lane.up]
     rooms = [(lane, n) for lane, n in rooms if n > 0]
@@ -102,27 +102,26 @@ def claim(
         return []
     t = time.time()
     claims: list[Claim] = []
-    with db.write() as s:
-        for lane, n in rooms:
-            claims += _claim_lane(
-                s, lane, n, routed_to(lane, lanes), held.get(lane.name, 0), inflight, t
-            )
-        if not claims:
-            return []
-        s.exec(
-            update(Request)
-            .where(col(Request.id).in_([c.request_id for c in claims]))
-            .values(
-                status=RequestStatus.RUNNING,
-                claimed_by=worker_id,
-                claimed_at=int(t),
-                lease_until=t + lease_seconds,
-                attempts=case(
-                    (col(Request.attempts) >= MAX_ATTEMPTS, col(Request.attempts)),
-                    else_=col(Request.attempts) + 1,
-                ),
-            )
+    for lane, n in rooms:
+        claims += _claim_lane(
+            s, lane, n, routed_to(lane, lanes), held.get(lane.name, 0), inflight, t
         )
+    if not claims:
+        return []
+    s.exec(
+        update(Request)
+        .where(col(Request.id).in_([c.request_id for c in claims]))
+        .values(
+            status=RequestStatus.RUNNING,
+            claimed_by=worker_id,
+            claimed_at=int(t),
+            lease_until=t + lease_seconds,
+            attempts=case(
+                (col(Request.attempts) >= MAX_ATTEMPTS, col(Request.attempts)),
+                else_=col(Request.attempts) + 1,
+            ),
+        )
+    )
     return claims
 
 

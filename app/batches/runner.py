@@ -23,7 +23,7 @@ import queue
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from concurrent.futures import Future
 from functools import partial
 from typing import Any, NamedTuple
@@ -224,19 +224,23 @@ class Runner:
         look for batches to validate, cancel or expire. Those queries took about a third of
         the runner's time while it was woken for each result (bench/README.md).
         """
-        recorded = self._record_results()
         self._renew_leases()
         if poll:
+            recorded = self._record_results()
             self._poked = False
             self._last_poll = time.monotonic()
             self._validate_next()
             self._cancel_requested()
             self._expire_due()
-        self._claim_and_submit()
-        if poll:
+            self._claim_and_submit()
             self._finalizer.finalize_ready()
-        elif recorded:
-            self._finalizer.finalize_ready(recorded)
+        else:
+            # The hot path: the results and the claims into the room they left, one commit.
+            recorded = self._record_results(claim=True)
+            # A batch with a line this node still runs is not finished: no need to look.
+            running = {h.batch_id for h in self._inflight.values()}
+            if recorded - running:
+                self._finalizer.finalize_ready(recorded - running)
         self._notice_other_nodes()
         if time.monotonic() - self._last_sweep > self._sweep_interval:
             self._last_sweep = time.monotonic()
@@ -333,16 +337,26 @@ class Runner:
             out.append(lane)
         return out
 
-    def _claim_and_submit(self) -> None:
-        held = Counter(h.lane for h in self._inflight.values())
-        claims = claim(
-            self.db,
+    def _claim(self, s: Session, recorded: Container[str]) -> list[Claim]:
+        """Claim lines in the caller's transaction, into the room left by the lines this
+        node holds besides those `recorded` in it."""
+        held = Counter(h.lane for rid, h in self._inflight.items() if rid not in recorded)
+        return claim(
+            s,
             self._open_lanes(),
             held,
             self._inflight,
             worker_id=self.worker_id,
             lease_seconds=self.settings.lease_seconds,
         )
+
+    def _claim_and_submit(self) -> None:
+        with self.db.write() as s:
+            claims = self._claim(s, ())
+        self._submit_claims(claims)
+
+    def _submit_claims(self, claims: list[Claim]) -> None:
+        """Hand claimed lines to the engine (after their claim committed)."""
         by_file: dict[str, list[Claim]] = {}
         for c in claims:
             if not c.exhausted:
@@ -404,18 +418,24 @@ class Runner:
 
     # -- results ------------------------------------------------------------------------
 
-    def _record_results(self) -> set[str]:
-        """Record every result that came back; the batches they belong to."""
+    def _record_results(self, *, claim: bool = False) -> set[str]:
+        """Record every result that came back, and with `claim` claim lines into the room
+        they leave, in one transaction; the batches of the results."""
         done: list[Result] = []
         while True:
             try:
                 done.append(self._results.get_nowait())
             except queue.Empty:
                 break
-        if not done:
+        if not done and not claim:
             return set()
+        claims: list[Claim] = []
         try:
-            self._record(done)
+            with self.db.write() as s:
+                if done:
+                    self._record(s, done)
+                if claim:
+                    claims = self._claim(s, {request_id for request_id, _, _ in done})
         except BaseException:
             # Nothing was written (one transaction): keep the results for the next step.
             for item in done:
@@ -423,77 +443,77 @@ class Runner:
             raise
         for request_id, _, _ in done:
             self._inflight.pop(request_id, None)
-        self._bump()
+        if done:
+            self._bump()
+        self._submit_claims(claims)
         return {batch_id for _, batch_id, _ in done}
 
-    def _record(self, done: list[Result]) -> None:
+    def _record(self, s: Session, done: list[Result]) -> None:
+        """Write the results in the caller's transaction."""
         t = time.time()
         down: set[str] = set()  # lanes whose engine was found down
         futures = {request_id: fut for request_id, _, fut in done}
-        with self.db.write() as s:
-            # Batch rows first, then request rows: the order every transaction keeps.
-            lock_batches(s, list({bid for _, bid, _ in done}))
-            # Only lines this node still holds: a cancelled, expired, or elsewhere claimed
-            # again line is not ours to write.
-            ours = s.exec(
-                select(Request.id, Request.batch_id)
-                .where(
-                    col(Request.id).in_(sorted(futures)),
-                    col(Request.status) == RequestStatus.RUNNING,
-                    col(Request.claimed_by) == self.worker_id,
+        # Batch rows first, then request rows: the order every transaction keeps.
+        lock_batches(s, list({bid for _, bid, _ in done}))
+        # Only lines this node still holds: a cancelled, expired, or elsewhere claimed
+        # again line is not ours to write.
+        ours = s.exec(
+            select(Request.id, Request.batch_id)
+            .where(
+                col(Request.id).in_(sorted(futures)),
+                col(Request.status) == RequestStatus.RUNNING,
+                col(Request.claimed_by) == self.worker_id,
+            )
+            .order_by(col(Request.id))
+            .with_for_update()
+        ).all()
+        cancelled: list[str] = []
+        unavailable: list[str] = []
+        results: list[tuple[str, str, tuple[int, dict[str, Any]]]] = []
+        for request_id, batch_id in ours:
+            fut = futures[request_id]
+            exc = fut.exception()
+            if isinstance(exc, RequestCancelled):
+                cancelled.append(request_id)
+                continue
+            if isinstance(exc, EngineUnavailable):
+                # The engine is down, not the line bad: back to the queue, attempt unused.
+                unavailable.append(request_id)
+                held = self._inflight.get(request_id)
+                if held is not None:
+                    down.add(held.lane)
+                continue
+            if exc is None:
+                outcome: tuple[int, dict[str, Any]] = (200, fut.result())
+            elif isinstance(exc, EngineError):
+                outcome = (exc.status_code, exc.to_body())
+            else:
+                log.error("request=%s error=engine_failure reason=%r", request_id, exc)
+                outcome = failure(
+                    500,
+                    f"The engine failed on this request: {exc}",
+                    code="server_error",
+                    type="server_error",
                 )
-                .order_by(col(Request.id))
-                .with_for_update()
-            ).all()
-            cancelled: list[str] = []
-            unavailable: list[str] = []
-            results: list[tuple[str, str, tuple[int, dict[str, Any]]]] = []
-            for request_id, batch_id in ours:
-                fut = futures[request_id]
-                exc = fut.exception()
-                if isinstance(exc, RequestCancelled):
-                    cancelled.append(request_id)
-                    continue
-                if isinstance(exc, EngineUnavailable):
-                    # The engine is down, not the line bad: back to the queue, attempt unused.
-                    unavailable.append(request_id)
-                    held = self._inflight.get(request_id)
-                    if held is not None:
-                        down.add(held.lane)
-                    continue
-                if exc is None:
-                    outcome: tuple[int, dict[str, Any]] = (200, fut.result())
-                elif isinstance(exc, EngineError):
-                    outcome = (exc.status_code, exc.to_body())
-                else:
-                    log.error("request=%s error=engine_failure reason=%r", request_id, exc)
-                    outcome = failure(
-                        500,
-                        f"The engine failed on this request: {exc}",
-                        code="server_error",
-                        type="server_error",
-                    )
-                results.append((request_id, batch_id, outcome))
-            if cancelled:
-                s.exec(
-                    update(Request)
-                    .where(col(Request.id).in_(cancelled))
-                    .values(status=RequestStatus.CANCELLED, finished_at=int(t))
+            results.append((request_id, batch_id, outcome))
+        if cancelled:
+            s.exec(
+                update(Request)
+                .where(col(Request.id).in_(cancelled))
+                .values(status=RequestStatus.CANCELLED, finished_at=int(t))
+            )
+        if unavailable:
+            s.exec(
+                update(Request)
+                .where(col(Request.id).in_(unavailable))
+                .values(
+                    status=RequestStatus.PENDING,
+                    lease_until=None,
+                    claimed_by=None,
+                    attempts=case((col(Request.attempts) > 0, col(Request.attempts) - 1), else_=0),
                 )
-            if unavailable:
-                s.exec(
-                    update(Request)
-                    .where(col(Request.id).in_(unavailable))
-                    .values(
-                        status=RequestStatus.PENDING,
-                        lease_until=None,
-                        claimed_by=None,
-                        attempts=case(
-                            (col(Request.attempts) > 0, col(Request.attempts) - 1), else_=0
-                        ),
-                    )
-                )
-            record(s, results, t)
+            )
+        record(s, results, t)
         now = time.monotonic()
         for lane in sorted(down):
             if lane not in self._paused:
