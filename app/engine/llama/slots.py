@@ -125,6 +125,14 @@ class Admission:
     embeds: list[Job] = field(default_factory=list)
 
 
+@dataclass
+class _EmbedRound:
+    """The inputs of the embeddings decode one admission round fills."""
+
+    tokens: int = 0
+    seqs: int = 0
+
+
 class Scheduler:
     """The loop's decisions: admission, the online window, and where a prompt's KV comes from."""
 
@@ -149,61 +157,85 @@ class Scheduler:
         self.window = 0  # the batch slots' turn while online requests decode (held_back)
 
     def admit(self, queue: list[Task], slots: list[Slot]) -> Admission:
-        """Pop the tasks that fit into free slots off the heap `queue`, highest priority first."""
+        """Pop the tasks that fit into free slots off the heap `queue`, highest priority first.
+
+        Strict order: the head of the queue waits (and so does everything behind it) when
+        it does not fit, rather than be overtaken. Three rules decide: embeddings fill one
+        decode (`_fits_embed_round`), a task takes its pool of free slots (`_place`), and
+        its prompt lands where its prefix is cached (`_leader`).
+        """
         out = Admission()
         free = [s for s in slots if not s.busy]
         batch_busy = sum(1 for s in slots if s.job is not None and s.job.priority == Priority.BATCH)
-        embed_tokens = embed_seqs = 0
+        embeds = _EmbedRound()
         while queue:
             task = queue[0]
             if task.job.cancelled:
                 heapq.heappop(queue)
                 continue
             if task.job.endpoint == EMBEDDINGS:
-                prompts = task.job.prompts
-                embed_tokens += sum(len(p) for p in prompts)
-                embed_seqs += len(prompts)
-                if out.embeds and (
-                    (self.embed_tokens and embed_tokens > self.embed_tokens)
-                    or (self.embed_seqs and embed_seqs > self.embed_seqs)
-                ):
+                if not self._fits_embed_round(embeds, task.job, first=not out.embeds):
                     break  # the next round's decode takes it
                 heapq.heappop(queue)
                 out.embeds.append(task.job)
                 continue
-            want = len(task.choice_indices)
-            if want > len(free):
-                break  # strict order: the head waits for enough slots rather than be overtaken
-            # llama.cpp cuts a batch over separate KV streams into one forward pass per run of
-            # consecutive sequence ids, so batch lines keep to the lowest slots and online
-            # requests take the highest first: then the sequences of a step form one run.
-            if task.job.priority == Priority.BATCH:
-                if batch_busy + want > self.batch_room and batch_busy > 0:
-                    break  # online tasks sort first, so nothing behind this one may go either
-                batch_busy += want
-                pool = [s for s in free if s.seq_id < self.batch_room]
-            else:
-                pool = [s for s in free if s.seq_id >= self.batch_room]
-            if len(pool) < want:
-                pool = list(free)
+            group = self._place(task, free, batch_busy)
+            if group is None:
+                break
             heapq.heappop(queue)
-            prompt = task.job.prompts[task.prompt_index]
-            # The leader lands in the free slot that already holds the longest prefix of the
-            # prompt; ties go to the slot with the least cached, so longer caches survive, and
-            # for batch lines to the lowest slot: lines admitted together then sit in a run of
-            # consecutive sequences, whose prompts llama.cpp cuts into full micro-batches.
             if task.job.priority == Priority.BATCH:
-                leader = max(pool, key=lambda s: (common_prefix(s.cached, prompt), -s.seq_id))
-            else:
-                leader = max(pool, key=lambda s: (common_prefix(s.cached, prompt), -len(s.cached)))
-            pool.remove(leader)
-            # Siblings (n > 1) get a full copy of the leader's stream, so their caches go.
-            pool.sort(key=lambda s: len(s.cached))
-            group = [leader] + [pool.pop(0) for _ in task.choice_indices[1:]]
+                batch_busy += len(group)
             for slot in group:
                 free.remove(slot)
             out.starts.append((task, group))
         return out
+
+    def _fits_embed_round(self, round_: _EmbedRound, job: Job, *, first: bool) -> bool:
+        """Count `job`'s inputs into this round's embeddings decode; False when they would
+        take it past its tokens or sequences (the first request of a round always goes)."""
+        round_.tokens += sum(len(p) for p in job.prompts)
+        round_.seqs += len(job.prompts)
+        over = (self.embed_tokens and round_.tokens > self.embed_tokens) or (
+            self.embed_seqs and round_.seqs > self.embed_seqs
+        )
+        return first or not over
+
+    def _place(self, task: Task, free: list[Slot], batch_busy: int) -> list[Slot] | None:
+        """The slots `task` takes, its leader first, or None when it must wait: too few
+        free slots, or a batch line past the batch room while other batch lines run."""
+        want = len(task.choice_indices)
+        if want > len(free):
+            return None
+        # llama.cpp cuts a batch over separate KV streams into one forward pass per run of
+        # consecutive sequence ids, so batch lines keep to the lowest slots and online
+        # requests take the highest first: then the sequences of a step form one run.
+        if task.job.priority == Priority.BATCH:
+            if batch_busy + want > self.batch_room and batch_busy > 0:
+                return None  # online tasks sort first, so nothing behind this one may go either
+            pool = [s for s in free if s.seq_id < self.batch_room]
+        else:
+            pool = [s for s in free if s.seq_id >= self.batch_room]
+        if len(pool) < want:
+            pool = list(free)
+        leader = self._leader(task, pool)
+        pool.remove(leader)
+        # Siblings (n > 1) get a full copy of the leader's stream, so their caches go.
+        pool.sort(key=lambda s: len(s.cached))
+        return [leader] + [pool.pop(0) for _ in task.choice_indices[1:]]
+
+    @staticmethod
+    def _leader(task: Task, pool: list[Slot]) -> Slot:
+        """The slot of `pool` that evaluates `task`'s prompt.
+
+        The free slot that already holds the longest prefix of the prompt; ties go to the
+        slot with the least cached, so longer caches survive, and for batch lines to the
+        lowest slot: lines admitted together then sit in a run of consecutive sequences,
+        whose prompts llama.cpp cuts into full micro-batches.
+        """
+        prompt = task.job.prompts[task.prompt_index]
+        if task.job.priority == Priority.BATCH:
+            return max(pool, key=lambda s: (common_prefix(s.cached, prompt), -s.seq_id))
+        return max(pool, key=lambda s: (common_prefix(s.cached, prompt), -len(s.cached)))
 
     def prompt_budget(self, slots: list[Slot], n_batch: int) -> int:
         """Prompt tokens this step may take, besides one row per generating slot."""
