@@ -18,6 +18,8 @@ import shutil
 import signal
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -260,106 +262,153 @@ def run_batch(
 ) -> int:
     """Run one input file to its output file; returns the exit code."""
     err = err or sys.stderr
-    if not opts.input.is_file():
-        print(f"batchyard run: {opts.input}: no such file", file=err)
+    try:
+        settings = _open_state(opts, overrides)
+        with offline_services(settings) as services:
+            run = _Run(opts, services, err)
+            try:
+                try:
+                    run.batch = _start_or_resume(opts, services)
+                except APIError as exc:
+                    print(f"batchyard run: {exc.message}", file=err)
+                    return EXIT_INVALID
+                batch = _run_to_end(run, settings)
+                if batch.status == BatchStatus.FAILED:
+                    _report_invalid(run, batch)
+                    return EXIT_INVALID
+                _report_finished(run, batch)
+            except _Interrupted as exc:
+                _report_interrupt(run, exc, argv)
+                return EXIT_INTERRUPTED
+    except RunError as exc:
+        print(f"batchyard run: {exc}", file=err)
         return EXIT_USAGE
+    return _write_outputs(opts, services, batch, err)
+
+
+@dataclass
+class _Run:
+    """One run in progress: what an interrupt report needs of it."""
+
+    opts: RunOptions
+    services: Services
+    err: TextIO
+    batch: Batch | None = None
+    progress: Progress | None = None
+
+
+def _open_state(opts: RunOptions, overrides: dict[str, Any]) -> Settings:
+    """Check the input, prepare the state dir and read the settings (RunError: usage)."""
+    if not opts.input.is_file():
+        raise RunError(f"{opts.input}: no such file")
     from app.db import DatabaseError
 
     try:
         _prepare_state(opts)
-    except (RunError, DatabaseError) as exc:  # DatabaseError: another run holds the state dir
-        print(f"batchyard run: {exc}", file=err)
-        return EXIT_USAGE
+    except DatabaseError as exc:  # another run holds the state dir
+        raise RunError(str(exc)) from exc
     try:
         settings = offline_settings(overrides, opts.state)
     except ValueError as exc:
-        print(f"batchyard run: {exc}", file=err)
-        return EXIT_USAGE
+        raise RunError(str(exc)) from exc
     logging.basicConfig(level=settings.log_level.upper(), format=LOG_FORMAT)
+    return settings
 
+
+@contextmanager
+def offline_services(settings: Settings) -> Iterator[Services]:
+    """The services on the state dir, with SIGINT and SIGTERM raising _Interrupted while
+    they are open; on the way out the signals are restored, the runner stopped, the engine
+    (once attached) closed and the database closed."""
+    from app.db import DatabaseError
     from app.services import build_services
 
     try:
         services = build_services(settings)
     except DatabaseError as exc:
-        print(f"batchyard run: {exc}", file=err)
-        return EXIT_USAGE
-    engine = None
+        raise RunError(str(exc)) from exc
     previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     for sig in previous:
         signal.signal(sig, _raise_interrupt)
-    progress: Progress | None = None
-    batch: Batch | None = None
     try:
-        try:
-            batch = _start_or_resume(opts, services)
-        except APIError as exc:
-            print(f"batchyard run: {exc.message}", file=err)
-            return EXIT_INVALID
-        except RunError as exc:
-            print(f"batchyard run: {exc}", file=err)
-            return EXIT_USAGE
-        from app.engine.llama.engine import load_engine
-
-        engine = load_engine(settings)
-        services.attach_engine(engine)
-        print(
-            f"batchyard run: {opts.input} -> {opts.output}  "
-            f"model {engine.info.id} on {engine.info.backend}, {engine.info.n_slots} slots  "
-            f"state {opts.state}",
-            file=err,
-            flush=True,
-        )
-        batch = services.batches.get(batch.id, OWNER)
-        progress = Progress(err, done_before=batch.completed + batch.failed)
-        while batch.status in BatchStatus.ACTIVE:
-            if batch.status != BatchStatus.VALIDATING:
-                progress.update(
-                    batch.completed + batch.failed, batch.total, engine.stats().tokens_per_second
-                )
-            time.sleep(0.25 if progress.tty else 0.5)
-            batch = services.batches.get(batch.id, OWNER)
-        if batch.status == BatchStatus.FAILED:
-            progress.end_line()
-            print(f"batchyard run: {opts.input} failed validation:", file=err)
-            for e in json.loads(batch.errors_json or "[]"):
-                where = f"line {e['line']}" if e.get("line") else "file"
-                print(f"  {where}: {e['message']} [{e['code']}]", file=err)
-            return EXIT_INVALID
-        progress.update(batch.completed + batch.failed, batch.total, 0.0, final=True)
-        # The same figures as the dashboard's throughput chart, from the same rows.
-        tp = throughput.of_batch(
-            batch, services.batches.progress_series(batch.id, OWNER), time.time()
-        )
-        for line in throughput.report(tp):
-            print(f"batchyard run: {line}", file=err, flush=True)
-    except _Interrupted as exc:
-        done = (batch.completed + batch.failed) if batch is not None else 0
-        total = batch.total if batch is not None else 0
-        if progress is not None:
-            progress.end_line()
-        services.runner.stop()
-        if batch is not None:
-            batch = services.batches.get(batch.id, OWNER)
-            done, total = batch.completed + batch.failed, batch.total
-        words = list(argv or ["batchyard", "run", str(opts.input), "-o", str(opts.output)])
-        resume = shlex.join(words if "--resume" in words else [*words, "--resume"])
-        print(
-            f"batchyard run: stopped by {exc}; {done} of {total} lines are done and kept in "
-            f"{opts.state}.\nResume with: {resume}",
-            file=err,
-            flush=True,
-        )
-        return EXIT_INTERRUPTED
+        yield services
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         services.runner.stop()
-        if engine is not None:
-            engine.close()
+        if services.engine is not None:
+            services.engine.close()
         services.db.close()
 
-    return _write_outputs(opts, services, batch, err)
+
+def _run_to_end(run: _Run, settings: Settings) -> Batch:
+    """Load the engine, start the runner and show progress until the batch ends."""
+    from app.engine.llama.engine import load_engine
+
+    assert run.batch is not None, "_start_or_resume first"
+    opts, services, err = run.opts, run.services, run.err
+    engine = load_engine(settings)
+    services.attach_engine(engine)
+    print(
+        f"batchyard run: {opts.input} -> {opts.output}  "
+        f"model {engine.info.id} on {engine.info.backend}, {engine.info.n_slots} slots  "
+        f"state {opts.state}",
+        file=err,
+        flush=True,
+    )
+    batch = run.batch = services.batches.get(run.batch.id, OWNER)
+    progress = run.progress = Progress(err, done_before=batch.completed + batch.failed)
+    while batch.status in BatchStatus.ACTIVE:
+        if batch.status != BatchStatus.VALIDATING:
+            progress.update(
+                batch.completed + batch.failed, batch.total, engine.stats().tokens_per_second
+            )
+        time.sleep(0.25 if progress.tty else 0.5)
+        batch = run.batch = services.batches.get(batch.id, OWNER)
+    return batch
+
+
+def _report_invalid(run: _Run, batch: Batch) -> None:
+    """The validation errors of a batch that failed before any line ran."""
+    if run.progress is not None:
+        run.progress.end_line()
+    print(f"batchyard run: {run.opts.input} failed validation:", file=run.err)
+    for e in json.loads(batch.errors_json or "[]"):
+        where = f"line {e['line']}" if e.get("line") else "file"
+        print(f"  {where}: {e['message']} [{e['code']}]", file=run.err)
+
+
+def _report_finished(run: _Run, batch: Batch) -> None:
+    """The final progress line and the throughput report."""
+    if run.progress is not None:
+        run.progress.update(batch.completed + batch.failed, batch.total, 0.0, final=True)
+    # The same figures as the dashboard's throughput chart, from the same rows.
+    tp = throughput.of_batch(
+        batch, run.services.batches.progress_series(batch.id, OWNER), time.time()
+    )
+    for line in throughput.report(tp):
+        print(f"batchyard run: {line}", file=run.err, flush=True)
+
+
+def _report_interrupt(run: _Run, exc: _Interrupted, argv: list[str] | None) -> None:
+    """Stop the runner, then say how far the run got and how to resume it."""
+    batch, opts = run.batch, run.opts
+    done = (batch.completed + batch.failed) if batch is not None else 0
+    total = batch.total if batch is not None else 0
+    if run.progress is not None:
+        run.progress.end_line()
+    run.services.runner.stop()
+    if batch is not None:
+        batch = run.services.batches.get(batch.id, OWNER)
+        done, total = batch.completed + batch.failed, batch.total
+    words = list(argv or ["batchyard", "run", str(opts.input), "-o", str(opts.output)])
+    resume = shlex.join(words if "--resume" in words else [*words, "--resume"])
+    print(
+        f"batchyard run: stopped by {exc}; {done} of {total} lines are done and kept in "
+        f"{opts.state}.\nResume with: {resume}",
+        file=run.err,
+        flush=True,
+    )
 
 
 def _write_outputs(opts: RunOptions, services: Services, batch: Batch, err: TextIO) -> int:
