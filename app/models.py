@@ -122,7 +122,7 @@ class Request(SQLModel, table=True):
     """One line of a batch's input file, found by (offset, length), and its result."""
 
     __table_args__ = (
-        Index("ix_request_batch_status", "batch_id", "status"),
+        Index("ix_request_batch_status_line", "batch_id", "status", "line"),
         Index("ix_request_batch_line", "batch_id", "line", unique=True),
     )
 

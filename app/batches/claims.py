@@ -33,7 +33,7 @@ from collections.abc import Container, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import case, func, update
+from sqlalchemy import case, func, union_all, update
 from sqlalchemy import select as select_columns
 from sqlmodel import Session, col
 
@@ -43,6 +43,8 @@ from app.models import Batch, BatchStatus, Request, RequestStatus
 #: A line whose claim ran out this many times (the server died while running it) fails
 #: instead of taking the server down again.
 MAX_ATTEMPTS = 3
+#: How far into each batch a lane's claim looks, in times the lines it wants (_claim_lane).
+LOOK_AHEAD = 4
 
 
 @dataclass
@@ -136,36 +138,65 @@ def _claim_lane(
 ) -> list[Claim]:
     # Lines this node holds whose lease lapsed may come back: look past them.
     wanted = n + held
-    candidates = (
+    # The lane's batches in progress, each with its first pending line (one short look
+    # into the (batch_id, status, line) index per batch).
+    first_pending = (
+        select_columns(func.min(col(Request.line)))
+        .where(
+            col(Request.batch_id) == col(Batch.id),
+            col(Request.status) == RequestStatus.PENDING,
+        )
+        .scalar_subquery()
+    )
+    batches = select_columns(
+        col(Batch.id).label("id"),
+        col(Batch.owner).label("owner"),
+        col(Batch.created_ns).label("created_ns"),
+        first_pending.label("first"),
+    ).where(col(Batch.status) == BatchStatus.IN_PROGRESS)
+    if where is not None:
+        batches = batches.where(where)
+    b = batches.subquery("b")
+    # Each batch's candidates: its pending lines from the first on, no further than a few
+    # times the lane's room (no batch gives one claim more, and on PostgreSQL other nodes
+    # may hold the first ones: SKIP LOCKED then takes the next), and any line whose lease
+    # ran out (a node died holding it). `k`: how far into its batch a line is.
+    pending = (
         select_columns(
             col(Request.id).label("id"),
-            col(Batch.owner).label("owner"),
-            col(Batch.created_ns).label("created_ns"),
+            b.c.owner,
+            b.c.created_ns,
             col(Request.line).label("line"),
-            func.row_number()
-            .over(partition_by=col(Request.batch_id), order_by=col(Request.line))
-            .label("in_batch"),
+            (col(Request.line) - b.c.first).label("k"),
         )
-        .join(Batch, col(Batch.id) == col(Request.batch_id))
+        .join(b, b.c.id == col(Request.batch_id))
         .where(
-            col(Batch.status) == BatchStatus.IN_PROGRESS,
-            (col(Request.status) == RequestStatus.PENDING)
-            | ((col(Request.status) == RequestStatus.RUNNING) & (col(Request.lease_until) < t)),
+            col(Request.status) == RequestStatus.PENDING,
+            col(Request.line) < b.c.first + LOOK_AHEAD * wanted,
         )
     )
-    if where is not None:
-        candidates = candidates.where(where)
-    first = candidates.subquery("first")
-    # Every candidate is ranked: on PostgreSQL another node may hold the first ones (SKIP
-    # LOCKED), and this claim then takes the next turns.
+    lapsed = (
+        select_columns(
+            col(Request.id).label("id"),
+            b.c.owner,
+            b.c.created_ns,
+            col(Request.line).label("line"),
+            (col(Request.line) - func.coalesce(b.c.first, col(Request.line))).label("k"),
+        )
+        .join(b, b.c.id == col(Request.batch_id))
+        .where(col(Request.status) == RequestStatus.RUNNING, col(Request.lease_until) < t)
+    )
+    candidates = union_all(pending, lapsed).subquery("candidates")
+    # A line's turn: its rank among its owner's lines, by how far into its batch it is, then
+    # the batch's age. Owners take turns, and within an owner its batches do.
     turns = select_columns(
-        first.c.id,
-        first.c.created_ns,
-        first.c.line,
+        candidates.c.id,
+        candidates.c.created_ns,
+        candidates.c.line,
         func.row_number()
         .over(
-            partition_by=first.c.owner,
-            order_by=(first.c.in_batch, first.c.created_ns, first.c.line),
+            partition_by=candidates.c.owner,
+            order_by=(candidates.c.k, candidates.c.created_ns, candidates.c.line),
         )
         .label("turn"),
     ).subquery("turns")
