@@ -169,12 +169,30 @@ class UploadService:
     # -- complete, cancel, expire ---------------------------------------------------------
 
     def complete(
-        self, upload_id: str, owner: str, part_ids: Any, md5: Any = None
+        self, upload_id: str, owner: str, part_ids: list[str], md5: str | None = None
     ) -> tuple[Upload, File]:
         """Join the listed parts, in order, into a File; the upload becomes completed."""
         upload = self.get(upload_id, owner)
         self._pending(upload)
-        if not isinstance(part_ids, list) or not part_ids:
+        parts = self._listed_parts(upload, part_ids)
+        partial = self._join(upload, owner, parts, md5)
+        file = self.files.create(
+            partial=partial,
+            filename=upload.filename,
+            purpose=upload.purpose,
+            owner=owner,
+            expires_after=upload.file_expires_after,
+            add=False,
+        )
+        fresh = self._commit(upload_id, owner, file)
+        self.storage.delete_parts(upload_id)
+        log.info("upload=%s status=completed file=%s bytes=%d", upload_id, file.id, file.bytes)
+        return fresh, file
+
+    def _listed_parts(self, upload: Upload, part_ids: list[str]) -> list[UploadPart]:
+        """The parts `part_ids` names, in its order: at least one, at most MAX_PARTS, none
+        twice, each added to this upload, together exactly the upload's bytes."""
+        if not part_ids:
             raise missing("part_ids")
         if len(part_ids) > MAX_PARTS:
             raise invalid(
@@ -183,31 +201,37 @@ class UploadService:
             )
         if len(set(part_ids)) != len(part_ids):
             raise invalid("part_ids lists a part more than once.", param="part_ids")
-        if md5 is not None and not isinstance(md5, str):
-            raise invalid("md5 must be a string of 32 hex digits.", param="md5")
         with self.db.read() as s:
-            parts = {
+            added = {
                 p.id: p
-                for p in s.exec(select(UploadPart).where(UploadPart.upload_id == upload_id)).all()
+                for p in s.exec(select(UploadPart).where(UploadPart.upload_id == upload.id)).all()
             }
         for pid in part_ids:
-            if pid not in parts:
+            if pid not in added:
                 raise invalid(
-                    f"No part '{pid}' was added to upload '{upload_id}'.", param="part_ids"
+                    f"No part '{pid}' was added to upload '{upload.id}'.", param="part_ids"
                 )
-        total = sum(parts[pid].bytes for pid in part_ids)
+        parts = [added[pid] for pid in part_ids]
+        total = sum(p.bytes for p in parts)
         if total != upload.bytes:
             raise invalid(
-                f"The listed parts hold {total} bytes; upload '{upload_id}' was created "
+                f"The listed parts hold {total} bytes; upload '{upload.id}' was created "
                 f"with bytes={upload.bytes}.",
                 param="part_ids",
                 code="upload_size_mismatch",
             )
+        return parts
+
+    def _join(
+        self, upload: Upload, owner: str, parts: list[UploadPart], md5: str | None
+    ) -> PartialWrite:
+        """The parts' bytes, in order, written into one new file (not yet committed), its
+        md5 checked against `md5` when one was sent."""
         partial = self.storage.begin_write(self.files.limit_for(upload.purpose))
         try:
             digest = hashlib.md5(usedforsecurity=False)
-            for pid in part_ids:
-                with open(self.storage.part_path(upload_id, pid), "rb") as fh:
+            for part in parts:
+                with open(self.storage.part_path(upload.id, part.id), "rb") as fh:
                     while piece := fh.read(COPY_PIECE):
                         digest.update(piece)
                         partial.write(piece)
@@ -222,21 +246,20 @@ class UploadService:
             # Another complete (or a cancel) of this upload finished first and removed the
             # parts: say what became of the upload rather than fail with a 500.
             partial.discard()
-            self._pending(self.get(upload_id, owner))
+            self._pending(self.get(upload.id, owner))
             raise
         except BaseException:
             partial.discard()
             raise
-        file = self.files.create(
-            partial=partial,
-            filename=upload.filename,
-            purpose=upload.purpose,
-            owner=owner,
-            expires_after=upload.file_expires_after,
-            add=False,
-        )
-        # The File row and the upload's new status commit together, so no reader ever sees
-        # a file that a cancel (or the expiry) in between would take away again.
+        return partial
+
+    def _commit(self, upload_id: str, owner: str, file: File) -> Upload:
+        """Add the File row and mark the upload completed, in one transaction, if it is
+        still pending; else the file goes and the refusal names what became of the upload.
+
+        Together, so no reader ever sees a file that a cancel (or the expiry) in between
+        would take away again.
+        """
         try:
             with self.db.write() as s:
                 fresh = self._find(s, upload_id, owner, lock=True)
@@ -252,9 +275,7 @@ class UploadService:
         if not still_pending:  # cancelled or expired meanwhile
             self.storage.delete(file.id)
             self._pending(fresh)  # raises, naming what became of the upload
-        self.storage.delete_parts(upload_id)
-        log.info("upload=%s status=completed file=%s bytes=%d", upload_id, file.id, file.bytes)
-        return fresh, file
+        return fresh
 
     def cancel(self, upload_id: str, owner: str) -> Upload:
         with self.db.write() as s:
