@@ -10,8 +10,9 @@ a GPU server answering short lines, so what is measured is the front's own cost.
   pg       the same on PostgreSQL (a fresh database on --pg-server), when it is reachable.
 
 For each front it prints lines/s, the ratio to direct, the server's CPU seconds per line
-(utime+stime of the server process from /proc, over the batch), and the phases as the bench
-saw them polling every 20 ms: validate (create -> in_progress), run (-> finalizing) and
+(utime+stime of the server process from /proc, over the batch), the API's read latency meanwhile (p50/p99
+of the bench's own list and retrieve calls, one pair every 20 ms), and the phases as the bench
+saw them polling: validate (create -> in_progress), run (-> finalizing) and
 finalize (-> completed). `--nodes 2` runs two nodes on one PostgreSQL (and one files location)
 and reports the rate against one node. `--profile DIR` records py-spy (raw) of each server.
 
@@ -154,6 +155,13 @@ async def direct(url: str, items: list[dict[str, Any]], concurrency: int) -> flo
 # -- the fronts --------------------------------------------------------------------------
 
 
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return 0.0
+    return ordered[min(len(ordered) - 1, int(len(ordered) * q / 100))]
+
+
 def cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / TICKS  # utime, stime
@@ -250,9 +258,14 @@ def through_batchyard(
                 },
             ).json()
             seen: dict[str, float] = {}
+            reads: list[float] = []  # the API's latency while the node pushes its lines
             while b["status"] not in ("completed", "failed", "expired", "cancelled"):
                 time.sleep(0.02)
+                t0 = time.perf_counter()
+                c.get(f"{api}/batches", params={"limit": 20}).raise_for_status()
+                t1 = time.perf_counter()
                 b = c.get(f"{api}/batches/{b['id']}").json()
+                reads += [t1 - t0, time.perf_counter() - t1]
                 seen.setdefault(b["status"], time.perf_counter() - started)
             seconds = time.perf_counter() - started
             cpu = sum(cpu_seconds(s.process.pid) for s in servers) - sum(cpu0)
@@ -273,6 +286,9 @@ def through_batchyard(
             "run_s": round(t_fin - t_run, 2),
             "finalize_s": round(seconds - t_fin, 2),
             "run_lines_per_s": round(n / max(t_fin - t_run, 1e-9), 1),
+            "api_reads": len(reads),
+            "api_p50_ms": round(percentile(reads, 50) * 1000, 1),
+            "api_p99_ms": round(percentile(reads, 99) * 1000, 1),
         }
     finally:
         for spy in spies:
