@@ -125,19 +125,17 @@ def validate_lines(
     lines: Iterable[tuple[int, bytes, bool]], endpoint: str, *, max_requests: int = 50_000
 ) -> Validation:
     result = Validation()
-    seen_ids: dict[str, int] = {}
+    rules = _LineRules(endpoint, result)
     requests = 0
     for number, (offset, raw, too_long) in enumerate(lines, start=1):
-        before = len(result.lines)
-        err = _check_line(number, offset, raw, too_long, endpoint, seen_ids, result)
-        if err is not None:
-            result.errors.append(err)
-            continue
-        if len(result.lines) == before:
+        read = rules.read(number, offset, raw, too_long)
+        if read is None:
             continue  # a blank line
+        if isinstance(read, LineError):
+            result.errors.append(read)
+            continue
         requests += 1
         if requests > max_requests:
-            result.lines.pop()
             result.errors.append(
                 LineError(
                     "too_many_requests",
@@ -147,6 +145,7 @@ def validate_lines(
                 )
             )
             break
+        result.lines.append(read)
     if not result.lines and not result.errors:
         result.errors.append(
             LineError("empty_file", "The batch input file is empty: it holds no requests.")
@@ -154,15 +153,17 @@ def validate_lines(
     return result
 
 
-def _check_line(
-    number: int,
-    offset: int,
-    raw: bytes,
-    too_long: bool,
-    endpoint: str,
-    seen_ids: dict[str, int],
-    result: Validation,
-) -> LineError | None:
+@dataclass
+class _Decoded:
+    """A line's JSON object and the span of its bytes in the file (no BOM, no CR)."""
+
+    obj: dict[str, Any]
+    offset: int
+    length: int
+
+
+def _decode(number: int, offset: int, raw: bytes, too_long: bool) -> _Decoded | LineError | None:
+    """A raw line's bytes as a JSON object, or why they are not one; None for a blank line."""
     if too_long:
         return LineError(
             "line_too_long",
@@ -196,32 +197,87 @@ def _check_line(
         )
     if not isinstance(obj, dict):
         return LineError("invalid_json_line", "Each line must be a JSON object.", line=number)
-    custom_id = obj.get("custom_id")
-    if custom_id is None:
-        return LineError(
-            "missing_required_parameter",
-            "Missing required parameter: 'custom_id'.",
-            line=number,
-            param="custom_id",
+    return _Decoded(obj, start, length)
+
+
+class _LineRules:
+    """The request rules, line by line, with what the lines before established: the
+    custom_ids seen (and where), and the batch's model (the first line to name a valid
+    one sets it, `result.model`)."""
+
+    def __init__(self, endpoint: str, result: Validation) -> None:
+        self.endpoint = endpoint
+        self.result = result
+        self.seen_ids: dict[str, int] = {}
+
+    def read(self, number: int, offset: int, raw: bytes, too_long: bool) -> Line | LineError | None:
+        """One raw line as a batch line, or its error; None for a blank line."""
+        decoded = _decode(number, offset, raw, too_long)
+        if decoded is None or isinstance(decoded, LineError):
+            return decoded
+        obj = decoded.obj
+        error = (
+            self._id_error(obj, number)
+            or _target_error(obj, number, self.endpoint)
+            or self._model_error(obj["body"], number)
+            or _stream_error(obj["body"], number)
         )
-    if not isinstance(custom_id, str) or not custom_id:
-        return LineError(
-            "invalid_custom_id",
-            "custom_id must be a non-empty string.",
-            line=number,
-            param="custom_id",
+        if error is not None:
+            return error
+        return Line(
+            number=number, offset=decoded.offset, length=decoded.length, custom_id=obj["custom_id"]
         )
-    if custom_id in seen_ids:
-        return LineError(
-            "duplicate_custom_id",
-            f"The custom_id '{custom_id}' is a duplicate of line {seen_ids[custom_id]}. "
-            "The custom_id parameter must be unique for each request in a batch.",
-            line=number,
-            param="custom_id",
-        )
-    seen_ids[custom_id] = number
-    method = obj.get("method")
-    if method != "POST":
+
+    def _id_error(self, obj: dict[str, Any], number: int) -> LineError | None:
+        """custom_id: present, a non-empty string, not used before. A good one is kept as
+        seen, whatever the rules after it say of this line."""
+        custom_id = obj.get("custom_id")
+        if custom_id is None:
+            return LineError(
+                "missing_required_parameter",
+                "Missing required parameter: 'custom_id'.",
+                line=number,
+                param="custom_id",
+            )
+        if not isinstance(custom_id, str) or not custom_id:
+            return LineError(
+                "invalid_custom_id",
+                "custom_id must be a non-empty string.",
+                line=number,
+                param="custom_id",
+            )
+        if custom_id in self.seen_ids:
+            return LineError(
+                "duplicate_custom_id",
+                f"The custom_id '{custom_id}' is a duplicate of line {self.seen_ids[custom_id]}. "
+                "The custom_id parameter must be unique for each request in a batch.",
+                line=number,
+                param="custom_id",
+            )
+        self.seen_ids[custom_id] = number
+        return None
+
+    def _model_error(self, body: dict[str, Any], number: int) -> LineError | None:
+        """body.model: the batch's model (the first valid one named sets it)."""
+        model = body["model"]
+        result = self.result
+        if result.model is None:
+            result.model = model
+        elif model != result.model:
+            first = result.lines[0].number if result.lines else number
+            return LineError(
+                "mismatched_model",
+                f"All requests in a batch must name the same model: line {first} names "
+                f"'{result.model}', this line names '{model}'.",
+                line=number,
+                param="body.model",
+            )
+        return None
+
+
+def _target_error(obj: dict[str, Any], number: int, endpoint: str) -> LineError | None:
+    """method POST, the batch's url, a body object that names a model."""
+    if obj.get("method") != "POST":
         return LineError(
             "invalid_method",
             "The method for this request must be 'POST'.",
@@ -253,17 +309,11 @@ def _check_line(
             line=number,
             param="body.model",
         )
-    if result.model is None:
-        result.model = model
-    elif model != result.model:
-        first = result.lines[0].number if result.lines else number
-        return LineError(
-            "mismatched_model",
-            f"All requests in a batch must name the same model: line {first} names "
-            f"'{result.model}', this line names '{model}'.",
-            line=number,
-            param="body.model",
-        )
+    return None
+
+
+def _stream_error(body: dict[str, Any], number: int) -> LineError | None:
+    """No streaming in a batch."""
     if body.get("stream"):
         return LineError(
             "invalid_request",
@@ -271,5 +321,4 @@ def _check_line(
             line=number,
             param="body.stream",
         )
-    result.lines.append(Line(number=number, offset=start, length=length, custom_id=custom_id))
     return None
