@@ -12,6 +12,7 @@ import pytest
 
 from tests import pg
 from tests.live import OUTPUT, LiveServer, start_server, stop_server
+from tests.seaweed import Seaweed, seaweed_server
 
 
 @pytest.fixture(scope="session")
@@ -36,3 +37,13 @@ def postgres_url(postgres_database: str) -> Iterator[str]:
     """A SQLAlchemy URL on an empty schema of the session's PostgreSQL database."""
     with pg.fresh_schema(postgres_database) as url:
         yield url
+
+
+@pytest.fixture(scope="session")
+def seaweed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Seaweed]:
+    """A real SeaweedFS answering S3 on a free port, with an empty bucket, for the session."""
+    data = tmp_path_factory.mktemp("seaweed")
+    with seaweed_server(data, OUTPUT / "seaweed.log") as server:
+        if isinstance(server, str):
+            pytest.skip(server)
+        yield server

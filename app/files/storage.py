@@ -12,7 +12,7 @@ import os
 import secrets
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -141,8 +141,23 @@ class Storage:
     def delete_parts(self, upload_id: str) -> None:
         shutil.rmtree(self.uploads_dir / self.path(upload_id).name, ignore_errors=True)
 
+    def describe(self) -> str:
+        """Where file bytes live, for logs and messages."""
+        return str(self.files_dir)
+
     def begin_write(self, limit: int) -> PartialWrite:
         return PartialWrite(self, limit)
+
+    def begin_part_write(self, limit: int) -> PartialWrite:
+        """A write of one Uploads API part (kept under the upload's folder by `commit_to`)."""
+        return PartialWrite(self, limit)
+
+    def exists(self, file_id: str) -> bool:
+        return self.path(file_id).is_file()
+
+    def open_file(self, file_id: str) -> BinaryIO:
+        """The file's bytes as a stream read from the start (the caller closes it)."""
+        return open(self.path(file_id), "rb")  # noqa: SIM115
 
     def read_range(self, file_id: str, offset: int, length: int) -> bytes:
         with open(self.path(file_id), "rb") as fh:
@@ -170,6 +185,15 @@ class Storage:
 
     def delete(self, file_id: str) -> None:
         self.path(file_id).unlink(missing_ok=True)
+
+    def stored_files(self) -> Iterator[tuple[str, float]]:
+        """(file id, age in seconds) of every stored file, for the orphan sweep."""
+        now = time.time()
+        for path in self.files_dir.iterdir():
+            try:
+                yield path.name, now - path.stat().st_mtime
+            except FileNotFoundError:
+                continue
 
     def sweep_tmp(self, min_age: float = 0.0) -> int:
         """Remove temporary files left by a crash (those older than `min_age` seconds:

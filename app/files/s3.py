@@ -1,0 +1,305 @@
+"""File bytes in S3-compatible object storage (AWS S3, MinIO, R2, Ceph, SeaweedFS).
+
+The same contract as the directory backend (app/files/storage.py), so nodes that share
+no filesystem share one bucket: a write streams to a multipart upload in parts of
+PART_BYTES (never the whole file in memory) and becomes visible under its id only when
+committed; reads are ranged GETs, one per block of neighbouring lines; a delete removes
+the object. Objects live under `<prefix>files/<file id>`; a write in progress under
+`<prefix>tmp/`, where an unfinished multipart upload is invisible and aborted on discard.
+
+The client is `minio` (see the README's "Object storage" section for why). Its multipart
+calls are used one part at a time, so the writer pushes bytes as they arrive rather than
+handing the client a whole stream; the minio version is pinned for that reason.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import secrets
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import urllib3
+from minio import Minio
+from minio.commonconfig import ComposeSource, CopySource
+from minio.credentials.providers import (
+    AWSConfigProvider,
+    ChainedProvider,
+    EnvAWSProvider,
+    IamAwsProvider,
+)
+from minio.datatypes import Part
+from minio.error import S3Error
+
+from app.files.storage import PartialWrite, Storage, TooLarge, span_blocks
+
+#: Bytes held before they go out as one part (S3 wants at least 5 MiB for all but the last).
+PART_BYTES = 8 * 1024 * 1024
+#: CopyObject's limit; a larger object is copied by UploadPartCopy (compose_object).
+COPY_OBJECT_MAX = 5 * 1024 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Location:
+    """Where files live: a bucket and a key prefix ("" or ending in "/")."""
+
+    bucket: str
+    prefix: str
+
+    @classmethod
+    def parse(cls, url: str) -> Location:
+        parts = urlsplit(url)
+        if parts.scheme != "s3" or not parts.netloc:
+            raise ValueError(f"not an s3://BUCKET/PREFIX url: {url!r}")
+        prefix = parts.path.strip("/")
+        return cls(parts.netloc, f"{prefix}/" if prefix else "")
+
+
+def make_client(endpoint: str | None) -> Minio:
+    """A client for `endpoint` (AWS when None) with credentials from the standard AWS chain:
+    the environment, then the shared profile, then an instance or pod role."""
+    target = urlsplit(endpoint) if endpoint else urlsplit("https://s3.amazonaws.com")
+    if not target.hostname:
+        raise ValueError(f"not an endpoint url: {endpoint!r}")
+    host = target.hostname + (f":{target.port}" if target.port else "")
+    region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or None
+    chain = ChainedProvider([EnvAWSProvider(), AWSConfigProvider(), IamAwsProvider()])
+    # Few quick retries: a store that is down should fail `serve`'s check in seconds, and
+    # a pool as large as the runner's readers, so parallel ranged GETs do not queue.
+    http = urllib3.PoolManager(
+        maxsize=32,
+        timeout=urllib3.Timeout(connect=5, read=120),
+        retries=urllib3.Retry(total=3, backoff_factor=0.1, status_forcelist=[500, 502, 503, 504]),
+    )
+    return Minio(
+        host,
+        secure=target.scheme == "https",
+        region=region,
+        credentials=chain,
+        http_client=http,
+    )
+
+
+class ObjectStream(io.RawIOBase):
+    """An object's bytes read as they arrive (a file-like for validators and downloads)."""
+
+    def __init__(self, response: Any) -> None:
+        self._response = response
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        data = self._response.read(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
+
+    def close(self) -> None:
+        if not self.closed:
+            self._response.close()
+            self._response.release_conn()
+        super().close()
+
+
+class ObjectWrite(PartialWrite):
+    """A file being written to the bucket: parts go out as PART_BYTES fill up."""
+
+    def __init__(self, storage: S3Storage, limit: int) -> None:
+        super().__init__(storage, limit)
+        self.s3 = storage
+        self.tmp_key = f"{storage.location.prefix}tmp/upload-{secrets.token_hex(8)}"
+        self._buffer = bytearray()
+        self._upload_id: str | None = None
+        self._parts: list[Part] = []
+
+    def write(self, chunk: bytes) -> None:
+        if self._closed:
+            raise ValueError("the partial write was already synced or discarded")
+        self.size += len(chunk)
+        if self.size > self.limit:
+            raise TooLarge(self.limit)
+        self._sha.update(chunk)
+        self._buffer += chunk
+        while len(self._buffer) >= PART_BYTES:
+            self._send(bytes(self._buffer[:PART_BYTES]))
+            del self._buffer[:PART_BYTES]
+
+    def _send(self, data: bytes) -> None:
+        client, bucket = self.s3.client, self.s3.location.bucket
+        if self._upload_id is None:
+            self._upload_id = client._create_multipart_upload(bucket, self.tmp_key, {})
+        number = len(self._parts) + 1
+        etag = client._upload_part(bucket, self.tmp_key, data, None, self._upload_id, number)
+        self._parts.append(Part(number, etag))
+
+    def sync(self) -> None:
+        """Nothing to do: parts are sent as they fill, the rest goes out at commit."""
+
+    def commit(self, file_id: str) -> Path:
+        """Put the bytes under `file_id`'s key. A file under one part is one PUT; a larger
+        one completes its multipart upload and is copied server-side to its key."""
+        if self._closed:
+            raise ValueError("the partial write was already committed or discarded")
+        key = self.s3.key(file_id)
+        client, bucket = self.s3.client, self.s3.location.bucket
+        try:
+            if self._upload_id is None:
+                data = bytes(self._buffer)
+                client.put_object(bucket, key, io.BytesIO(data), len(data))
+            else:
+                if self._buffer or not self._parts:
+                    self._send(bytes(self._buffer))
+                client._complete_multipart_upload(
+                    bucket, self.tmp_key, self._upload_id, self._parts
+                )
+                self._upload_id = None
+                self.s3.copy(self.tmp_key, key, self.size)
+                client.remove_object(bucket, self.tmp_key)
+        except BaseException:
+            self.discard()
+            raise
+        self._buffer = bytearray()
+        self._closed = True
+        return Path(key)
+
+    def commit_to(self, final: Path) -> Path:
+        raise NotImplementedError("upload parts are written by the local part writer")
+
+    def discard(self) -> None:
+        self._closed = True
+        self._buffer = bytearray()
+        client, bucket = self.s3.client, self.s3.location.bucket
+        if self._upload_id is not None:
+            upload_id, self._upload_id = self._upload_id, None
+            try:
+                client._abort_multipart_upload(bucket, self.tmp_key, upload_id)
+            except S3Error:
+                pass  # an upload the store already dropped leaves nothing to abort
+        try:
+            client.remove_object(bucket, self.tmp_key)
+        except S3Error:
+            pass
+
+
+class S3Storage(Storage):
+    """Storage whose file bytes are objects in a bucket. The data dir still holds what is
+    this node's own: temporary files and the parts of Uploads API uploads."""
+
+    def __init__(self, root: Path, client: Minio, location: Location) -> None:
+        super().__init__(root)
+        self.client = client
+        self.location = location
+
+    def key(self, file_id: str) -> str:
+        return f"{self.location.prefix}files/{self.path(file_id).name}"
+
+    def describe(self) -> str:
+        return f"s3://{self.location.bucket}/{self.location.prefix}"
+
+    def begin_write(self, limit: int) -> PartialWrite:
+        return ObjectWrite(self, limit)
+
+    def begin_part_write(self, limit: int) -> PartialWrite:
+        return PartialWrite(self, limit)
+
+    def copy(self, source_key: str, key: str, size: int) -> None:
+        bucket = self.location.bucket
+        if size <= COPY_OBJECT_MAX:
+            self.client.copy_object(bucket, key, CopySource(bucket, source_key))
+        else:
+            self.client.compose_object(bucket, key, [ComposeSource(bucket, source_key)])
+
+    def exists(self, file_id: str) -> bool:
+        try:
+            self.client.stat_object(self.location.bucket, self.key(file_id))
+        except S3Error as exc:
+            if exc.code in ("NoSuchKey", "NoSuchObject", "ResourceNotFound"):
+                return False
+            raise
+        return True
+
+    def open_file(self, file_id: str) -> io.BufferedReader:
+        response = self.client.get_object(self.location.bucket, self.key(file_id))
+        return io.BufferedReader(ObjectStream(response), buffer_size=1024 * 1024)
+
+    def read_range(self, file_id: str, offset: int, length: int) -> bytes:
+        if length <= 0:
+            return b""
+        response = self.client.get_object(
+            self.location.bucket, self.key(file_id), offset=offset, length=length
+        )
+        try:
+            return bytes(response.read())
+        finally:
+            response.close()
+            response.release_conn()
+
+    def read_spans(self, file_id: str, spans: Sequence[tuple[int, int]]) -> list[bytes]:
+        """One ranged GET per block of neighbouring spans (see Storage.read_spans)."""
+        out: list[bytes] = [b""] * len(spans)
+        for start, end, members in span_blocks(spans):
+            block = self.read_range(file_id, start, end - start)
+            for i in members:
+                offset, length = spans[i]
+                out[i] = block[offset - start : offset - start + length]
+        return out
+
+    def delete(self, file_id: str) -> None:
+        self.client.remove_object(self.location.bucket, self.key(file_id))
+
+    def stored_files(self) -> Iterator[tuple[str, float]]:
+        """(file id, age in seconds) of every object under the files prefix."""
+        prefix = f"{self.location.prefix}files/"
+        for obj in self.client.list_objects(self.location.bucket, prefix=prefix, recursive=True):
+            if obj.is_dir:
+                continue  # a store that keeps folders (SeaweedFS) lists the emptied ones
+            name = (obj.object_name or "")[len(prefix) :]
+            modified = obj.last_modified.timestamp() if obj.last_modified else time.time()
+            yield name, time.time() - modified
+
+
+def bucket_problem(storage: S3Storage, endpoint: str | None) -> str | None:
+    """Why the bucket cannot hold batchyard's files, or None when it can: checked before
+    `serve` starts, so a wrong bucket, endpoint or key is one line, not a traceback."""
+    where = f"{storage.describe()} at {endpoint or 'AWS S3'}"
+    bucket = storage.location.bucket
+    try:
+        found = storage.client.bucket_exists(bucket)
+    except S3Error as exc:
+        return (
+            f"The bucket of {where} refused access ({exc.code}: {exc.message}). Check the "
+            "AWS credentials (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE or the "
+            "instance role) and the region (AWS_REGION)."
+        )
+    except Exception as exc:  # connection refused, name not resolved, TLS
+        return (
+            f"The object store for {where} does not answer: {exc}. Check --s3-endpoint "
+            "(BATCHYARD_S3_ENDPOINT) and that the store is running."
+        )
+    if not found:
+        return f"The bucket '{bucket}' does not exist at {endpoint or 'AWS S3'}: create it first."
+    probe = f"{storage.location.prefix}tmp/.write-test-{secrets.token_hex(4)}"
+    try:
+        storage.client.put_object(bucket, probe, io.BytesIO(b"ok"), 2)
+        storage.client.remove_object(bucket, probe)
+    except S3Error as exc:
+        return (
+            f"The bucket of {where} refused a test write ({exc.code}: {exc.message}). "
+            "Give the credentials s3:PutObject, s3:GetObject and s3:DeleteObject on it."
+        )
+    return None
+
+
+__all__ = [
+    "Location",
+    "ObjectStream",
+    "ObjectWrite",
+    "S3Storage",
+    "bucket_problem",
+    "make_client",
+]

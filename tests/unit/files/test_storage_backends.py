@@ -1,0 +1,104 @@
+"""The storage contract on both backends: the directory and a real SeaweedFS bucket."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from app.files import s3 as s3_module
+from app.files.s3 import Location, S3Storage, bucket_problem, make_client
+from app.files.storage import Storage, TooLarge
+from tests.seaweed import Seaweed, aws_env
+
+
+@pytest.fixture(params=["directory", "s3"])
+def storage(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Storage]:
+    if request.param == "directory":
+        yield Storage(tmp_path)
+        return
+    server: Seaweed = request.getfixturevalue("seaweed")
+    with aws_env(server):
+        location = Location.parse(f"s3://{server.bucket}/t-{secrets.token_hex(4)}")
+        yield S3Storage(tmp_path, make_client(server.endpoint), location)
+
+
+def _write(storage: Storage, file_id: str, chunks: list[bytes]) -> None:
+    partial = storage.begin_write(10**9)
+    for chunk in chunks:
+        partial.write(chunk)
+    partial.commit(file_id)
+
+
+def test_a_file_reads_back_whole_by_range_and_by_spans(storage: Storage) -> None:
+    lines = [f'{{"custom_id": "l{i}"}}\n'.encode() * (1 + i % 3) for i in range(50)]
+    _write(storage, "file-lines", lines)
+    data = b"".join(lines)
+    with storage.open_file("file-lines") as fh:
+        assert fh.read() == data
+    assert storage.read_range("file-lines", 5, 10) == data[5:15]
+    offsets = [sum(len(x) for x in lines[:i]) for i in range(50)]
+    order = (7, 3, 4, 40, 5, 0)
+    spans = [(offsets[i], len(lines[i])) for i in order]
+    assert storage.read_spans("file-lines", spans) == [lines[i] for i in order]
+    assert [name for name, _ in storage.stored_files()] == ["file-lines"]
+    storage.delete("file-lines")
+    assert not storage.exists("file-lines")
+    assert list(storage.stored_files()) == []
+
+
+def test_an_empty_file_is_still_a_file(storage: Storage) -> None:
+    storage.begin_write(10).commit("file-empty")
+    assert storage.exists("file-empty")
+    with storage.open_file("file-empty") as fh:
+        assert fh.read() == b""
+
+
+def test_a_refused_or_discarded_write_leaves_no_file(storage: Storage) -> None:
+    partial = storage.begin_write(8)
+    partial.write(b"1234")
+    with pytest.raises(TooLarge):
+        partial.write(b"56789")
+    partial.discard()
+    storage.begin_write(8).discard()
+    assert list(storage.stored_files()) == []
+
+
+def test_a_file_of_several_parts_streams_out_and_back(
+    storage: Storage, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Parts of 5 MiB (S3's smallest) so three of them go out as a multipart upload.
+    monkeypatch.setattr(s3_module, "PART_BYTES", 5 * 1024 * 1024)
+    chunk = secrets.token_bytes(1024 * 1024)
+    _write(storage, "file-big", [chunk] * 12)
+    with storage.open_file("file-big") as fh:
+        assert fh.read(len(chunk)) == chunk
+        rest = fh.read()
+    assert len(rest) == 11 * len(chunk)
+    assert storage.read_range("file-big", 11 * len(chunk) - 3, 6) == chunk[-3:] + chunk[:3]
+    if isinstance(storage, S3Storage):
+        client, bucket = storage.client, storage.location.bucket
+        listed = client.list_objects(bucket, prefix=f"{storage.location.prefix}tmp/")
+        assert [
+            o.object_name for o in listed if not o.is_dir
+        ] == []  # the multipart upload's own object was removed after the copy
+
+
+def test_a_bucket_that_is_missing_or_unreachable_is_one_line(
+    seaweed: Seaweed, tmp_path: Path
+) -> None:
+    with aws_env(seaweed):
+        missing = S3Storage(tmp_path, make_client(seaweed.endpoint), Location("no-such-bkt", ""))
+        assert bucket_problem(missing, seaweed.endpoint) == (
+            f"The bucket 'no-such-bkt' does not exist at {seaweed.endpoint}: create it first."
+        )
+        ok = S3Storage(tmp_path, make_client(seaweed.endpoint), Location(seaweed.bucket, "p/"))
+        assert bucket_problem(ok, seaweed.endpoint) is None
+        gone = make_client("http://127.0.0.1:9")
+        problem = bucket_problem(
+            S3Storage(tmp_path, gone, Location("b-1", "")), "http://127.0.0.1:9"
+        )
+        assert problem is not None and problem.startswith("The object store for s3://b-1/ at ")
+        assert "Check --s3-endpoint" in problem
