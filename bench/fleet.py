@@ -20,9 +20,13 @@ and reports the rate against one node. `--profile DIR` records py-spy (raw) of e
     python bench/fleet.py --lines 50000 --only sqlite,pg
     python bench/fleet.py --nodes 2 --only pg
 
-Figures (2 shared cores, 3,000 lines `max_tokens: 1`, C=64, 20 ms; bench/README.md):
-  before issue 22: direct 1,828 l/s; sqlite 71 l/s (0.04x), 9.4 ms CPU/line;
-                   pg 65 l/s (0.04x), 9.6 ms CPU/line (py-spy attached at 50 Hz).
+Figures (2 cores shared with other engineers' test runs, load average 4-6, so wall-clock
+rates swing up to 2x between runs; CPU a line swings less; bench/README.md has the table):
+  before issue 22 (3,000 lines, C=64, 20 ms): direct 1,828 l/s; sqlite 71 l/s (0.04x),
+    9.4 ms CPU/line; pg 65 l/s (0.04x), 9.6 ms CPU/line.
+  after: sqlite 1,150-1,775 l/s (0.35-0.73x), 0.43-0.62 ms CPU/line; pg 720-1,190 l/s
+    (0.42-0.56x), 0.50-0.65 ms; 50,000 lines: sqlite 1,187 l/s (validate 2.2 s, run 37.6 s,
+    finalize 2.4 s), pg 388 l/s (3.2 / 122.4 / 3.1 s); two nodes on pg 1.35x one node.
 """
 
 from __future__ import annotations
