@@ -72,6 +72,19 @@ SERVE_FLAGS: list[tuple[str, str, Any, str]] = [
         "SQLAlchemy URL: postgresql+psycopg://USER@HOST/DB shares one queue between nodes "
         "(default: SQLite in the data dir, one process)",
     ),
+    (
+        "--files-url",
+        "files_url",
+        str,
+        "s3://BUCKET/PREFIX keeps file bytes in object storage every node reaches (credentials "
+        "from the AWS environment, profile or role; default: the data dir)",
+    ),
+    (
+        "--s3-endpoint",
+        "s3_endpoint",
+        str,
+        "the S3-compatible store's URL when it is not AWS (MinIO, SeaweedFS, R2, Ceph)",
+    ),
     ("--node-name", "node_name", str, "this node's name in claims, /health and /metrics"),
     (
         "--lease-seconds",
@@ -84,7 +97,7 @@ SERVE_FLAGS: list[tuple[str, str, Any, str]] = [
 WORKER_FLAGS = (
     "model", "data_dir", "n_gpu_layers", "parallel", "ctx_size", "kv_cache_type", "threads",
     "engine_priority", "cpu_extra_buffers", "cache_dir", "log_level", "database_url", "node_name",
-    "lease_seconds",
+    "lease_seconds", "files_url", "s3_endpoint",
     # A batch that ends on a worker queues its webhook there: the same endpoints as serve's.
     "api_keys_file", "webhook_url", "webhook_secret",
 )  # fmt: skip
@@ -286,10 +299,14 @@ def _settings(args: argparse.Namespace) -> Settings:
 
 def serve(settings: Settings) -> int:
     from app.auth.keys import keys_problem
+    from app.files.backend import files_problem
     from app.files.storage import data_dir_problem
 
     if problem := (
-        data_dir_problem(settings.data_path) or keys_problem(settings) or database_problem(settings)
+        data_dir_problem(settings.data_path)
+        or files_problem(settings)
+        or keys_problem(settings)
+        or database_problem(settings)
     ):
         print(f"batchyard: {problem}", file=sys.stderr)
         return 1
@@ -333,10 +350,15 @@ def database_problem(settings: Settings) -> str | None:
 
 
 def worker(settings: Settings) -> int:
+    from app.files.backend import files_problem
     from app.files.storage import data_dir_problem
     from app.worker import run_worker
 
-    if problem := data_dir_problem(settings.data_path) or database_problem(settings):
+    if problem := (
+        data_dir_problem(settings.data_path)
+        or files_problem(settings)
+        or database_problem(settings)
+    ):
         print(f"batchyard: {problem}", file=sys.stderr)
         return 1
     return run_worker(settings)

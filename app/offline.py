@@ -90,6 +90,7 @@ def offline_settings(overrides: dict[str, Any], state: Path) -> Settings:
     values.update(
         data_dir=str(state),
         database_url="",  # always the state dir's own SQLite file
+        files_url="",  # and its own files: the run copies its output out of them
         lease_seconds=OFFLINE_LEASE_SECONDS,
         batch_window_seconds=OFFLINE_WINDOW_SECONDS,
     )

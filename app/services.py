@@ -15,6 +15,7 @@ from app.batches.service import BatchService
 from app.config import Settings
 from app.db import Database
 from app.engine.base import Engine
+from app.files.backend import open_storage
 from app.files.service import FileService
 from app.files.storage import Storage
 from app.files.uploads import UploadService
@@ -52,7 +53,7 @@ def build_services(
     settings.data_path.mkdir(parents=True, exist_ok=True)
     db = Database(settings.db_url)
     db.migrate()
-    storage = Storage(settings.data_path)
+    storage = open_storage(settings)
     files = FileService(settings, db, storage)
     runner = Runner(settings, db, storage, files, None, **runner_options)
     uploads = UploadService(settings, db, storage, files)

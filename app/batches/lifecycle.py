@@ -185,7 +185,7 @@ def _validate(
     if b is None or b.status != BatchStatus.VALIDATING:
         return False  # another node validated it before this one got the claim
     try:
-        with open(storage.path(b.input_file_id), "rb") as fh:
+        with storage.open_file(b.input_file_id) as fh:
             result = validate_jsonl(fh, b.endpoint, max_requests=settings.max_requests_per_batch)
     except OSError as exc:
         unreadable = {

@@ -5,7 +5,7 @@ from __future__ import annotations
 from sqlmodel import col, select
 
 from app.db import Database
-from app.files.storage import PartialWrite, Storage, Written, older_than
+from app.files.storage import PartialWrite, Storage, Written
 from app.models import Batch, File, Request, RequestStatus, new_id
 from app.wire.batches import batch_output_line, encode_line
 
@@ -64,8 +64,8 @@ def sweep_orphans(db: Database, storage: Storage, min_age: float = 0.0) -> int:
     with db.read() as s:
         known = set(s.exec(select(File.id)).all())
     removed = 0
-    for path in storage.files_dir.iterdir():
-        if path.name not in known and older_than(path, min_age):
-            path.unlink(missing_ok=True)
+    for file_id, age in list(storage.stored_files()):
+        if file_id not in known and (min_age <= 0 or age > min_age):
+            storage.delete(file_id)
             removed += 1
     return removed

@@ -382,27 +382,27 @@ class BatchService:
         partial = storage.begin_write(self.settings.max_batch_file_bytes)
         count = 0
         try:
-            with open(storage.path(batch.input_file_id), "rb") as source:
-                last = 0
-                while True:
-                    with self.db.read() as s:
-                        rows = s.exec(
-                            select(Request.line, Request.offset, Request.length)
-                            .where(
-                                Request.batch_id == batch_id,
-                                col(Request.line) > last,
-                                col(Request.status).in_(FAILED_LINES),
-                            )
-                            .order_by(col(Request.line))
-                            .limit(CHUNK)
-                        ).all()
-                    if not rows:
-                        break
-                    for _line, offset, length in rows:
-                        source.seek(offset)
-                        partial.write(source.read(length).rstrip(b"\r") + b"\n")
-                        count += 1
-                    last = rows[-1][0]
+            last = 0
+            while True:
+                with self.db.read() as s:
+                    rows = s.exec(
+                        select(Request.line, Request.offset, Request.length)
+                        .where(
+                            Request.batch_id == batch_id,
+                            col(Request.line) > last,
+                            col(Request.status).in_(FAILED_LINES),
+                        )
+                        .order_by(col(Request.line))
+                        .limit(CHUNK)
+                    ).all()
+                if not rows:
+                    break
+                # Read in blocks of neighbouring lines: one ranged GET each on a bucket.
+                spans = [(offset, length) for _line, offset, length in rows]
+                for raw in storage.read_spans(batch.input_file_id, spans):
+                    partial.write(raw.rstrip(b"\r") + b"\n")
+                    count += 1
+                last = rows[-1][0]
         except FileNotFoundError:
             partial.discard()
             raise invalid(

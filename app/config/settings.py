@@ -95,6 +95,10 @@ class Settings:
     api_keys_file: str = ""
     log_level: str = "info"
     database_url: str = ""  # empty means SQLite in the data dir
+    # Where file bytes live: empty means the data dir; `s3://BUCKET/PREFIX` a bucket that
+    # every node reaches (app/files/s3.py). Credentials come from the AWS chain, never flags.
+    files_url: str = ""
+    s3_endpoint: str = ""  # an S3-compatible store that is not AWS (MinIO, SeaweedFS, R2)
     # The length of a batch's completion window; the API accepts only "24h", tests shorten it.
     batch_window_seconds: int = 24 * 3600
     max_batch_file_bytes: int = 200 * 1024 * 1024
@@ -156,6 +160,13 @@ class Settings:
                 "--webhook-url needs --webhook-secret (whsec_ and base64, as OpenAI's "
                 "secrets): every webhook is signed"
             )
+        if self.files_url and not self.files_url.startswith("s3://"):
+            raise ValueError(
+                f"--files-url must be s3://BUCKET/PREFIX (or empty for the data dir), "
+                f"not {self.files_url!r}"
+            )
+        if self.files_url.startswith("s3://") and not self.files_url[5:].split("/")[0]:
+            raise ValueError("--files-url s3:// needs a bucket: s3://BUCKET/PREFIX")
         self.upstreams  # noqa: B018 - a bad --engine is refused at start-up, with its reason
         if self.no_embedded and not self.engine:
             raise ValueError("--no-embedded needs at least one --engine to serve requests")

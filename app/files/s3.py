@@ -14,6 +14,7 @@ handing the client a whole stream; the minio version is pinned for that reason.
 
 from __future__ import annotations
 
+import errno
 import io
 import os
 import secrets
@@ -40,6 +41,8 @@ from app.files.storage import PartialWrite, Storage, TooLarge, span_blocks
 
 #: Bytes held before they go out as one part (S3 wants at least 5 MiB for all but the last).
 PART_BYTES = 8 * 1024 * 1024
+#: The error codes of an object that is not there.
+MISSING = ("NoSuchKey", "NoSuchObject", "ResourceNotFound")
 #: CopyObject's limit; a larger object is copied by UploadPartCopy (compose_object).
 COPY_OBJECT_MAX = 5 * 1024 * 1024 * 1024
 
@@ -214,25 +217,39 @@ class S3Storage(Storage):
         else:
             self.client.compose_object(bucket, key, [ComposeSource(bucket, source_key)])
 
+    def local_path(self, file_id: str) -> Path | None:
+        return None
+
     def exists(self, file_id: str) -> bool:
         try:
             self.client.stat_object(self.location.bucket, self.key(file_id))
         except S3Error as exc:
-            if exc.code in ("NoSuchKey", "NoSuchObject", "ResourceNotFound"):
+            if exc.code in MISSING:
                 return False
             raise
         return True
 
+    def _get(self, file_id: str, offset: int = 0, length: int = 0) -> Any:
+        """The object's response (all of it, or `length` bytes from `offset`); a missing
+        object is FileNotFoundError, as a missing file is on the directory backend."""
+        try:
+            return self.client.get_object(
+                self.location.bucket, self.key(file_id), offset=offset, length=length
+            )
+        except S3Error as exc:
+            if exc.code in MISSING:
+                raise FileNotFoundError(
+                    errno.ENOENT, "No such object", f"{self.describe()}files/{file_id}"
+                ) from None
+            raise
+
     def open_file(self, file_id: str) -> io.BufferedReader:
-        response = self.client.get_object(self.location.bucket, self.key(file_id))
-        return io.BufferedReader(ObjectStream(response), buffer_size=1024 * 1024)
+        return io.BufferedReader(ObjectStream(self._get(file_id)), buffer_size=1024 * 1024)
 
     def read_range(self, file_id: str, offset: int, length: int) -> bytes:
         if length <= 0:
             return b""
-        response = self.client.get_object(
-            self.location.bucket, self.key(file_id), offset=offset, length=length
-        )
+        response = self._get(file_id, offset, length)
         try:
             return bytes(response.read())
         finally:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from sqlmodel import Session, col, select
@@ -199,14 +198,16 @@ class FileService:
         with self.db.read() as s:
             return self._get(s, file_id, owner)
 
-    def content_path(self, file_id: str, owner: str) -> tuple[File, Path]:
+    def content(self, file_id: str, owner: str) -> File:
+        """The owner's file, once its bytes are known to be stored (500 if they are not)."""
         row = self.get(file_id, owner)
-        path = self.storage.path(row.id)
-        if not path.is_file():
+        if not self.storage.exists(row.id):
             raise APIError(
-                500, f"The bytes of file '{file_id}' are missing from disk.", code="file_missing"
+                500,
+                f"The bytes of file '{file_id}' are missing from {self.storage.describe()}.",
+                code="file_missing",
             )
-        return row, path
+        return row
 
     def list(
         self,

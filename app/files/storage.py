@@ -152,6 +152,10 @@ class Storage:
         """A write of one Uploads API part (kept under the upload's folder by `commit_to`)."""
         return PartialWrite(self, limit)
 
+    def local_path(self, file_id: str) -> Path | None:
+        """The file's path when its bytes are a local file (None on object storage)."""
+        return self.path(file_id)
+
     def exists(self, file_id: str) -> bool:
         return self.path(file_id).is_file()
 

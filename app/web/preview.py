@@ -34,10 +34,11 @@ class Preview:
 
 
 def preview_file(files: FileService, file_id: str, owner: str) -> Preview:
-    row, path = files.content_path(file_id, owner)
-    with open(path, "rb") as fh:
+    row = files.content(file_id, owner)
+    # Opened twice rather than rewound: a bucket's object is read as a stream.
+    with files.storage.open_file(row.id) as fh:
         endpoint = first_endpoint(fh)
-        fh.seek(0)
+    with files.storage.open_file(row.id) as fh:
         result = validate_jsonl(fh, endpoint, max_requests=files.settings.max_requests_per_batch)
     return Preview(
         file_id=row.id,
