@@ -43,3 +43,20 @@ def test_the_engines_page_shows_which_node_runs_what(make_client: MakeClient) ->
     assert f'<a href="/batches/{b["id"]}">' in row
     client.post(f"/v1/batches/{b['id']}/cancel")
     wait_for_status(batch_getter(client), b["id"], ("cancelled",))
+
+
+def test_the_engines_page_shows_the_lines_waiting(make_client: MakeClient) -> None:
+    client = make_client(HangingEngine(n_slots=1))  # room for 2 lines: the rest wait
+    f = upload(client, jsonl(*(batch_line(f"w{i}", "HANG", max_tokens=4) for i in range(5))))
+    b = create_batch(client, f["id"])
+    wait_for_status(batch_getter(client), b["id"], ("in_progress",))
+
+    def engine_row() -> str:
+        page = client.get("/engines").text
+        found = re.search(r'<tr data-engine="embedded">(.*?)</tr>', page, re.S)
+        return found.group(1) if found else ""
+
+    row = until(engine_row, 10, "3 lines waiting", accept=lambda r: 'data-col="waiting">3<' in r)
+    assert re.search(r'data-col="oldest">\d+ s<', row), row
+    client.post(f"/v1/batches/{b['id']}/cancel")
+    wait_for_status(batch_getter(client), b["id"], ("cancelled",))
