@@ -48,7 +48,7 @@ def write_results(db: Database, storage: Storage, batch: Batch) -> dict[str, Wri
             last_line = rows[-1].line
         written: dict[str, Written] = {}
         for kind, w in writers.items():
-            file_id = new_id("file-")
+            file_id = w.file_id or new_id("file-")
             w.commit(file_id)
             written[kind] = Written(file_id, w.size, w.sha256)
         return written

@@ -14,12 +14,14 @@ handing the client a whole stream; the minio version is pinned for that reason.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import io
 import os
 import secrets
 import time
 from collections.abc import Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,9 +40,12 @@ from minio.datatypes import Part
 from minio.error import S3Error
 
 from app.files.storage import PartialWrite, Storage, TooLarge, span_blocks
+from app.models import new_id
 
 #: Bytes held before they go out as one part (S3 wants at least 5 MiB for all but the last).
 PART_BYTES = 8 * 1024 * 1024
+#: Sends the parts of every write in flight, one at a time per write.
+PART_SENDERS = ThreadPoolExecutor(max_workers=16, thread_name_prefix="s3-part")
 #: The error codes of an object that is not there.
 MISSING = ("NoSuchKey", "NoSuchObject", "ResourceNotFound")
 #: CopyObject's limit; a larger object is copied by UploadPartCopy (compose_object).
@@ -115,10 +120,16 @@ class ObjectWrite(PartialWrite):
     def __init__(self, storage: S3Storage, limit: int) -> None:
         super().__init__(storage, limit)
         self.s3 = storage
-        self.tmp_key = f"{storage.location.prefix}tmp/upload-{secrets.token_hex(8)}"
+        # Parts stream to this id's key: a multipart upload is invisible until completed,
+        # so the file appears whole under its id when committed, with no copy. A commit
+        # under another id (an Uploads API part) completes to a temporary key and copies.
+        self.file_id = new_id("file-")
+        self.tmp_key = storage.key(self.file_id)
         self._buffer = bytearray()
         self._upload_id: str | None = None
         self._parts: list[Part] = []
+        self._committed = False
+        self._pending: Future[str] | None = None
 
     def write(self, chunk: bytes) -> None:
         if self._closed:
@@ -133,19 +144,32 @@ class ObjectWrite(PartialWrite):
             del self._buffer[:PART_BYTES]
 
     def _send(self, data: bytes) -> None:
+        """Send a part while the next one fills: at most one in flight per write, so a
+        write holds at most two parts in memory."""
         client, bucket = self.s3.client, self.s3.location.bucket
         if self._upload_id is None:
             self._upload_id = client._create_multipart_upload(bucket, self.tmp_key, {})
-        number = len(self._parts) + 1
-        etag = client._upload_part(bucket, self.tmp_key, data, None, self._upload_id, number)
-        self._parts.append(Part(number, etag))
+        self._wait()
+        number, upload_id = len(self._parts) + 1, self._upload_id
+        self._pending = PART_SENDERS.submit(
+            client._upload_part, bucket, self.tmp_key, data, None, upload_id, number
+        )
+        self._parts.append(Part(number, ""))
+
+    def _wait(self) -> None:
+        """Wait for the part in flight and record its ETag (its error is raised here)."""
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            last = self._parts[-1]
+            self._parts[-1] = Part(last.part_number, pending.result())
 
     def sync(self) -> None:
         """Nothing to do: parts are sent as they fill, the rest goes out at commit."""
 
     def commit(self, file_id: str) -> Path:
         """Put the bytes under `file_id`'s key. A file under one part is one PUT; a larger
-        one completes its multipart upload and is copied server-side to its key."""
+        one completes its multipart upload, in place when `file_id` is the one this write
+        chose (self.file_id), else copied server-side to its key."""
         if self._closed:
             raise ValueError("the partial write was already committed or discarded")
         key = self.s3.key(file_id)
@@ -157,26 +181,34 @@ class ObjectWrite(PartialWrite):
             else:
                 if self._buffer or not self._parts:
                     self._send(bytes(self._buffer))
+                self._wait()
                 client._complete_multipart_upload(
                     bucket, self.tmp_key, self._upload_id, self._parts
                 )
                 self._upload_id = None
-                self.s3.copy(self.tmp_key, key, self.size)
-                client.remove_object(bucket, self.tmp_key)
+                if key != self.tmp_key:
+                    self.s3.copy(self.tmp_key, key, self.size)
+                    client.remove_object(bucket, self.tmp_key)
         except BaseException:
             self.discard()
             raise
         self._buffer = bytearray()
-        self._closed = True
+        self._closed = self._committed = True
         return Path(key)
 
     def commit_to(self, final: Path) -> Path:
         raise NotImplementedError("upload parts are written by the local part writer")
 
     def discard(self) -> None:
+        if self._committed:
+            return  # the bytes are the file now: only a delete of its id removes them
         self._closed = True
         self._buffer = bytearray()
         client, bucket = self.s3.client, self.s3.location.bucket
+        if self._pending is not None:
+            with contextlib.suppress(Exception):
+                self._pending.result()  # an abort while a part is sent may leave it behind
+            self._pending = None
         if self._upload_id is not None:
             upload_id, self._upload_id = self._upload_id, None
             try:

@@ -82,7 +82,7 @@ class FileService:
         if expires_after is None and purpose == "batch":
             expires_after = BATCH_FILE_DEFAULT_TTL
         row = File(
-            id=new_id("file-"),
+            id=partial.file_id or new_id("file-"),
             owner=owner,
             filename=safe_filename(filename),
             purpose=purpose,

@@ -70,6 +70,9 @@ class PartialWrite:
         self.tmp_path = storage.tmp_dir / f"upload-{secrets.token_hex(8)}"
         self._fh: BinaryIO | None = None
         self._closed = False  # synced or discarded: no more writes
+        # The id this write is best committed under, when the backend wants to know it
+        # first (a bucket streams the parts to that id's key); None lets the caller choose.
+        self.file_id: str | None = None
 
     def _file(self) -> BinaryIO:
         if self._closed:

@@ -78,6 +78,15 @@ def test_a_file_of_several_parts_streams_out_and_back(
         rest = fh.read()
     assert len(rest) == 11 * len(chunk)
     assert storage.read_range("file-big", 11 * len(chunk) - 3, 6) == chunk[-3:] + chunk[:3]
+    # Under the id the write chose, a bucket completes the multipart upload in place.
+    direct = storage.begin_write(10**9)
+    for _ in range(11):
+        direct.write(chunk)
+    chosen = direct.file_id or "file-chosen"
+    direct.commit(chosen)
+    direct.discard()  # after a commit: nothing happens
+    assert storage.read_range(chosen, 10 * len(chunk), len(chunk)) == chunk
+    assert sorted(name for name, _ in storage.stored_files()) == sorted(["file-big", chosen])
     if isinstance(storage, S3Storage):
         client, bucket = storage.client, storage.location.bucket
         listed = client.list_objects(bucket, prefix=f"{storage.location.prefix}tmp/")
