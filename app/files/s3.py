@@ -170,9 +170,16 @@ class ObjectWrite(PartialWrite):
         """Put the bytes under `file_id`'s key. A file under one part is one PUT; a larger
         one completes its multipart upload, in place when `file_id` is the one this write
         chose (self.file_id), else copied server-side to its key."""
+        return self._commit_key(self.s3.key(file_id))
+
+    def commit_to(self, final: Path) -> Path:
+        """Keep an Uploads API part: `final` is Storage.part_path's, whose last two names
+        (upload id, part id) name the part's key in the bucket."""
+        return self._commit_key(self.s3.part_key(final.parent.name, final.name))
+
+    def _commit_key(self, key: str) -> Path:
         if self._closed:
             raise ValueError("the partial write was already committed or discarded")
-        key = self.s3.key(file_id)
         client, bucket = self.s3.client, self.s3.location.bucket
         try:
             if self._upload_id is None:
@@ -195,9 +202,6 @@ class ObjectWrite(PartialWrite):
         self._buffer = bytearray()
         self._closed = self._committed = True
         return Path(key)
-
-    def commit_to(self, final: Path) -> Path:
-        raise NotImplementedError("upload parts are written by the local part writer")
 
     def discard(self) -> None:
         if self._committed:
@@ -240,7 +244,28 @@ class S3Storage(Storage):
         return ObjectWrite(self, limit)
 
     def begin_part_write(self, limit: int) -> PartialWrite:
-        return PartialWrite(self, limit)
+        return ObjectWrite(self, limit)
+
+    def part_key(self, upload_id: str, part_id: str) -> str:
+        upload, part = self.path(upload_id).name, self.path(part_id).name
+        return f"{self.location.prefix}uploads/{upload}/{part}"
+
+    def open_part(self, upload_id: str, part_id: str) -> io.BufferedReader:
+        key = self.part_key(upload_id, part_id)
+        return io.BufferedReader(ObjectStream(self._get_key(key)), buffer_size=1024 * 1024)
+
+    def upload_folders(self) -> list[str]:
+        prefix = f"{self.location.prefix}uploads/"
+        listed = self.client.list_objects(self.location.bucket, prefix=prefix)
+        return [(o.object_name or "")[len(prefix) :].strip("/") for o in listed if o.is_dir]
+
+    def delete_parts(self, upload_id: str) -> None:
+        super().delete_parts(upload_id)  # the empty local folder add_part makes
+        prefix = f"{self.location.prefix}uploads/{self.path(upload_id).name}/"
+        bucket = self.location.bucket
+        for obj in self.client.list_objects(bucket, prefix=prefix, recursive=True):
+            if obj.object_name and not obj.is_dir:
+                self.client.remove_object(bucket, obj.object_name)
 
     def copy(self, source_key: str, key: str, size: int) -> None:
         bucket = self.location.bucket
@@ -264,15 +289,14 @@ class S3Storage(Storage):
     def _get(self, file_id: str, offset: int = 0, length: int = 0) -> Any:
         """The object's response (all of it, or `length` bytes from `offset`); a missing
         object is FileNotFoundError, as a missing file is on the directory backend."""
+        return self._get_key(self.key(file_id), offset, length)
+
+    def _get_key(self, key: str, offset: int = 0, length: int = 0) -> Any:
         try:
-            return self.client.get_object(
-                self.location.bucket, self.key(file_id), offset=offset, length=length
-            )
+            return self.client.get_object(self.location.bucket, key, offset=offset, length=length)
         except S3Error as exc:
             if exc.code in MISSING:
-                raise FileNotFoundError(
-                    errno.ENOENT, "No such object", f"{self.describe()}files/{file_id}"
-                ) from None
+                raise FileNotFoundError(errno.ENOENT, "No such object", key) from None
             raise
 
     def open_file(self, file_id: str) -> io.BufferedReader:

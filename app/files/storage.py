@@ -141,6 +141,14 @@ class Storage:
         is kept first (UploadService.add_part), not here: a refused part leaves none."""
         return self.uploads_dir / self.path(upload_id).name / self.path(part_id).name
 
+    def open_part(self, upload_id: str, part_id: str) -> BinaryIO:
+        """An upload part's bytes as a stream from the start (the caller closes it)."""
+        return open(self.part_path(upload_id, part_id), "rb")  # noqa: SIM115
+
+    def upload_folders(self) -> list[str]:
+        """The ids of the uploads that have parts stored (for the leftover sweep)."""
+        return [p.name for p in self.uploads_dir.iterdir() if p.is_dir()]
+
     def delete_parts(self, upload_id: str) -> None:
         shutil.rmtree(self.uploads_dir / self.path(upload_id).name, ignore_errors=True)
 

@@ -231,7 +231,7 @@ class UploadService:
         try:
             digest = hashlib.md5(usedforsecurity=False)
             for part in parts:
-                with open(self.storage.part_path(upload.id, part.id), "rb") as fh:
+                with self.storage.open_part(upload.id, part.id) as fh:
                     while piece := fh.read(COPY_PIECE):
                         digest.update(piece)
                         partial.write(piece)
@@ -309,7 +309,7 @@ class UploadService:
     def _sweep_leftover_parts(self) -> None:
         """Remove part folders of uploads that are no longer pending (a crash between the
         status change and the removal leaves them) or that have no row at all."""
-        folders = [p.name for p in self.storage.uploads_dir.iterdir() if p.is_dir()]
+        folders = self.storage.upload_folders()
         if not folders:
             return
         with self.db.read() as s:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 from collections.abc import Iterator
@@ -36,7 +37,7 @@ def s3_server(seaweed: Seaweed, tmp_path_factory: pytest.TempPathFactory) -> Ite
     stop_server(server)
 
 
-def objects(seaweed: Seaweed) -> set[str]:
+def objects(seaweed: Seaweed, folder: str = "files") -> set[str]:
     client = Minio(
         seaweed.endpoint.removeprefix("http://"),
         access_key=ACCESS_KEY,
@@ -44,7 +45,7 @@ def objects(seaweed: Seaweed) -> set[str]:
         secure=False,
         region="us-east-1",
     )
-    listed = client.list_objects(seaweed.bucket, prefix=f"{PREFIX}/files/", recursive=True)
+    listed = client.list_objects(seaweed.bucket, prefix=f"{PREFIX}/{folder}/", recursive=True)
     return {(o.object_name or "").rsplit("/", 1)[-1] for o in listed if not o.is_dir}
 
 
@@ -93,3 +94,20 @@ def test_serve_stops_at_once_on_a_bucket_it_cannot_use(seaweed: Seaweed, tmp_pat
         f"batchyard: The bucket 'no-such-bucket' does not exist at {seaweed.endpoint}: "
         "create it first."
     )
+
+
+def test_an_upload_in_parts_is_kept_in_the_bucket(s3_server: LiveServer, seaweed: Seaweed) -> None:
+    client = OpenAI(api_key="unused", base_url=s3_server.api, max_retries=0)
+    pieces = [b"first part\n" * 1000, b"second part\n" * 10]
+    whole = b"".join(pieces)
+    up = client.uploads.create(
+        bytes=len(whole), filename="parts.txt", mime_type="text/plain", purpose="user_data"
+    )
+    part_ids = [client.uploads.parts.create(upload_id=up.id, data=p).id for p in pieces]
+    assert {k.rsplit("/", 1)[-1] for k in objects(seaweed, "uploads")} >= set(part_ids)
+    done = client.uploads.complete(
+        upload_id=up.id, part_ids=part_ids, md5=hashlib.md5(whole).hexdigest()
+    )
+    assert done.status == "completed" and done.file is not None
+    assert client.files.content(done.file.id).read() == whole
+    assert not any(k.endswith(tuple(part_ids)) for k in objects(seaweed, "uploads"))
