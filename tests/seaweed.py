@@ -68,6 +68,10 @@ def seaweed_server(data: Path, log: Path) -> Iterator[Seaweed | str]:
         "-master.telemetry=false",
         "-volume.max=20",
         "-master.volumeSizeLimitMB=256",
+        # The S3 gateway's Iceberg and Lance listeners take fixed ports (8181, 9101) by
+        # default: a second SeaweedFS on the machine (another test run) would exit at start.
+        "-s3.port.iceberg=0",
+        "-s3.port.lance=0",
     ]
     for name, port in ports.items():
         args += [f"-{name}.port={port}", f"-{name}.port.grpc={grpc[name]}"]
