@@ -93,6 +93,23 @@ def test_a_file_of_several_parts_streams_out_and_back(
         assert [
             o.object_name for o in listed if not o.is_dir
         ] == []  # the multipart upload's own object was removed after the copy
+    assert list(storage.tmp_dir.iterdir()) == []  # a bucket's spool files went with the parts
+
+
+def test_a_write_discarded_after_its_first_parts_leaves_nothing(
+    storage: Storage, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(s3_module, "PART_BYTES", 5 * 1024 * 1024)
+    partial = storage.begin_write(10**9)
+    for _ in range(11):  # two parts sent, one filling
+        partial.write(secrets.token_bytes(1024 * 1024))
+    partial.discard()
+    assert list(storage.stored_files()) == []
+    assert list(storage.tmp_dir.iterdir()) == []
+    if isinstance(storage, S3Storage):  # and the multipart upload was aborted
+        prefix = storage.location.prefix
+        found = storage.client._list_multipart_uploads(storage.location.bucket, prefix=prefix)
+        assert [u.object_name for u in found.uploads] == []
 
 
 def test_a_bucket_that_is_missing_or_unreachable_is_one_line(
