@@ -374,6 +374,33 @@ class S3Storage(Storage):
     def delete(self, file_id: str) -> None:
         self.client.remove_object(self.location.bucket, self.key(file_id))
 
+    def sweep_tmp(self, min_age: float = 0.0) -> int:
+        """Remove this node's leftover spool files, and abort the multipart uploads under
+        the prefix begun more than `min_age` seconds ago: a node killed mid-write (an
+        upload, an output file at finalize) leaves one unfinished, invisible as a file but
+        its parts stored (and billed) until aborted. Returns how many things went."""
+        count = super().sweep_tmp(min_age)
+        bucket, now = self.location.bucket, time.time()
+        key_marker = upload_marker = None
+        while True:
+            found = self.client._list_multipart_uploads(
+                bucket,
+                prefix=self.location.prefix,
+                key_marker=key_marker,
+                upload_id_marker=upload_marker,
+            )
+            for upload in found.uploads:
+                begun = upload.initiated_time.timestamp() if upload.initiated_time else now
+                if upload.object_name and upload.upload_id and now - begun >= min_age:
+                    with contextlib.suppress(S3Error):  # another node's sweep came first
+                        self.client._abort_multipart_upload(
+                            bucket, upload.object_name, upload.upload_id
+                        )
+                        count += 1
+            if not found.is_truncated or not found.uploads:
+                return count
+            key_marker, upload_marker = found.uploads[-1].object_name, found.uploads[-1].upload_id
+
     def stored_files(self) -> Iterator[tuple[str, float]]:
         """(file id, age in seconds) of every object under the files prefix."""
         prefix = f"{self.location.prefix}files/"

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import secrets
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 from app.config import Settings
 from app.models import BatchStatus, File, RequestStatus, now
 from app.services import Services, build_services
 from tests.factories import CHAT, batch_line
-from tests.fakes import HangingEngine
+from tests.fakes import HangingEngine, finish
+from tests.seaweed import Seaweed, aws_env
 from tests.unit.helpers import (
     batch,
     drive,
@@ -18,6 +23,18 @@ from tests.unit.helpers import (
     request_rows,
     services,
 )
+
+
+@pytest.fixture(params=["directory", "s3"])
+def where(request: pytest.FixtureRequest) -> Iterator[dict[str, str]]:
+    """The settings that put file bytes in the data dir, or in a bucket on SeaweedFS."""
+    if request.param == "directory":
+        yield {}
+        return
+    server: Seaweed = request.getfixturevalue("seaweed")
+    with aws_env(server):
+        prefix = f"expiry-{secrets.token_hex(4)}"
+        yield {"files_url": f"s3://{server.bucket}/{prefix}", "s3_endpoint": server.endpoint}
 
 
 def test_window_running_out_expires_the_batch(tmp_path: Path) -> None:
@@ -73,8 +90,10 @@ def test_batch_inside_its_window_completes(tmp_path: Path) -> None:
     assert b.expires_at == b.created_at + 3600
 
 
-def test_output_expires_after_is_anchored_on_the_output_file(tmp_path: Path) -> None:
-    svc = services(tmp_path, HangingEngine())
+def test_output_expires_after_is_anchored_on_the_output_file(
+    tmp_path: Path, where: dict[str, str]
+) -> None:
+    svc = services(tmp_path, HangingEngine(), **where)
     inp = make_batch(svc, [batch_line("a", "hi")])
     input_file = batch(svc, inp).input_file_id
     b = svc.batches.create(
@@ -89,29 +108,54 @@ def test_output_expires_after_is_anchored_on_the_output_file(tmp_path: Path) -> 
     assert out.expires_at == out.created_at + 3600 and out.created_at >= b.created_at
     # Swept when due, not before; the input (30 days) stays.
     assert svc.files.sweep_expired(out.created_at + 3599) == 0
-    assert svc.storage.path(out.id).is_file()
+    assert svc.storage.exists(out.id)
     assert svc.files.sweep_expired(out.created_at + 3600) == 1
-    assert not svc.storage.path(out.id).is_file()
+    assert not svc.storage.exists(out.id)
     left = {f.id for f in file_rows(svc)}
     assert out.id not in left and input_file in left
-    assert svc.storage.path(input_file).is_file()
+    assert svc.storage.exists(input_file)
 
 
-def test_expired_input_of_a_running_batch_waits_for_the_batch(tmp_path: Path) -> None:
-    svc = services(tmp_path, HangingEngine())
+def test_expired_input_of_a_running_batch_waits_for_the_batch(
+    tmp_path: Path, where: dict[str, str]
+) -> None:
+    svc = services(tmp_path, HangingEngine(), **where)
     batch_id = make_batch(svc, [batch_line("h", "HANG")])
     svc.runner.step()
     input_file = batch(svc, batch_id).input_file_id
     later = now() + 31 * 24 * 3600
     # Expired like a delete: gone from the API at once, its bytes kept for the batch.
     assert svc.files.sweep_expired(later) == 0
-    assert svc.storage.path(input_file).is_file()
+    assert svc.storage.exists(input_file)
     assert input_file not in {f.id for f in svc.files.list("")[0]}
     svc.batches.cancel(batch_id, "")
     assert drive(svc, batch_id).status == BatchStatus.CANCELLED
     # The runner releases the bytes as the batch ends (a sweep would, if it had not).
     svc.files.sweep_expired(later)
-    assert not svc.storage.path(input_file).is_file()
+    assert not svc.storage.exists(input_file)
+    assert input_file not in {f.id for f in file_rows(svc)}
+
+
+def test_a_deleted_input_is_still_read_by_its_running_batch(
+    tmp_path: Path, where: dict[str, str]
+) -> None:
+    engine = HangingEngine(n_slots=1)
+    svc = services(tmp_path, engine, **where)
+    lines = [batch_line("h", "HANG")] + [batch_line(f"l{i}", f"line {i}") for i in range(3)]
+    batch_id = make_batch(svc, lines)
+    svc.runner.step()
+    input_file = batch(svc, batch_id).input_file_id
+    assert len(engine.submitted) < len(lines)  # the other lines are read later
+    assert svc.files.delete(input_file, "") is False  # gone from the API, bytes kept
+    assert svc.storage.exists(input_file)
+    finish(engine)
+    done = drive(svc, batch_id)
+    assert done.status == BatchStatus.COMPLETED and done.output_file_id
+    with svc.storage.open_file(done.output_file_id) as fh:
+        out = fh.read().splitlines()
+    assert len(out) == len(lines)
+    assert [r.status for r in request_rows(svc, batch_id)] == [RequestStatus.SUCCEEDED] * 4
+    assert not svc.storage.exists(input_file)  # released as the batch ended
     assert input_file not in {f.id for f in file_rows(svc)}
 
 

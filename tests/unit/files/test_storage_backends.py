@@ -128,3 +128,34 @@ def test_a_bucket_that_is_missing_or_unreachable_is_one_line(
         )
         assert problem is not None and problem.startswith("The object store for s3://b-1/ at ")
         assert "Check --s3-endpoint" in problem
+
+
+def test_a_write_cut_off_mid_way_is_never_a_file_and_is_swept(
+    seaweed: Seaweed, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What a node killed while it writes (an output file at finalize) leaves in the bucket:
+    an unfinished multipart upload, never an object, aborted by the next start's sweep."""
+    monkeypatch.setattr(s3_module, "PART_BYTES", 5 * 1024 * 1024)
+    with aws_env(seaweed):
+        location = Location.parse(f"s3://{seaweed.bucket}/cut-{secrets.token_hex(4)}")
+        dead = S3Storage(tmp_path / "dead", make_client(seaweed.endpoint), location)
+        partial = dead.begin_write(10**9)
+        for _ in range(11):  # two parts sent, then the node is gone: no commit, no discard
+            partial.write(secrets.token_bytes(1024 * 1024))
+        assert isinstance(partial, s3_module.ObjectWrite)
+        for sent in partial._sends:  # both parts are stored before the node goes
+            sent.result()
+        file_id = partial.file_id
+        assert file_id is not None
+
+        def unfinished() -> list[str]:
+            found = dead.client._list_multipart_uploads(seaweed.bucket, prefix=location.prefix)
+            return [u.object_name or "" for u in found.uploads]
+
+        assert unfinished() == [dead.key(file_id)]
+        node = S3Storage(tmp_path / "node", make_client(seaweed.endpoint), location)
+        assert not node.exists(file_id) and list(node.stored_files()) == []
+        assert node.sweep_tmp(min_age=3600) == 0  # young: it may be another node's write
+        assert unfinished() == [dead.key(file_id)]
+        assert node.sweep_tmp(min_age=0) == 1
+        assert unfinished() == []
