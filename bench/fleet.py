@@ -14,11 +14,15 @@ For each front it prints lines/s, the ratio to direct, the server's CPU seconds 
 of the bench's own list and retrieve calls, one pair every 20 ms), and the phases as the bench
 saw them polling: validate (create -> in_progress), run (-> finalizing) and
 finalize (-> completed). `--nodes 2` runs two nodes on one PostgreSQL (and one files location)
-and reports the rate against one node. `--profile DIR` records py-spy (raw) of each server.
+and reports the rate against one node. `--profile DIR` records py-spy (raw) of each server;
+`python bench/spy_top.py DIR/*.txt` prints its top frames by thread. `--old DIR` (repeatable)
+runs each front from another checkout too (`git archive COMMIT | tar -x -C DIR`), in the same
+rounds, so a change is measured side by side; `--rounds N` repeats them and prints medians.
 
     python bench/fleet.py                      # 3,000 lines, C=64, 20 ms
     python bench/fleet.py --lines 50000 --only sqlite,pg
     python bench/fleet.py --nodes 2 --only pg
+    python bench/fleet.py --old /tmp/base --rounds 5 --only direct,sqlite
 
 Figures (2 cores shared with other engineers' test runs, load average 4-6, so wall-clock
 rates swing up to 2x between runs; CPU a line swings less; bench/README.md has the table):
@@ -38,6 +42,7 @@ import json
 import os
 import secrets
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -202,7 +207,15 @@ def pg_reachable(url: str) -> bool:
 
 
 def through_batchyard(
-    args: argparse.Namespace, upstream: str, data: bytes, n: int, database_url: str, nodes: int
+    args: argparse.Namespace,
+    upstream: str,
+    data: bytes,
+    n: int,
+    database_url: str,
+    nodes: int,
+    root: Path = ROOT,
+    label: str = "",
+    upstream_pid: int = 0,
 ) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix="batchyard-fleet-"))
     engine = f"up=openai:{upstream},concurrency={args.concurrency}"
@@ -215,7 +228,9 @@ def through_batchyard(
         for k in range(nodes):
             env = {"BATCHYARD_NODE_NAME": f"fleet{k}"}
             servers.append(
-                start_server(tmp / "data", tmp / f"node{k}.log", env=env, args=extra, timeout=60)
+                start_server(
+                    tmp / "data", tmp / f"node{k}.log", env=env, args=extra, timeout=60, root=root
+                )
             )
         api = servers[0].url + "/v1"
         with httpx.Client(timeout=120) as c:
@@ -226,11 +241,12 @@ def through_batchyard(
             )
             f.raise_for_status()
             cpu0 = [cpu_seconds(s.process.pid) for s in servers]
+            up0 = cpu_seconds(upstream_pid) if upstream_pid else 0.0
             if args.profile:
                 for k, s in enumerate(servers):
                     out = (
                         Path(args.profile)
-                        / f"{args.label}-{'pg' if database_url else 'sqlite'}-{k}.txt"
+                        / f"{label or args.label}-{'pg' if database_url else 'sqlite'}-{k}.txt"
                     )
                     out.parent.mkdir(parents=True, exist_ok=True)
                     spies.append(
@@ -241,7 +257,7 @@ def through_batchyard(
                                 "--format",
                                 "raw",
                                 "--rate",
-                                "50",
+                                str(args.profile_rate),
                                 "-o",
                                 str(out),
                                 "--pid",
@@ -274,6 +290,7 @@ def through_batchyard(
                 seen.setdefault(b["status"], time.perf_counter() - started)
             seconds = time.perf_counter() - started
             cpu = sum(cpu_seconds(s.process.pid) for s in servers) - sum(cpu0)
+            up_cpu = cpu_seconds(upstream_pid) - up0 if upstream_pid else 0.0
         for spy in spies:
             spy.send_signal(signal.SIGINT)  # py-spy writes its profile on SIGINT
             spy.wait(30)
@@ -287,6 +304,7 @@ def through_batchyard(
             "seconds": round(seconds, 2),
             "lines_per_s": round(n / seconds, 1),
             "cpu_ms_per_line": round(cpu / n * 1000, 3),
+            "upstream_cpu_ms_per_line": round(up_cpu / n * 1000, 3),
             "validate_s": round(t_run, 2),
             "run_s": round(t_fin - t_run, 2),
             "finalize_s": round(seconds - t_fin, 2),
@@ -315,7 +333,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pg-server", default=os.environ.get("BATCHYARD_TEST_DATABASE_URL", DEFAULT_PG))
     p.add_argument("--profile", default="", help="a folder for py-spy's raw profiles")
     p.add_argument("--label", default="run", help="names the profiles")
+    p.add_argument("--profile-rate", type=int, default=50, help="py-spy's samples a second")
     p.add_argument("--json", default="", help="also write the figures here")
+    p.add_argument(
+        "--old", action="append", default=[], help="another checkout to run each front from"
+    )
+    p.add_argument("--rounds", type=int, default=1, help="rounds of every front; medians")
     p.add_argument("--upstream-only", type=int, default=0, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.upstream_only:
@@ -330,11 +353,10 @@ def main(argv: list[str] | None = None) -> int:
         "concurrency": args.concurrency,
         "latency_ms": args.latency_ms,
     }
+    # This checkout, then each --old one, in every round: side by side.
+    sides = [("", ROOT)] + [(f"old:{Path(d).name}", Path(d).resolve()) for d in args.old]
+    runs: dict[str, list[dict[str, Any]]] = {}
     try:
-        if "direct" in only:
-            seconds = asyncio.run(direct(upstream, items, args.concurrency))
-            results["direct"] = {"lines_per_s": round(args.lines / seconds, 1)}
-            print(f"direct  {results['direct']['lines_per_s']:>8} lines/s", flush=True)
         fronts: list[tuple[str, str, int]] = []
         if "sqlite" in only:
             fronts.append(("sqlite", "", 1))
@@ -342,19 +364,53 @@ def main(argv: list[str] | None = None) -> int:
             fronts.append(("pg", args.pg_server, 1))
             if args.nodes > 1:
                 fronts.append((f"pg-{args.nodes}-nodes", args.pg_server, args.nodes))
-        for name, server_url, nodes in fronts:
-            db = PgDatabase(server_url) if server_url else None
-            try:
-                r = through_batchyard(args, upstream, data, args.lines, db.url if db else "", nodes)
-            finally:
-                if db is not None:
-                    db.drop()
-            if "direct" in results:
-                r["ratio"] = round(r["lines_per_s"] / results["direct"]["lines_per_s"], 3)
-            results[name] = r
-            print(f"{name:<8}" + "  ".join(f"{k}={v}" for k, v in r.items()), flush=True)
-        if "pg" in results and f"pg-{args.nodes}-nodes" in results:
-            two = results[f"pg-{args.nodes}-nodes"]["lines_per_s"] / results["pg"]["lines_per_s"]
+        for rnd in range(args.rounds):
+            if "direct" in only:
+                own0, up0 = os.times(), cpu_seconds(proc.pid)
+                seconds = asyncio.run(direct(upstream, items, args.concurrency))
+                own1, up1 = os.times(), cpu_seconds(proc.pid)
+                own = own1.user + own1.system - own0.user - own0.system
+                d = {
+                    "lines_per_s": round(args.lines / seconds, 1),
+                    "client_cpu_ms_per_line": round(own / args.lines * 1000, 3),
+                    "upstream_cpu_ms_per_line": round((up1 - up0) / args.lines * 1000, 3),
+                }
+                runs.setdefault("direct", []).append(d)
+                print("direct  " + "  ".join(f"{k}={v}" for k, v in d.items()), flush=True)
+            for front, server_url, nodes in fronts:
+                for side, root in sides:
+                    name = f"{front} {side}".strip()
+                    label = f"{args.label}{side.replace(':', '-')}-r{rnd}"
+                    db = PgDatabase(server_url) if server_url else None
+                    try:
+                        r = through_batchyard(
+                            args,
+                            upstream,
+                            data,
+                            args.lines,
+                            db.url if db else "",
+                            nodes,
+                            root,
+                            label,
+                            proc.pid,
+                        )
+                    finally:
+                        if db is not None:
+                            db.drop()
+                    if runs.get("direct"):
+                        r["ratio"] = round(r["lines_per_s"] / runs["direct"][-1]["lines_per_s"], 3)
+                    runs.setdefault(name, []).append(r)
+                    print(f"{name:<8}" + "  ".join(f"{k}={v}" for k, v in r.items()), flush=True)
+        for name, rs in runs.items():
+            results[name] = medians(rs)
+        if args.rounds > 1 or args.old:
+            print(f"medians of {args.rounds} round(s):")
+            for name in runs:
+                figures = "  ".join(f"{k}={v}" for k, v in results[name].items())
+                print(f"  {name:<16}{figures}", flush=True)
+        one, many = "pg", f"pg-{args.nodes}-nodes"
+        if one in results and many in results:
+            two = results[many]["lines_per_s"] / results[one]["lines_per_s"]
             results["nodes_over_one"] = round(two, 2)
             print(f"{args.nodes} nodes / 1 node on PostgreSQL: {two:.2f}x")
     finally:
@@ -363,6 +419,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
     return 0
+
+
+def medians(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each numeric figure's median over the rounds."""
+    out: dict[str, Any] = {}
+    for key, value in runs[0].items():
+        if isinstance(value, (int, float)):
+            out[key] = round(statistics.median(r[key] for r in runs), 3)
+        else:
+            out[key] = value
+    return out
 
 
 if __name__ == "__main__":

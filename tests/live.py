@@ -25,9 +25,9 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def checkout_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+def checkout_env(extra: dict[str, str] | None = None, root: Path = ROOT) -> dict[str, str]:
     """This environment, with Python pointed at the checkout (so the worktree's code runs)."""
-    return {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", **(extra or {})}
+    return {**os.environ, "PYTHONPATH": str(root), "PYTHONUNBUFFERED": "1", **(extra or {})}
 
 
 def batchyard(
@@ -80,10 +80,12 @@ def start_server(
     env: dict[str, str] | None = None,
     args: list[str] | None = None,
     timeout: float = 120,
+    root: Path = ROOT,
 ) -> LiveServer:
     """Start `batchyard serve` as a real process and wait for /health to say ready.
 
     `args` come after the defaults here (4 slots of 1024 tokens), so they win over them.
+    `root` is the checkout it runs from (a bench may run an older one beside this one).
     """
     port = port or free_port()
     cmd = [
@@ -103,7 +105,7 @@ def start_server(
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log:  # the child keeps its own copy of the descriptor
         proc = subprocess.Popen(
-            cmd, cwd=ROOT, env=checkout_env(env), stdout=log, stderr=subprocess.STDOUT
+            cmd, cwd=root, env=checkout_env(env, root), stdout=log, stderr=subprocess.STDOUT
         )
     server = LiveServer(f"http://127.0.0.1:{port}", data_dir, proc, log_path)
 
