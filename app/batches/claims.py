@@ -28,12 +28,13 @@ take one line and never wait on each other.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Container, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import case, func, union_all, update
+from sqlalchemy import Connection, Float, Integer, Select, bindparam, case, func, union_all, update
 from sqlalchemy import select as select_columns
 from sqlmodel import Session, col
 
@@ -73,12 +74,22 @@ def room(lane: Lane, held: int) -> int:
 
 def routed_to(lane: Lane, lanes: list[Lane]) -> Any:
     """The WHERE clause of the lane's lines, or None for every line."""
+    return _routed(*_routing(lane, lanes))
+
+
+def _routing(lane: Lane, lanes: list[Lane]) -> tuple[frozenset[str] | None, frozenset[str]]:
+    """What a lane's lines depend on: its own models, else the models the other lanes take."""
     if lane.models is not None:
-        return col(Batch.model).in_(sorted(lane.models))
-    taken = sorted({m for other in lanes if other.models is not None for m in other.models})
+        return lane.models, frozenset()
+    return None, frozenset(m for other in lanes if other.models is not None for m in other.models)
+
+
+def _routed(models: frozenset[str] | None, taken: frozenset[str]) -> Any:
+    if models is not None:
+        return col(Batch.model).in_(sorted(models))
     if not taken:
         return None
-    return col(Batch.model).is_(None) | col(Batch.model).not_in(taken)
+    return col(Batch.model).is_(None) | col(Batch.model).not_in(sorted(taken))
 
 
 def claim(
@@ -104,40 +115,88 @@ def claim(
         return []
     t = time.time()
     claims: list[Claim] = []
+    conn = s.connection()
     for lane, n in rooms:
         claims += _claim_lane(
-            s, lane, n, routed_to(lane, lanes), held.get(lane.name, 0), inflight, t
+            conn, lane, n, _routing(lane, lanes), held.get(lane.name, 0), inflight, t
         )
     if not claims:
         return []
-    s.exec(
-        update(Request)
-        .where(col(Request.id).in_([c.request_id for c in claims]))
-        .values(
-            status=RequestStatus.RUNNING,
-            claimed_by=worker_id,
-            claimed_at=int(t),
-            lease_until=t + lease_seconds,
-            attempts=case(
-                (col(Request.attempts) >= MAX_ATTEMPTS, col(Request.attempts)),
-                else_=col(Request.attempts) + 1,
-            ),
-        )
+    conn.execute(
+        _TAKE,
+        {
+            "ids": [c.request_id for c in claims],
+            "worker_id": worker_id,
+            "claimed_at": int(t),
+            "lease_until": t + lease_seconds,
+        },
     )
     return claims
 
 
+#: The claim's UPDATE, built once (it runs every step; building it cost more than running it).
+_TAKE = (
+    update(Request)
+    .where(col(Request.id).in_(bindparam("ids", expanding=True)))
+    .values(
+        status=RequestStatus.RUNNING,
+        claimed_by=bindparam("worker_id"),
+        claimed_at=bindparam("claimed_at"),
+        lease_until=bindparam("lease_until"),
+        attempts=case(
+            (col(Request.attempts) >= MAX_ATTEMPTS, col(Request.attempts)),
+            else_=col(Request.attempts) + 1,
+        ),
+    )
+)
+
+
 def _claim_lane(
-    s: Session,
+    conn: Connection,
     lane: Lane,
     n: int,
-    where: Any,
+    routing: tuple[frozenset[str] | None, frozenset[str]],
     held: int,
     inflight: Container[str],
     t: float,
 ) -> list[Claim]:
     # Lines this node holds whose lease lapsed may come back: look past them.
     wanted = n + held
+    rows = conn.execute(
+        _claim_query(*routing), {"look": LOOK_AHEAD * wanted, "lapsed": t, "wanted": wanted}
+    ).all()
+    claims = []
+    for request_id, batch_id, offset, length, attempts, endpoint, file_id in rows:
+        if request_id in inflight:
+            continue
+        exhausted = attempts >= MAX_ATTEMPTS
+        claims.append(
+            Claim(
+                request_id,
+                batch_id,
+                offset,
+                length,
+                attempts if exhausted else attempts + 1,
+                endpoint,
+                file_id,
+                lane.name,
+                exhausted,
+            )
+        )
+        if len(claims) == n:
+            break
+    return claims
+
+
+@functools.lru_cache(maxsize=64)
+def _claim_query(
+    models: frozenset[str] | None, taken: frozenset[str]
+) -> Select[str, str, int, int, int, str, str]:
+    """A lane's claim SELECT, built once for each routing (the lanes' models change only
+    when an upstream's /v1/models does): built every step, it took longer in SQLAlchemy
+    than in the database (bench/fleet.py). Its parameters: `look`, how far into each batch
+    it looks; `lapsed`, the time before which a lease has run out; `wanted`, its LIMIT."""
+    where = _routed(models, taken)
     # The lane's batches in progress, each with its first pending line (one short look
     # into the (batch_id, status, line) index per batch).
     first_pending = (
@@ -175,7 +234,7 @@ def _claim_lane(
         .join(b, b.c.id == col(Request.batch_id))
         .where(
             col(Request.status) == RequestStatus.PENDING,
-            col(Request.line) < b.c.first + LOOK_AHEAD * wanted,
+            col(Request.line) < b.c.first + bindparam("look", type_=Integer),
         )
     )
     lapsed = (
@@ -187,7 +246,10 @@ def _claim_lane(
             (col(Request.line) - func.coalesce(b.c.first, col(Request.line))).label("k"),
         )
         .join(b, b.c.id == col(Request.batch_id))
-        .where(col(Request.status) == RequestStatus.RUNNING, col(Request.lease_until) < t)
+        .where(
+            col(Request.status) == RequestStatus.RUNNING,
+            col(Request.lease_until) < bindparam("lapsed", type_=Float),
+        )
     )
     candidates = union_all(pending, lapsed).subquery("candidates")
     # A line's turn: its rank among its owner's lines, by how far into its batch it is, then
@@ -203,7 +265,7 @@ def _claim_lane(
         )
         .label("turn"),
     ).subquery("turns")
-    query = (
+    return (
         select_columns(
             col(Request.id),
             col(Request.batch_id),
@@ -216,37 +278,10 @@ def _claim_lane(
         .select_from(Request)
         .join(turns, turns.c.id == col(Request.id))
         .join(Batch, col(Batch.id) == col(Request.batch_id))
+        .order_by(turns.c.turn, turns.c.created_ns, turns.c.line)
+        .limit(bindparam("wanted", type_=Integer))
+        # Several nodes on one PostgreSQL queue never claim the same line; only the request
+        # rows are locked, so recording results for the batch goes on (SQLite has one
+        # writer at a time and leaves the clause out).
+        .with_for_update(skip_locked=True, of=Request)
     )
-    rows = (
-        s.connection()
-        .execute(
-            query.order_by(turns.c.turn, turns.c.created_ns, turns.c.line)
-            .limit(wanted)
-            # Several nodes on one PostgreSQL queue never claim the same line; only the request
-            # rows are locked, so recording results for the batch goes on (SQLite has one
-            # writer at a time and leaves the clause out).
-            .with_for_update(skip_locked=True, of=Request)
-        )
-        .all()
-    )
-    claims = []
-    for request_id, batch_id, offset, length, attempts, endpoint, file_id in rows:
-        if request_id in inflight:
-            continue
-        exhausted = attempts >= MAX_ATTEMPTS
-        claims.append(
-            Claim(
-                request_id,
-                batch_id,
-                offset,
-                length,
-                attempts if exhausted else attempts + 1,
-                endpoint,
-                file_id,
-                lane.name,
-                exhausted,
-            )
-        )
-        if len(claims) == n:
-            break
-    return claims
