@@ -41,8 +41,10 @@ def wait_finished(svc: Services, batch_id: str, timeout: float = 60) -> None:
 
 
 def test_two_nodes_share_the_lines_and_record_each_once(tmp_path: Path, postgres_url: str) -> None:
-    a = node(tmp_path, postgres_url, "a", FakeEngine(delay=0.01, n_slots=4))
-    b = node(tmp_path, postgres_url, "b", FakeEngine(delay=0.01, n_slots=4))
+    # Lines slow enough that node a alone would take about a second: b, idle, looks for
+    # work every POLL_INTERVAL (0.25 s), and with 10 ms lines a had taken all but 8 by then.
+    a = node(tmp_path, postgres_url, "a", FakeEngine(delay=0.05, n_slots=4))
+    b = node(tmp_path, postgres_url, "b", FakeEngine(delay=0.05, n_slots=4))
     n = 120
     lines = [batch_line(f"c{i}", "FAIL" if i % 10 == 0 else f"hi {i}") for i in range(n)]
     batch_id = make_batch(a, lines)  # made through node a's API services
