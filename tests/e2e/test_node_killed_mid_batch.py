@@ -30,6 +30,7 @@ import pytest
 from sqlalchemy import Engine, create_engine, text
 
 from tests.factories import batch_line, jsonl
+from tests.http_helpers import wait_for_status
 from tests.live import OUTPUT, start_batchyard, start_server, stop_process, stop_server
 from tests.waiting import until
 
@@ -155,13 +156,7 @@ def test_kill_one_node_mid_batch_the_others_finish_every_line_once(
         }
         done_before = Counter(r["claimed_by"] for r in at_kill if r["status"] == "succeeded")
 
-        finished = until(
-            lambda: sdk_a.batches.retrieve(created.id),
-            300,
-            f"batch {created.id} to finish",
-            accept=lambda b: b.status in ("completed", "failed", "expired", "cancelled"),
-            poll=0.5,
-        )
+        finished = wait_for_status(sdk_a.batches.retrieve, created.id, timeout=300, poll=0.5)
         assert finished.status == "completed", finished
         out = [
             json.loads(x)

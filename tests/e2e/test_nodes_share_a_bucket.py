@@ -23,9 +23,9 @@ from tests.e2e.test_node_killed_mid_batch import (
     kill_while_it_holds_lines,
 )
 from tests.factories import batch_line, jsonl
+from tests.http_helpers import wait_for_status
 from tests.live import OUTPUT, start_server, stop_server
 from tests.seaweed import Seaweed
-from tests.waiting import until
 
 pytestmark = pytest.mark.slow
 
@@ -68,13 +68,7 @@ def test_two_nodes_share_only_the_database_and_the_bucket(
         at_kill = kill_while_it_holds_lines(a.process, a_id, db, created.id)
         held = [r for r in at_kill if r["claimed_by"] == a_id and r["status"] == "running"]
 
-        finished = until(
-            lambda: sdk_b.batches.retrieve(created.id),
-            300,
-            f"batch {created.id} to finish",
-            accept=lambda x: x.status in ("completed", "failed", "expired", "cancelled"),
-            poll=0.5,
-        )
+        finished = wait_for_status(sdk_b.batches.retrieve, created.id, timeout=300, poll=0.5)
         assert finished.status == "completed", finished
         out = [
             json.loads(x)
