@@ -51,6 +51,8 @@ PART_BYTES = 8 * 1024 * 1024
 PART_SENDERS = ThreadPoolExecutor(max_workers=4, thread_name_prefix="s3-part")
 #: The error codes of an object that is not there.
 MISSING = ("NoSuchKey", "NoSuchObject", "ResourceNotFound")
+#: UploadPartCopy's smallest source, but for the last one (S3's smallest part).
+MIN_JOINED_PART = 5 * 1024 * 1024
 #: CopyObject's limit; a larger object is copied by UploadPartCopy (compose_object).
 COPY_OBJECT_MAX = 5 * 1024 * 1024 * 1024
 
@@ -254,6 +256,51 @@ class ObjectWrite(PartialWrite):
             pass
 
 
+class JoinedWrite(PartialWrite):
+    """An Uploads API file joined from its parts by the store (UploadPartCopy, through
+    minio's compose_object): the bytes written are hashed and counted for the checks and
+    the File row, and only the commit touches the bucket, so an md5 that does not match
+    leaves nothing behind. The parts are read once and never sent again."""
+
+    def __init__(self, storage: S3Storage, limit: int, sources: list[str], total: int) -> None:
+        super().__init__(storage, limit)
+        self.s3 = storage
+        self.file_id = new_id("file-")
+        self.sources = sources
+        self.total = total
+
+    def write(self, chunk: bytes) -> None:
+        if self._closed:
+            raise ValueError("the partial write was already committed or discarded")
+        self.size += len(chunk)
+        if self.size > self.limit:
+            raise TooLarge(self.limit)
+        self._sha.update(chunk)
+
+    def sync(self) -> None:
+        """Nothing to do: the store joins the parts at commit."""
+
+    def commit(self, file_id: str) -> Path:
+        if self._closed:
+            raise ValueError("the partial write was already committed or discarded")
+        if self.size != self.total:
+            self.discard()
+            raise ValueError(f"{self.size} bytes were hashed of the parts' {self.total}")
+        bucket, key = self.s3.location.bucket, self.s3.key(file_id)
+        sources = [ComposeSource(bucket, source) for source in self.sources]
+        try:
+            self.s3.client.compose_object(bucket, key, sources)
+        finally:  # a failed join aborts its own multipart upload
+            self._closed = True
+        return Path(key)
+
+    def commit_to(self, final: Path) -> Path:
+        raise ValueError("a joined file is committed under a file id, not as a part")
+
+    def discard(self) -> None:
+        self._closed = True  # nothing was written to the bucket before the commit
+
+
 def send_part(
     client: Minio, bucket: str, key: str, upload_id: str, number: int, spool: Path
 ) -> str:
@@ -294,6 +341,17 @@ class S3Storage(Storage):
 
     def begin_part_write(self, limit: int) -> PartialWrite:
         return ObjectWrite(self, limit)
+
+    def begin_join(
+        self, upload_id: str, parts: Sequence[tuple[str, int]], limit: int
+    ) -> PartialWrite | None:
+        """UploadPartCopy wants every part but the last to be at least 5 MiB (S3's
+        smallest part); an upload of smaller parts is streamed, as on the directory."""
+        sizes = [size for _, size in parts]
+        if not parts or min(sizes[:-1], default=MIN_JOINED_PART) < MIN_JOINED_PART:
+            return None
+        keys = [self.part_key(upload_id, part_id) for part_id, _ in parts]
+        return JoinedWrite(self, limit, keys, sum(sizes))
 
     def part_key(self, upload_id: str, part_id: str) -> str:
         upload, part = self.path(upload_id).name, self.path(part_id).name
@@ -445,6 +503,7 @@ def bucket_problem(storage: S3Storage, endpoint: str | None) -> str | None:
 
 
 __all__ = [
+    "JoinedWrite",
     "Location",
     "ObjectStream",
     "ObjectWrite",

@@ -159,6 +159,15 @@ class Storage:
     def begin_write(self, limit: int) -> PartialWrite:
         return PartialWrite(self, limit)
 
+    def begin_join(
+        self, upload_id: str, parts: Sequence[tuple[str, int]], limit: int
+    ) -> PartialWrite | None:
+        """A write that joins an upload's parts ((part id, bytes), in order) inside the store
+        itself, or None where the store cannot (the caller then writes their bytes to a
+        `begin_write`). The caller still writes every byte of the parts to it, in order:
+        they are hashed and counted, not stored; `commit` has the store join the parts."""
+        return None
+
     def begin_part_write(self, limit: int) -> PartialWrite:
         """A write of one Uploads API part (kept under the upload's folder by `commit_to`)."""
         return PartialWrite(self, limit)

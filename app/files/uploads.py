@@ -226,8 +226,14 @@ class UploadService:
         self, upload: Upload, owner: str, parts: list[UploadPart], md5: str | None
     ) -> PartialWrite:
         """The parts' bytes, in order, written into one new file (not yet committed), its
-        md5 checked against `md5` when one was sent."""
-        partial = self.storage.begin_write(self.files.limit_for(upload.purpose))
+        md5 checked against `md5` when one was sent. Where the store joins the parts itself
+        (S3's UploadPartCopy) they are still read, once: md5 and sha256 are not digests
+        that parts' digests combine into, and the order is known only now."""
+        limit = self.files.limit_for(upload.purpose)
+        listed = [(p.id, p.bytes) for p in parts]
+        partial = self.storage.begin_join(upload.id, listed, limit) or self.storage.begin_write(
+            limit
+        )
         try:
             digest = hashlib.md5(usedforsecurity=False)
             for part in parts:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import secrets
 from collections.abc import Iterator
 from pathlib import Path
@@ -159,3 +160,31 @@ def test_a_write_cut_off_mid_way_is_never_a_file_and_is_swept(
         assert unfinished() == [dead.key(file_id)]
         assert node.sweep_tmp(min_age=0) == 1
         assert unfinished() == []
+
+
+def test_parts_of_5_mib_or_more_are_joined_by_the_store(storage: Storage) -> None:
+    first, last = secrets.token_bytes(5 * 1024 * 1024), b"the end\n"
+    for part_id, data in (("part_a", first), ("part_b", last)):
+        partial = storage.begin_part_write(10**9)
+        partial.write(data)
+        path = storage.part_path("upload_j", part_id)
+        path.parent.mkdir(exist_ok=True)
+        partial.commit_to(path)
+    joined = storage.begin_join("upload_j", [("part_a", len(first)), ("part_b", len(last))], 10**9)
+    if not isinstance(storage, S3Storage):
+        assert joined is None  # the directory streams the parts into a new file
+        return
+    # Smaller parts but the last: streamed, as UploadPartCopy refuses them.
+    assert (
+        storage.begin_join("upload_j", [("part_b", len(last)), ("part_a", len(first))], 1) is None
+    )
+    assert isinstance(joined, s3_module.JoinedWrite) and joined.file_id
+    for data in (first, last):  # the caller hashes the bytes it reads; nothing is sent
+        joined.write(data)
+    assert not storage.exists(joined.file_id)
+    joined.commit(joined.file_id)
+    storage.delete_parts("upload_j")
+    with storage.open_file(joined.file_id) as fh:
+        assert fh.read() == first + last
+    assert joined.size == len(first + last)
+    assert joined.sha256 == hashlib.sha256(first + last).hexdigest()
