@@ -44,7 +44,7 @@ from app.models import Batch, BatchStatus, Request, RequestStatus
 #: A line whose claim ran out this many times (the server died while running it) fails
 #: instead of taking the server down again.
 MAX_ATTEMPTS = 3
-#: How far into each batch a lane's claim looks, in times the lines it wants (_claim_lane).
+#: How far into each batch a lane's claim looks, in times its room (_claim_lane).
 LOOK_AHEAD = 4
 
 
@@ -160,10 +160,12 @@ def _claim_lane(
     inflight: Container[str],
     t: float,
 ) -> list[Claim]:
-    # Lines this node holds whose lease lapsed may come back: look past them.
+    # Lines this node holds whose lease lapsed may come back: the LIMIT looks past them.
+    # The look into each batch's pending lines is a few times the room alone: the lines
+    # this node holds are running, not pending, so they take no place in it.
     wanted = n + held
     rows = conn.execute(
-        _claim_query(*routing), {"look": LOOK_AHEAD * wanted, "lapsed": t, "wanted": wanted}
+        _claim_query(*routing), {"look": LOOK_AHEAD * n, "lapsed": t, "wanted": wanted}
     ).all()
     claims = []
     for request_id, batch_id, offset, length, attempts, endpoint, file_id in rows:
