@@ -11,7 +11,8 @@ a GPU server answering short lines, so what is measured is the front's own cost.
 
 For each front it prints lines/s, the ratio to direct, the server's CPU seconds per line
 (utime+stime of the server process from /proc, over the batch), the API's read latency meanwhile (p50/p99
-of the bench's own list and retrieve calls, one pair every 20 ms), and the phases as the bench
+of the bench's own list and retrieve calls, one pair every 20 ms; `pushing_*` only those while
+the batch was in progress, when the node pushes its lines), and the phases as the bench
 saw them polling: validate (create -> in_progress), run (-> finalizing) and
 finalize (-> completed). `--nodes 2` runs two nodes on one PostgreSQL (and one files location)
 and reports the rate against one node. `--profile DIR` records py-spy (raw) of each server;
@@ -279,14 +280,19 @@ def through_batchyard(
                 },
             ).json()
             seen: dict[str, float] = {}
-            reads: list[float] = []  # the API's latency while the node pushes its lines
+            reads: list[float] = []  # the API's latency from create to completed
+            pushing: list[float] = []  # those while it was in progress: the node pushing
             while b["status"] not in ("completed", "failed", "expired", "cancelled"):
                 time.sleep(0.02)
+                was = b["status"]
                 t0 = time.perf_counter()
                 c.get(f"{api}/batches", params={"limit": 20}).raise_for_status()
                 t1 = time.perf_counter()
                 b = c.get(f"{api}/batches/{b['id']}").json()
-                reads += [t1 - t0, time.perf_counter() - t1]
+                pair = [t1 - t0, time.perf_counter() - t1]
+                reads += pair
+                if was == b["status"] == "in_progress":
+                    pushing += pair
                 seen.setdefault(b["status"], time.perf_counter() - started)
             seconds = time.perf_counter() - started
             cpu = sum(cpu_seconds(s.process.pid) for s in servers) - sum(cpu0)
@@ -312,6 +318,8 @@ def through_batchyard(
             "api_reads": len(reads),
             "api_p50_ms": round(percentile(reads, 50) * 1000, 1),
             "api_p99_ms": round(percentile(reads, 99) * 1000, 1),
+            "pushing_p50_ms": round(percentile(pushing, 50) * 1000, 1),
+            "pushing_p99_ms": round(percentile(pushing, 99) * 1000, 1),
         }
     finally:
         for spy in spies:
