@@ -23,6 +23,7 @@ log = logging.getLogger("batchyard")
 def run_worker(settings: Settings) -> int:
     from app.db import DatabaseError
     from app.engine.registry import load_engines
+    from app.heap import freeze_startup
     from app.services import build_services
 
     logging.basicConfig(level=settings.log_level.upper(), format=LOG_FORMAT)
@@ -46,6 +47,7 @@ def run_worker(settings: Settings) -> int:
         print(f"batchyard: the model could not be loaded: {failure}", file=sys.stderr, flush=True)
         services.db.close()
         return 1
+    freeze_startup()  # the services and engines, out of the collector's walks (app/heap.py)
     # Webhooks of batches that end here go out from here too (any node sends what is due).
     services.webhooks.start()
     try:
