@@ -21,7 +21,9 @@ import io
 import mmap
 import os
 import secrets
+import threading
 import time
+from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -51,6 +53,13 @@ PART_BYTES = 8 * 1024 * 1024
 PART_SENDERS = ThreadPoolExecutor(max_workers=4, thread_name_prefix="s3-part")
 #: The error codes of an object that is not there.
 MISSING = ("NoSuchKey", "NoSuchObject", "ResourceNotFound")
+#: A block of input lines read from the bucket reaches this far past its start, and is
+#: kept: the runner claims a batch's lines in order, a few each step as results free room,
+#: and the next claims are then read from memory instead of a ranged GET each (a GET takes
+#: milliseconds on a store nearby, tens of them on AWS, and the runner waits for it).
+READ_AHEAD_BYTES = 1024 * 1024
+#: Blocks kept at once, the most recently read: one per input file being read.
+KEPT_BLOCKS = 8
 #: UploadPartCopy's smallest source, but for the last one (S3's smallest part).
 MIN_JOINED_PART = 5 * 1024 * 1024
 #: CopyObject's limit; a larger object is copied by UploadPartCopy (compose_object).
@@ -329,6 +338,9 @@ class S3Storage(Storage):
         super().__init__(root)
         self.client = client
         self.location = location
+        # The last block read of each input file being read (see _block), most recent last.
+        self._blocks: OrderedDict[str, tuple[int, bytes]] = OrderedDict()
+        self._blocks_lock = threading.Lock()
 
     def key(self, file_id: str) -> str:
         return f"{self.location.prefix}files/{self.path(file_id).name}"
@@ -420,16 +432,38 @@ class S3Storage(Storage):
             response.release_conn()
 
     def read_spans(self, file_id: str, spans: Sequence[tuple[int, int]]) -> list[bytes]:
-        """One ranged GET per block of neighbouring spans (see Storage.read_spans)."""
+        """One ranged GET per block of neighbouring spans (see Storage.read_spans), reading
+        ahead: see READ_AHEAD_BYTES."""
         out: list[bytes] = [b""] * len(spans)
         for start, end, members in span_blocks(spans):
-            block = self.read_range(file_id, start, end - start)
+            at, block = self._block(file_id, start, end)
             for i in members:
                 offset, length = spans[i]
-                out[i] = block[offset - start : offset - start + length]
+                out[i] = block[offset - at : offset - at + length]
         return out
 
+    def _block(self, file_id: str, start: int, end: int) -> tuple[int, bytes]:
+        """(where it starts, bytes) of a block of the file holding [start, end): the one
+        kept from an earlier read when it does, else READ_AHEAD_BYTES read from `start`
+        (a larger block is read as it is and not kept)."""
+        with self._blocks_lock:
+            kept = self._blocks.get(file_id)
+            if kept is not None and kept[0] <= start and end <= kept[0] + len(kept[1]):
+                self._blocks.move_to_end(file_id)
+                return kept
+        if end - start > READ_AHEAD_BYTES:
+            return start, self.read_range(file_id, start, end - start)
+        block = self.read_range(file_id, start, READ_AHEAD_BYTES)  # less at the file's end
+        with self._blocks_lock:
+            self._blocks[file_id] = (start, block)
+            self._blocks.move_to_end(file_id)
+            while len(self._blocks) > KEPT_BLOCKS:
+                self._blocks.popitem(last=False)
+        return start, block
+
     def delete(self, file_id: str) -> None:
+        with self._blocks_lock:
+            self._blocks.pop(file_id, None)
         self.client.remove_object(self.location.bucket, self.key(file_id))
 
     def sweep_tmp(self, min_age: float = 0.0) -> int:

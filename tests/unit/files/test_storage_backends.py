@@ -188,3 +188,30 @@ def test_parts_of_5_mib_or_more_are_joined_by_the_store(storage: Storage) -> Non
         assert fh.read() == first + last
     assert joined.size == len(first + last)
     assert joined.sha256 == hashlib.sha256(first + last).hexdigest()
+
+
+def test_lines_claimed_a_few_at_a_time_are_read_in_few_requests(
+    storage: Storage, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lines = [f'{{"custom_id": "r{i}", "body": {{}}}}\n'.encode() for i in range(3000)]
+    _write(storage, "file-claims", lines)
+    offsets = [sum(len(x) for x in lines[:i]) for i in range(len(lines))]
+    requests: list[tuple[int, int]] = []
+    read_range = storage.read_range
+
+    def counted(file_id: str, offset: int, length: int) -> bytes:
+        requests.append((offset, length))
+        return read_range(file_id, offset, length)
+
+    monkeypatch.setattr(storage, "read_range", counted)
+    got: list[bytes] = []
+    for first in range(0, len(lines), 10):  # the runner's claims, in line order
+        spans = [(offsets[i], len(lines[i])) for i in range(first, first + 10)]
+        got += storage.read_spans("file-claims", spans)
+    assert got == lines
+    if isinstance(storage, S3Storage):  # 300 claims, 3 ranged GETs of READ_AHEAD_BYTES
+        total = sum(len(x) for x in lines)
+        assert len(requests) == -(-total // s3_module.READ_AHEAD_BYTES) < 5
+    storage.delete("file-claims")  # and what was kept of it goes with it
+    with pytest.raises(FileNotFoundError):
+        storage.read_spans("file-claims", [(0, 5)])
