@@ -19,11 +19,14 @@ and reports the rate against one node. `--profile DIR` records py-spy (raw) of e
 `python bench/spy_top.py DIR/*.txt` prints its top frames by thread. `--old DIR` (repeatable)
 runs each front from another checkout too (`git archive COMMIT | tar -x -C DIR`), in the same
 rounds, so a change is measured side by side; `--rounds N` repeats them and prints medians.
+`--s3` runs each front also with its files in a bucket on SeaweedFS (`NAME-s3`, started here
+by tests/seaweed.py) and prints the lines/s on S3 over those on the data dir.
 
     python bench/fleet.py                      # 3,000 lines, C=64, 20 ms
     python bench/fleet.py --lines 50000 --only sqlite,pg
     python bench/fleet.py --nodes 2 --only pg
     python bench/fleet.py --old /tmp/base --rounds 5 --only direct,sqlite
+    python bench/fleet.py --s3 --rounds 3 --only direct,sqlite,pg
 
 Figures (2 cores shared with other engineers' test runs, load average 4-6, so wall-clock
 rates swing up to 2x between runs; CPU a line swings less; bench/README.md has the table):
@@ -39,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import secrets
@@ -57,6 +61,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from tests.live import LiveServer, free_port, start_server, stop_server  # noqa: E402
+from tests.seaweed import Seaweed, seaweed_server  # noqa: E402
 
 MODEL = "fleet-model"
 CHAT = "/v1/chat/completions"
@@ -217,17 +222,23 @@ def through_batchyard(
     root: Path = ROOT,
     label: str = "",
     upstream_pid: int = 0,
+    bucket: Seaweed | None = None,
 ) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix="batchyard-fleet-"))
     engine = f"up=openai:{upstream},concurrency={args.concurrency}"
     extra = ["--no-embedded", "--engine", engine]
     if database_url:
         extra += ["--database-url", database_url]
+    s3_env: dict[str, str] = {}
+    if bucket is not None:  # the files in the bucket, under a prefix of this run's own
+        url = f"s3://{bucket.bucket}/fleet-{secrets.token_hex(4)}"
+        extra += ["--files-url", url, "--s3-endpoint", bucket.endpoint]
+        s3_env = bucket.env()
     servers: list[LiveServer] = []
     spies: list[subprocess.Popen[bytes]] = []
     try:
         for k in range(nodes):
-            env = {"BATCHYARD_NODE_NAME": f"fleet{k}"}
+            env = {"BATCHYARD_NODE_NAME": f"fleet{k}", **s3_env}
             servers.append(
                 start_server(
                     tmp / "data", tmp / f"node{k}.log", env=env, args=extra, timeout=60, root=root
@@ -347,6 +358,11 @@ def main(argv: list[str] | None = None) -> int:
         "--old", action="append", default=[], help="another checkout to run each front from"
     )
     p.add_argument("--rounds", type=int, default=1, help="rounds of every front; medians")
+    p.add_argument(
+        "--s3",
+        action="store_true",
+        help="each front also with its files on SeaweedFS (tests/seaweed.py), named NAME-s3",
+    )
     p.add_argument("--upstream-only", type=int, default=0, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.upstream_only:
@@ -364,7 +380,15 @@ def main(argv: list[str] | None = None) -> int:
     # This checkout, then each --old one, in every round: side by side.
     sides = [("", ROOT)] + [(f"old:{Path(d).name}", Path(d).resolve()) for d in args.old]
     runs: dict[str, list[dict[str, Any]]] = {}
+    stack = contextlib.ExitStack()
     try:
+        buckets: list[Seaweed | None] = [None]  # the data dir, and with --s3 a bucket
+        if args.s3:
+            folder = Path(tempfile.mkdtemp(prefix="batchyard-fleet-seaweed-"))
+            seaweed = stack.enter_context(seaweed_server(folder, folder / "seaweed.log"))
+            if isinstance(seaweed, str):
+                raise SystemExit(f"--s3: {seaweed}")
+            buckets.append(seaweed)
         fronts: list[tuple[str, str, int]] = []
         if "sqlite" in only:
             fronts.append(("sqlite", "", 1))
@@ -385,10 +409,10 @@ def main(argv: list[str] | None = None) -> int:
                 }
                 runs.setdefault("direct", []).append(d)
                 print("direct  " + "  ".join(f"{k}={v}" for k, v in d.items()), flush=True)
-            for front, server_url, nodes in fronts:
+            for front, server_url, nodes, bucket in ((*f, b) for f in fronts for b in buckets):
                 for side, root in sides:
-                    name = f"{front} {side}".strip()
-                    label = f"{args.label}{side.replace(':', '-')}-r{rnd}"
+                    name = f"{front}{'-s3' if bucket else ''} {side}".strip()
+                    label = f"{args.label}{'-s3' if bucket else ''}{side.replace(':', '-')}-r{rnd}"
                     db = PgDatabase(server_url) if server_url else None
                     try:
                         r = through_batchyard(
@@ -401,6 +425,7 @@ def main(argv: list[str] | None = None) -> int:
                             root,
                             label,
                             proc.pid,
+                            bucket,
                         )
                     finally:
                         if db is not None:
@@ -421,7 +446,14 @@ def main(argv: list[str] | None = None) -> int:
             two = results[many]["lines_per_s"] / results[one]["lines_per_s"]
             results["nodes_over_one"] = round(two, 2)
             print(f"{args.nodes} nodes / 1 node on PostgreSQL: {two:.2f}x")
+        for front, _, _ in fronts:
+            if f"{front}-s3" in results:
+                s3, directory = results[f"{front}-s3"]["lines_per_s"], results[front]["lines_per_s"]
+                results[f"{front}_s3_over_directory"] = round(s3 / directory, 3)
+                print(f"{front}: files on S3 / on the directory: {s3} / {directory} lines/s")
+                print(f"  = {s3 / directory:.3f}x")
     finally:
+        stack.close()
         proc.terminate()
         proc.wait(10)
     if args.json:
