@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection, Sequence
+from typing import Any
+
+from sqlalchemy import select as select_columns
 from sqlmodel import col, select
 
 from app.db import Database
@@ -24,22 +28,8 @@ def write_results(db: Database, storage: Storage, batch: Batch) -> dict[str, Wri
     writers: dict[str, PartialWrite] = {}
     try:
         last_line = 0
-        while True:
-            with db.read() as s:
-                rows = s.exec(
-                    select(Request)
-                    .where(
-                        Request.batch_id == batch.id,
-                        col(Request.line) > last_line,
-                        col(Request.status).in_(
-                            (RequestStatus.SUCCEEDED, RequestStatus.FAILED, RequestStatus.EXPIRED)
-                        ),
-                    )
-                    .order_by(col(Request.line))
-                    .limit(CHUNK)
-                ).all()
-            if not rows:
-                break
+        finished = (RequestStatus.SUCCEEDED, RequestStatus.FAILED, RequestStatus.EXPIRED)
+        while rows := result_rows(db, batch.id, finished, last_line):
             for r in rows:
                 kind = "output" if r.status == RequestStatus.SUCCEEDED else "error"
                 if kind not in writers:
@@ -56,6 +46,38 @@ def write_results(db: Database, storage: Storage, batch: Batch) -> dict[str, Wri
         for w in writers.values():
             w.discard()
         raise
+
+
+def result_rows(
+    db: Database, batch_id: str, statuses: Collection[str], after_line: int
+) -> Sequence[Any]:
+    """The next CHUNK of the batch's lines in `statuses` after `after_line`, in input order,
+    as plain rows of the columns an output line needs (an ORM object for each line cost
+    more than writing it)."""
+    with db.read() as s:
+        return (
+            s.connection()
+            .execute(
+                select_columns(
+                    col(Request.line),
+                    col(Request.id),
+                    col(Request.custom_id),
+                    col(Request.status),
+                    col(Request.status_code),
+                    col(Request.request_id),
+                    col(Request.body_json).label("body_json"),
+                    col(Request.error_json).label("error_json"),
+                )
+                .where(
+                    col(Request.batch_id) == batch_id,
+                    col(Request.line) > after_line,
+                    col(Request.status).in_(sorted(statuses)),
+                )
+                .order_by(col(Request.line))
+                .limit(CHUNK)
+            )
+            .all()
+        )
 
 
 def sweep_orphans(db: Database, storage: Storage, min_age: float = 0.0) -> int:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlmodel import col, func, select
 
-from app.batches.output import CHUNK
+from app.batches.output import CHUNK, result_rows
 from app.config import Settings
 from app.db import Database
 from app.errors import APIError, invalid, missing, not_found
@@ -332,20 +332,7 @@ class BatchService:
 
         def chunks() -> Iterator[bytes]:
             last = 0
-            while True:
-                with self.db.read() as s:
-                    rows = s.exec(
-                        select(Request)
-                        .where(
-                            Request.batch_id == batch_id,
-                            col(Request.line) > last,
-                            col(Request.status).in_(statuses),
-                        )
-                        .order_by(col(Request.line))
-                        .limit(CHUNK)
-                    ).all()
-                if not rows:
-                    return
+            while rows := result_rows(self.db, batch_id, statuses, last):
                 yield b"".join(encode_line(batch_output_line(r)) for r in rows)
                 last = rows[-1].line
 

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any, Literal, get_args
+from typing import Annotated, Any, Literal, Protocol, get_args
 
-from msgspec import Struct
+from msgspec import Raw, Struct
 from msgspec import json as msgspec_json
 
 from app import models
@@ -165,7 +165,19 @@ class BatchOutputLine(Struct, kw_only=True):
     error: BatchLineError | None
 
 
-def batch_output_line(r: models.Request) -> BatchOutputLine:
+class OutputRow(Protocol):
+    """What an output line is made of: a Request row, or just these of its columns."""
+
+    id: str
+    custom_id: str
+    status: str
+    status_code: int | None
+    request_id: str | None
+    body_json: str | None
+    error_json: str | None
+
+
+def batch_output_line(r: OutputRow) -> BatchOutputLine:
     if r.status == models.RequestStatus.EXPIRED:
         error = json.loads(r.error_json) if r.error_json else None
         return BatchOutputLine(
@@ -180,7 +192,8 @@ def batch_output_line(r: models.Request) -> BatchOutputLine:
         response=BatchResponse(
             status_code=r.status_code,
             request_id=r.request_id,
-            body=json.loads(r.body_json) if r.body_json else None,
+            # The stored body is JSON already: written as it is, not decoded and encoded again.
+            body=Raw(r.body_json) if r.body_json else None,
         ),
         error=None,
     )
