@@ -81,7 +81,8 @@ def record(
 ) -> None:
     """Store lines' results, (request id, batch id, outcome) each, and move their batches'
     counters, in the caller's transaction (which has locked the batch rows first and holds
-    the request rows). One UPDATE for every line (executemany) and one per batch."""
+    the request rows). One UPDATE for every line (executemany) and one per batch, on the
+    Core connection: no ORM object is loaded in it, so the session has nothing to sync."""
     if not results:
         return
     rows: list[dict[str, Any]] = []
@@ -117,7 +118,7 @@ def record(
         rows,
     )
     for batch_id, (completed, failed, prompt, completion, cached) in sorted(counts.items()):
-        s.exec(
+        s.connection().execute(
             update(Batch)
             .where(col(Batch.id) == batch_id)
             .values(
@@ -133,7 +134,7 @@ def record(
 def lock_batches(s: Session, batch_ids: list[str]) -> None:
     """Lock batch rows, in id order (the order every transaction keeps), until the
     transaction ends: FOR UPDATE on PostgreSQL; SQLite's write transaction holds them."""
-    s.exec(
+    s.connection().execute(
         select(Batch.id)
         .where(col(Batch.id).in_(sorted(batch_ids)))
         .order_by(col(Batch.id))

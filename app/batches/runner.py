@@ -457,7 +457,8 @@ class Runner:
         lock_batches(s, list({bid for _, bid, _ in done}))
         # Only lines this node still holds: a cancelled, expired, or elsewhere claimed
         # again line is not ours to write.
-        ours = s.exec(
+        conn = s.connection()
+        ours = conn.execute(
             select(Request.id, Request.batch_id)
             .where(
                 col(Request.id).in_(sorted(futures)),
