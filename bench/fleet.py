@@ -433,7 +433,7 @@ def main(argv: list[str] | None = None) -> int:
                     if runs.get("direct"):
                         r["ratio"] = round(r["lines_per_s"] / runs["direct"][-1]["lines_per_s"], 3)
                     runs.setdefault(name, []).append(r)
-                    print(f"{name:<8}" + "  ".join(f"{k}={v}" for k, v in r.items()), flush=True)
+                    print(f"{name:<9} " + "  ".join(f"{k}={v}" for k, v in r.items()), flush=True)
         for name, rs in runs.items():
             results[name] = medians(rs)
         if args.rounds > 1 or args.old:
