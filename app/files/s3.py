@@ -41,7 +41,7 @@ from minio.credentials.providers import (
     IamAwsProvider,
 )
 from minio.datatypes import Part
-from minio.error import S3Error
+from minio.error import MinioException, S3Error
 
 from app.files.storage import PartialWrite, Storage, TooLarge, span_blocks
 from app.models import new_id
@@ -107,6 +107,29 @@ def make_client(endpoint: str | None) -> Minio:
     )
 
 
+class StoreError(OSError):
+    """The object store refused a request or did not answer. An OSError, as a disk's
+    failure is, so that what the callers do on a storage failure (an upload answered 500,
+    finalize's retries and then a failed batch, an input line that cannot be read) is the
+    same on both backends."""
+
+
+@contextlib.contextmanager
+def store_errors(doing: str) -> Iterator[None]:
+    """Raise the store's failures while `doing` as StoreError (a missing object as
+    FileNotFoundError), with a message a user can act on."""
+    try:
+        yield
+    except S3Error as exc:
+        if exc.code in MISSING:
+            raise FileNotFoundError(errno.ENOENT, "No such object", exc.resource) from None
+        message = f"the object store refused to {doing} ({exc.code}: {exc.message})"
+        raise StoreError(errno.EIO, message) from exc
+    except (MinioException, urllib3.exceptions.HTTPError) as exc:
+        message = f"the object store did not answer while trying to {doing}: {exc}"
+        raise StoreError(errno.EIO, message) from exc
+
+
 class ObjectStream(io.RawIOBase):
     """An object's bytes read as they arrive (a file-like for validators and downloads)."""
 
@@ -117,7 +140,8 @@ class ObjectStream(io.RawIOBase):
         return True
 
     def readinto(self, buffer: Any) -> int:
-        data = self._response.read(len(buffer))
+        with store_errors("read a file"):
+            data = self._response.read(len(buffer))
         buffer[: len(data)] = data
         return len(data)
 
@@ -168,7 +192,8 @@ class ObjectWrite(PartialWrite):
             self._filled += len(piece)
             view = view[len(piece) :]
             if self._filled == PART_BYTES:
-                self._send()
+                with store_errors("store a part of a file"):
+                    self._send()
 
     def _spool_file(self) -> BinaryIO:
         if self._spool is None:
@@ -216,6 +241,10 @@ class ObjectWrite(PartialWrite):
     def _commit_key(self, key: str) -> Path:
         if self._closed:
             raise ValueError("the partial write was already committed or discarded")
+        with store_errors("store a file"):
+            return self._complete(key)
+
+    def _complete(self, key: str) -> Path:
         client, bucket = self.s3.client, self.s3.location.bucket
         try:
             if self._upload_id is None:
@@ -253,16 +282,15 @@ class ObjectWrite(PartialWrite):
         self._sends = []
         for path in self._spools:
             path.unlink(missing_ok=True)
+        # A store that refuses or does not answer now leaves what a start's sweep removes
+        # (an unfinished upload; an object under no File row): a discard never raises.
+        unreachable = (MinioException, urllib3.exceptions.HTTPError)
         if self._upload_id is not None:
             upload_id, self._upload_id = self._upload_id, None
-            try:
+            with contextlib.suppress(*unreachable):
                 client._abort_multipart_upload(bucket, self.tmp_key, upload_id)
-            except S3Error:
-                pass  # an upload the store already dropped leaves nothing to abort
-        try:
+        with contextlib.suppress(*unreachable):
             client.remove_object(bucket, self.tmp_key)
-        except S3Error:
-            pass
 
 
 class JoinedWrite(PartialWrite):
@@ -298,7 +326,8 @@ class JoinedWrite(PartialWrite):
         bucket, key = self.s3.location.bucket, self.s3.key(file_id)
         sources = [ComposeSource(bucket, source) for source in self.sources]
         try:
-            self.s3.client.compose_object(bucket, key, sources)
+            with store_errors("join an upload's parts"):
+                self.s3.client.compose_object(bucket, key, sources)
         finally:  # a failed join aborts its own multipart upload
             self._closed = True
         return Path(key)
@@ -411,12 +440,15 @@ class S3Storage(Storage):
         return self._get_key(self.key(file_id), offset, length)
 
     def _get_key(self, key: str, offset: int = 0, length: int = 0) -> Any:
-        try:
-            return self.client.get_object(self.location.bucket, key, offset=offset, length=length)
-        except S3Error as exc:
-            if exc.code in MISSING:
-                raise FileNotFoundError(errno.ENOENT, "No such object", key) from None
-            raise
+        with store_errors("read a file"):
+            try:
+                return self.client.get_object(
+                    self.location.bucket, key, offset=offset, length=length
+                )
+            except S3Error as exc:
+                if exc.code in MISSING:  # named by its key, as a path names a missing file
+                    raise FileNotFoundError(errno.ENOENT, "No such object", key) from None
+                raise
 
     def open_file(self, file_id: str) -> io.BufferedReader:
         return io.BufferedReader(ObjectStream(self._get(file_id)), buffer_size=1024 * 1024)
@@ -426,7 +458,8 @@ class S3Storage(Storage):
             return b""
         response = self._get(file_id, offset, length)
         try:
-            return bytes(response.read())
+            with store_errors("read a file"):
+                return bytes(response.read())
         finally:
             response.close()
             response.release_conn()
@@ -542,6 +575,7 @@ __all__ = [
     "ObjectStream",
     "ObjectWrite",
     "S3Storage",
+    "StoreError",
     "bucket_problem",
     "make_client",
 ]

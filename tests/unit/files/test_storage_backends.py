@@ -215,3 +215,24 @@ def test_lines_claimed_a_few_at_a_time_are_read_in_few_requests(
     storage.delete("file-claims")  # and what was kept of it goes with it
     with pytest.raises(FileNotFoundError):
         storage.read_spans("file-claims", [(0, 5)])
+
+
+def test_a_store_that_does_not_answer_is_an_os_error(
+    seaweed: Seaweed, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As a failing disk is: uploads answer 500 and finalize retries, then fails the batch."""
+    monkeypatch.setattr(s3_module, "PART_BYTES", 5 * 1024 * 1024)
+    with aws_env(seaweed):
+        gone = S3Storage(tmp_path, make_client("http://127.0.0.1:9"), Location("b-1", "p/"))
+        partial = gone.begin_write(10**9)
+        with pytest.raises(OSError, match="the object store did not answer while trying to"):
+            for _ in range(6):  # the first part goes out at 5 MiB
+                partial.write(secrets.token_bytes(1024 * 1024))
+        partial.discard()
+        small = gone.begin_write(10**9)
+        small.write(b"a line\n")
+        with pytest.raises(OSError, match="did not answer while trying to store a file"):
+            small.commit(small.file_id or "file-x")
+        with pytest.raises(OSError, match="did not answer while trying to read a file"):
+            gone.read_spans("file-x", [(0, 5)])
+        assert list(gone.tmp_dir.iterdir()) == []
