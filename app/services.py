@@ -17,7 +17,7 @@ from app.db import Database
 from app.engine.base import Engine
 from app.files.backend import open_storage
 from app.files.service import FileService
-from app.files.storage import Storage
+from app.files.storage import UNFINISHED_MAX_AGE, Storage
 from app.files.uploads import UploadService
 from app.webhooks.service import WebhookService
 
@@ -58,6 +58,7 @@ def build_services(
     runner = Runner(settings, db, storage, files, None, **runner_options)
     uploads = UploadService(settings, db, storage, files)
     runner.sweeps.append(uploads.sweep_expired)
+    runner.sweeps.append(lambda: storage.sweep_unfinished(UNFINISHED_MAX_AGE))
     webhooks = WebhookService(settings, db)
     runner.end_hooks.append(webhooks.enqueue)
     svc = Services(

@@ -504,16 +504,22 @@ class S3Storage(Storage):
         the prefix begun more than `min_age` seconds ago: a node killed mid-write (an
         upload, an output file at finalize) leaves one unfinished, invisible as a file but
         its parts stored (and billed) until aborted. Returns how many things went."""
-        count = super().sweep_tmp(min_age)
+        return super().sweep_tmp(min_age) + self.sweep_unfinished(min_age)
+
+    def sweep_unfinished(self, min_age: float) -> int:
+        """Abort the multipart uploads under the prefix begun more than `min_age` seconds
+        ago (see sweep_tmp); returns how many."""
+        count = 0
         bucket, now = self.location.bucket, time.time()
         key_marker = upload_marker = None
         while True:
-            found = self.client._list_multipart_uploads(
-                bucket,
-                prefix=self.location.prefix,
-                key_marker=key_marker,
-                upload_id_marker=upload_marker,
-            )
+            with store_errors("list the unfinished uploads"):
+                found = self.client._list_multipart_uploads(
+                    bucket,
+                    prefix=self.location.prefix,
+                    key_marker=key_marker,
+                    upload_id_marker=upload_marker,
+                )
             for upload in found.uploads:
                 begun = upload.initiated_time.timestamp() if upload.initiated_time else now
                 if upload.object_name and upload.upload_id and now - begun >= min_age:

@@ -219,6 +219,12 @@ class Storage:
             except FileNotFoundError:
                 continue
 
+    def sweep_unfinished(self, min_age: float) -> int:
+        """Remove writes left unfinished in a store shared by the nodes, begun more than
+        `min_age` seconds ago; the runner calls it on its sweeps. A directory has none
+        (its temporary files are each node's own, removed by `sweep_tmp` at start)."""
+        return 0
+
     def sweep_tmp(self, min_age: float = 0.0) -> int:
         """Remove temporary files left by a crash (those older than `min_age` seconds:
         on a shared files location, younger ones may be another node's uploads)."""
@@ -230,6 +236,10 @@ class Storage:
         return count
 
 
+#: Writes left unfinished in a shared store are removed by the runner's sweeps once they
+#: are this old (a day, as S3 lifecycle rules commonly abort them): no upload or output
+#: file takes that long, and a start removes those of a dead node an hour old already.
+UNFINISHED_MAX_AGE = 24 * 3600.0
 #: Spans further apart than this are read separately (the bytes between them are skipped).
 SPAN_GAP_BYTES = 64 * 1024
 #: One block read holds at most this much (a claim of long lines reads in several).

@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 
 from app.config import Settings
+from app.files import s3 as s3_module
+from app.files.storage import UNFINISHED_MAX_AGE
 from app.models import BatchStatus, File, RequestStatus, now
 from app.services import Services, build_services
 from tests.factories import CHAT, batch_line
@@ -183,3 +185,26 @@ def test_runner_sweeps_on_its_interval(tmp_path: Path) -> None:
     out = expired_output(always)
     assert not always.storage.path(out).is_file()
     assert out not in {f.id for f in file_rows(always)}
+
+
+def test_the_runner_sweeps_unfinished_writes_once_a_day_old(
+    tmp_path: Path, where: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    svc = build_services(
+        Settings(data_dir=str(tmp_path), **where), HangingEngine(), sweep_interval=0.0
+    )
+    ages: list[float] = []
+    sweep = svc.storage.sweep_unfinished
+
+    def recorded(min_age: float) -> int:
+        ages.append(min_age)
+        return sweep(min_age)
+
+    monkeypatch.setattr(svc.storage, "sweep_unfinished", recorded)
+    writing = svc.storage.begin_write(10**9)  # a write in progress, on S3 a multipart upload
+    monkeypatch.setattr(s3_module, "PART_BYTES", 5 * 1024 * 1024)
+    writing.write(secrets.token_bytes(6 * 1024 * 1024))
+    svc.runner.step()
+    assert ages == [UNFINISHED_MAX_AGE] == [24 * 3600]
+    writing.commit(writing.file_id or "file-w")  # the sweep left it alone: it completes
+    assert svc.storage.exists(writing.file_id or "file-w")
