@@ -36,6 +36,13 @@ rates swing up to 2x between runs; CPU a line swings less; bench/README.md has t
     (0.42-0.56x), 0.50-0.65 ms; 50,000 lines: sqlite 1,187 l/s (validate 2.2 s, run 37.6 s,
     finalize 2.4 s), pg 388 l/s (3.2 / 122.4 / 3.1 s), 653 l/s once the claim's batches
     were a CTE (4.7 / 68.7 / 3.2 s); two nodes on pg 1.35x one node.
+  session 2 (load 0.5-2.9; medians of 3 rounds beside the session's first commit, ac24a3f):
+    3,000 lines: sqlite 1,965 -> 2,247 l/s (0.72x -> 0.84x), 0.397 -> 0.300 ms CPU/line,
+    p99 while pushing 41 -> 15 ms; pg 1,611 -> 1,930 l/s (0.59x -> 0.73x), 0.413 -> 0.327 ms,
+    65 -> 41 ms. 50,000 lines, one round: sqlite 2,027 -> 2,110 l/s (0.75x -> 0.78x),
+    0.379 -> 0.297 ms, p99 52 -> 26 ms; pg 1,748 -> 1,910 l/s (0.65x -> 0.71x), 0.366 ->
+    0.292 ms, 61 -> 20 ms. The upstream stand-in takes 0.05-0.06 ms a line, the direct
+    client 0.10-0.12 ms.
 """
 
 from __future__ import annotations
