@@ -8,11 +8,13 @@ during complete, and the throughput. Linux only (reads /proc).
 
     python bench/upload_rss.py                 # 8 parts of 128 MiB: 1 GiB
     python bench/upload_rss.py --parts 16 --part-mib 64 --json result.json
+    python bench/upload_rss.py --s3 --part-mib 32    # the node's files on SeaweedFS
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import sys
@@ -29,6 +31,7 @@ sys.path.insert(0, str(ROOT))
 from openai import OpenAI  # noqa: E402
 
 from tests.live import OUTPUT, start_server, stop_server  # noqa: E402
+from tests.seaweed import seaweed_server  # noqa: E402
 
 MIB = 1024 * 1024
 
@@ -90,6 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--parts", type=int, default=8)
     ap.add_argument("--part-mib", type=int, default=128)
     ap.add_argument("--json", type=Path, help="write the figures here too")
+    ap.add_argument("--s3", action="store_true", help="the node's files on SeaweedFS")
     args = ap.parse_args(argv)
     part_bytes = args.part_mib * MIB
     total = args.parts * part_bytes
@@ -97,10 +101,18 @@ def main(argv: list[str] | None = None) -> int:
         "BATCHYARD_MAX_UPLOAD_PART_BYTES": str(part_bytes),
         "BATCHYARD_MAX_FILE_BYTES": str(total),
     }
-    with tempfile.TemporaryDirectory(prefix="upload-rss-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="upload-rss-") as tmp, contextlib.ExitStack() as stack:
         folder = Path(tmp)
         paths, md5 = write_parts(folder, args.parts, part_bytes)
-        server = start_server(folder / "data", OUTPUT / "upload-rss.log", env=env)
+        extra: list[str] = []
+        if args.s3:
+            (folder / "seaweed").mkdir()
+            seaweed = stack.enter_context(seaweed_server(folder / "seaweed", folder / "sw.log"))
+            if isinstance(seaweed, str):
+                raise SystemExit(f"--s3: {seaweed}")
+            env |= seaweed.env()
+            extra = ["--files-url", f"s3://{seaweed.bucket}/rss", "--s3-endpoint", seaweed.endpoint]
+        server = start_server(folder / "data", OUTPUT / "upload-rss.log", env=env, args=extra)
         try:
             client = OpenAI(api_key="unused", base_url=server.api, max_retries=0, timeout=600)
             pid = server.process.pid
@@ -135,6 +147,7 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             stop_server(server)
     figures: dict[str, Any] = {
+        "files": "s3" if args.s3 else "directory",
         "parts": args.parts,
         "part_mib": args.part_mib,
         "total_mib": total // MIB,
