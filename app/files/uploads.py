@@ -1,8 +1,10 @@
 """The uploads service: a file sent in parts (OpenAI's Uploads API), completed into a File.
 
-Parts stream to disk (app/files/multipart.py) under data_dir/uploads/<upload id>/, may come in
-any order and in parallel, and are concatenated into the File on complete, a piece at a
-time, so memory stays flat whatever the size. An unfinished upload expires after
+Parts stream to storage (app/files/multipart.py): under data_dir/uploads/<upload id>/, or
+objects under uploads/<upload id>/ in a bucket. They may come in any order and in parallel,
+and are joined into the File on complete, read a piece at a time (for the md5 and sha256)
+and either written out again or, in a bucket that can, joined there (Storage.begin_join),
+so memory stays flat whatever the size. An unfinished upload expires after
 `upload_expires_seconds` (an hour); the runner's sweep then removes its parts.
 """
 
