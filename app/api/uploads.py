@@ -100,7 +100,7 @@ async def add_upload_part(
         refuse=lambda limit, _: part_too_large(limit),
         expected="Upload parts (a 'data' part)",
         ready=lambda: uploads.check_open(upload_id, owner),
-        upload_part=True,
+        upload_part=upload_id,
     )
     partial = got.partial
     part = await anyio.to_thread.run_sync(lambda: uploads.add_part(upload_id, owner, partial))

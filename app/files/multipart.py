@@ -193,7 +193,7 @@ async def receive_file_part(
     refuse: Callable[[int, dict[str, str]], APIError],
     expected: str,
     ready: Callable[[], object] | None = None,
-    upload_part: bool = False,
+    upload_part: str | None = None,
 ) -> Received:
     """Receive a request's multipart body with its one file part (`field`) streamed to disk.
 
@@ -202,7 +202,7 @@ async def receive_file_part(
     declared Content-Length is already over `limit({})` is refused before a byte is read;
     `refuse(limit, fields)` is the 413 either way. `ready` runs (in a thread) once that
     check passed and before the body is read: the parts' 404 for an upload that is not open.
-    `upload_part` writes where the Uploads API keeps parts (Storage.begin_part_write).
+    `upload_part`, an upload's id, writes a part of it (Storage.begin_part_write).
     A missing file part is a 400 naming `field`; nothing half-written is kept on any error.
     """
     declared = limit({})
@@ -214,8 +214,9 @@ async def receive_file_part(
 
     def begin_write(fields: dict[str, str]) -> PartialWrite:
         before_file.update(fields)
-        begin = storage.begin_part_write if upload_part else storage.begin_write
-        return begin(limit(fields))
+        if upload_part is not None:
+            return storage.begin_part_write(limit(fields), upload_part)
+        return storage.begin_write(limit(fields))
 
     try:
         form = await stream_form(

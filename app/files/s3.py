@@ -163,14 +163,19 @@ class ObjectWrite(PartialWrite):
     from 390 to 600 MiB.)
     """
 
-    def __init__(self, storage: S3Storage, limit: int) -> None:
+    def __init__(self, storage: S3Storage, limit: int, upload_id: str | None = None) -> None:
         super().__init__(storage, limit)
         self.s3 = storage
-        # Parts stream to this id's key: a multipart upload is invisible until completed,
-        # so the file appears whole under its id when committed, with no copy. A commit
-        # under another id (an Uploads API part) completes to a temporary key and copies.
-        self.file_id = new_id("file-")
-        self.tmp_key = storage.key(self.file_id)
+        # Parts stream to the key of the id chosen here (a file's, or with `upload_id` an
+        # Uploads API part's): a multipart upload is invisible until completed, so the
+        # bytes appear whole under that id when committed, with no copy. A commit under
+        # another key completes to this one and copies.
+        if upload_id is None:
+            self.file_id = new_id("file-")
+            self.tmp_key = storage.key(self.file_id)
+        else:
+            self.part_id = new_id("part_")
+            self.tmp_key = storage.part_key(upload_id, self.part_id)
         self._spool: BinaryIO | None = None  # the part being filled
         self._filled = 0  # its bytes so far
         self._spools: list[Path] = []  # every spool file made, removed by the end
@@ -380,8 +385,8 @@ class S3Storage(Storage):
     def begin_write(self, limit: int) -> PartialWrite:
         return ObjectWrite(self, limit)
 
-    def begin_part_write(self, limit: int) -> PartialWrite:
-        return ObjectWrite(self, limit)
+    def begin_part_write(self, limit: int, upload_id: str) -> PartialWrite:
+        return ObjectWrite(self, limit, upload_id)
 
     def begin_join(
         self, upload_id: str, parts: Sequence[tuple[str, int]], limit: int

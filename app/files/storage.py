@@ -73,6 +73,8 @@ class PartialWrite:
         # The id this write is best committed under, when the backend wants to know it
         # first (a bucket streams the parts to that id's key); None lets the caller choose.
         self.file_id: str | None = None
+        # The same for an Uploads API part (Storage.begin_part_write).
+        self.part_id: str | None = None
 
     def _file(self) -> BinaryIO:
         if self._closed:
@@ -168,8 +170,9 @@ class Storage:
         they are hashed and counted, not stored; `commit` has the store join the parts."""
         return None
 
-    def begin_part_write(self, limit: int) -> PartialWrite:
-        """A write of one Uploads API part (kept under the upload's folder by `commit_to`)."""
+    def begin_part_write(self, limit: int, upload_id: str) -> PartialWrite:
+        """A write of one part of upload `upload_id` (kept under the upload's folder by
+        `commit_to`)."""
         return PartialWrite(self, limit)
 
     def local_path(self, file_id: str) -> Path | None:

@@ -134,7 +134,8 @@ class UploadService:
 
     def add_part(self, upload_id: str, owner: str, partial: PartialWrite) -> UploadPart:
         """Keep a streamed part; its bytes may not take the upload past its `bytes`."""
-        part = UploadPart(id=new_id("part_"), upload_id=upload_id, bytes=partial.size)
+        part_id = partial.part_id or new_id("part_")
+        part = UploadPart(id=part_id, upload_id=upload_id, bytes=partial.size)
         path = self.storage.part_path(upload_id, part.id)
         try:
             # The fsync of up to 64 MB goes before the write transaction: on SQLite that

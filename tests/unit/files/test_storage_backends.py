@@ -165,7 +165,7 @@ def test_a_write_cut_off_mid_way_is_never_a_file_and_is_swept(
 def test_parts_of_5_mib_or_more_are_joined_by_the_store(storage: Storage) -> None:
     first, last = secrets.token_bytes(5 * 1024 * 1024), b"the end\n"
     for part_id, data in (("part_a", first), ("part_b", last)):
-        partial = storage.begin_part_write(10**9)
+        partial = storage.begin_part_write(10**9, "upload_j")
         partial.write(data)
         path = storage.part_path("upload_j", part_id)
         path.parent.mkdir(exist_ok=True)
@@ -236,3 +236,29 @@ def test_a_store_that_does_not_answer_is_an_os_error(
         with pytest.raises(OSError, match="did not answer while trying to read a file"):
             gone.read_spans("file-x", [(0, 5)])
         assert list(gone.tmp_dir.iterdir()) == []
+
+
+def test_a_part_streams_to_its_own_key_in_the_bucket(
+    seaweed: Seaweed, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its multipart upload goes to uploads/<upload id>/<part id> from the first byte, so
+    keeping it is completing that upload: no server-side copy of up to 64 MB inside the
+    write transaction that takes the part."""
+    monkeypatch.setattr(s3_module, "PART_BYTES", 5 * 1024 * 1024)
+    with aws_env(seaweed):
+        location = Location.parse(f"s3://{seaweed.bucket}/parts-{secrets.token_hex(4)}")
+        storage = S3Storage(tmp_path, make_client(seaweed.endpoint), location)
+        partial = storage.begin_part_write(10**9, "upload_p")
+        assert partial.part_id and partial.file_id is None
+        data = secrets.token_bytes(6 * 1024 * 1024)
+        partial.write(data)
+        key = storage.part_key("upload_p", partial.part_id)
+        found = storage.client._list_multipart_uploads(seaweed.bucket, prefix=location.prefix)
+        assert [u.object_name for u in found.uploads] == [key]
+        copies: list[str] = []
+        monkeypatch.setattr(storage, "copy", lambda source, key, size: copies.append(key))
+        partial.commit_to(storage.part_path("upload_p", partial.part_id))
+        assert copies == []
+        with storage.open_part("upload_p", partial.part_id) as fh:
+            assert fh.read() == data
+        assert list(storage.stored_files()) == []
