@@ -27,6 +27,11 @@ by tests/seaweed.py) and prints the lines/s on S3 over those on the data dir.
     python bench/fleet.py --nodes 2 --only pg
     python bench/fleet.py --old /tmp/base --rounds 5 --only direct,sqlite
     python bench/fleet.py --s3 --rounds 3 --only direct,sqlite,pg
+    python bench/fleet.py --upstream-url http://127.0.0.1:8080 --upstream-pid PID --lines 1000
+
+`--upstream-url URL` sends the lines to a server already running there (llama-server, vLLM)
+instead of the stand-in; the lines name `--model`, by default the first model its
+`/v1/models` lists. `--upstream-pid` (its process) adds its CPU a line to the figures.
 
 Figures (2 cores shared with other engineers' test runs, load average 4-6, so wall-clock
 rates swing up to 2x between runs; CPU a line swings less; bench/README.md has the table):
@@ -135,13 +140,23 @@ def start_upstream(latency_ms: float) -> tuple[subprocess.Popen[bytes], str]:
     raise SystemExit("the bench's upstream did not start")
 
 
+def first_model(url: str) -> str:
+    """The first model an external upstream's `/v1/models` lists."""
+    listed = httpx.get(url + "/v1/models", timeout=10)
+    listed.raise_for_status()
+    data = listed.json().get("data") or []
+    if not data:
+        raise SystemExit(f"{url}/v1/models lists no model: give --model")
+    return str(data[0]["id"])
+
+
 # -- the lines ---------------------------------------------------------------------------
 
 
-def bodies(n: int) -> list[dict[str, Any]]:
+def bodies(n: int, model: str = MODEL) -> list[dict[str, Any]]:
     return [
         {
-            "model": MODEL,
+            "model": model,
             "max_tokens": 1,
             "messages": [{"role": "user", "content": f"Is line {i} positive or negative?"}],
         }
@@ -370,19 +385,33 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="each front also with its files on SeaweedFS (tests/seaweed.py), named NAME-s3",
     )
+    p.add_argument(
+        "--upstream-url", default="", help="a server already running there instead of the stand-in"
+    )
+    p.add_argument("--model", default="", help="with --upstream-url: default its first model")
+    p.add_argument("--upstream-pid", type=int, default=0, help="with --upstream-url: its CPU too")
     p.add_argument("--upstream-only", type=int, default=0, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.upstream_only:
         serve_upstream(args.upstream_only, args.latency_ms)
         return 0
     only = set(args.only.split(","))
-    items = bodies(args.lines)
+    proc: subprocess.Popen[bytes] | None = None
+    if args.upstream_url:
+        upstream = args.upstream_url.rstrip("/")
+        model = args.model or first_model(upstream)
+        upstream_pid = args.upstream_pid
+    else:
+        proc, upstream = start_upstream(args.latency_ms)
+        model, upstream_pid = MODEL, proc.pid
+    items = bodies(args.lines, model)
     data = jsonl(items)
-    proc, upstream = start_upstream(args.latency_ms)
     results: dict[str, Any] = {
         "lines": args.lines,
         "concurrency": args.concurrency,
-        "latency_ms": args.latency_ms,
+        "latency_ms": None if args.upstream_url else args.latency_ms,
+        "upstream": args.upstream_url or "stand-in",
+        "model": model,
     }
     # This checkout, then each --old one, in every round: side by side.
     sides = [("", ROOT)] + [(f"old:{Path(d).name}", Path(d).resolve()) for d in args.old]
@@ -405,9 +434,11 @@ def main(argv: list[str] | None = None) -> int:
                 fronts.append((f"pg-{args.nodes}-nodes", args.pg_server, args.nodes))
         for rnd in range(args.rounds):
             if "direct" in only:
-                own0, up0 = os.times(), cpu_seconds(proc.pid)
+                own0 = os.times()
+                up0 = cpu_seconds(upstream_pid) if upstream_pid else 0.0
                 seconds = asyncio.run(direct(upstream, items, args.concurrency))
-                own1, up1 = os.times(), cpu_seconds(proc.pid)
+                own1 = os.times()
+                up1 = cpu_seconds(upstream_pid) if upstream_pid else 0.0
                 own = own1.user + own1.system - own0.user - own0.system
                 d = {
                     "lines_per_s": round(args.lines / seconds, 1),
@@ -431,7 +462,7 @@ def main(argv: list[str] | None = None) -> int:
                             nodes,
                             root,
                             label,
-                            proc.pid,
+                            upstream_pid,
                             bucket,
                         )
                     finally:
@@ -461,8 +492,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  = {s3 / directory:.3f}x")
     finally:
         stack.close()
-        proc.terminate()
-        proc.wait(10)
+        if proc is not None:
+            proc.terminate()
+            proc.wait(10)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
     return 0
