@@ -17,8 +17,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tests.live import free_port
+
+if TYPE_CHECKING:
+    from minio import Minio
 
 #: Any key works: without an IAM config SeaweedFS accepts every signed request.
 ACCESS_KEY = "batchyard-test"
@@ -40,6 +44,18 @@ class Seaweed:
             "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
             "AWS_REGION": "us-east-1",
         }
+
+    def client(self) -> Minio:
+        """A minio client on this server, for tests that look into the bucket."""
+        from minio import Minio
+
+        return Minio(
+            self.endpoint.removeprefix("http://"),
+            access_key=ACCESS_KEY,
+            secret_key=SECRET_KEY,
+            secure=False,
+            region="us-east-1",
+        )
 
 
 def weed_binary() -> str | None:
@@ -92,15 +108,7 @@ def seaweed_server(data: Path, log: Path) -> Iterator[Seaweed | str]:
 
 
 def _make_bucket(server: Seaweed) -> str | None:
-    from minio import Minio
-
-    client = Minio(
-        server.endpoint.removeprefix("http://"),
-        access_key=ACCESS_KEY,
-        secret_key=SECRET_KEY,
-        secure=False,
-        region="us-east-1",
-    )
+    client = server.client()
     deadline = time.monotonic() + STARTUP_SECONDS
     last: Exception | None = None
     while time.monotonic() < deadline:

@@ -27,6 +27,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from openai.types import FileObject
 from sqlalchemy import Engine, create_engine, text
 
 from tests.factories import batch_line, jsonl
@@ -83,6 +84,17 @@ def kill_while_it_holds_lines(
         time.sleep(0.05)
 
 
+def upload_counting_lines(sdk: openai.OpenAI, n: int) -> tuple[FileObject, list[str]]:
+    """An input file of n short counting lines (a few tokens each), uploaded through sdk,
+    and the lines' custom_ids."""
+    lines = [
+        batch_line(f"line-{i}", f"Count to {i % 7 + 2}.", max_tokens=8, temperature=0)
+        for i in range(n)
+    ]
+    f = sdk.files.create(file=("in.jsonl", jsonl(*lines)), purpose="batch")
+    return f, [str(x["custom_id"]) for x in lines]
+
+
 def held_by(rows: list[dict[str, Any]], node_id: str, status: str) -> int:
     return sum(r["claimed_by"] == node_id and r["status"] == status for r in rows)
 
@@ -137,11 +149,7 @@ def test_kill_one_node_mid_batch_the_others_finish_every_line_once(
 
         sdk_a = openai.OpenAI(base_url=a.api, api_key="unused", max_retries=0)
         sdk_b = openai.OpenAI(base_url=b.api, api_key="unused", max_retries=0)
-        lines = [
-            batch_line(f"line-{i}", f"Count to {i % 7 + 2}.", max_tokens=8, temperature=0)
-            for i in range(LINES)
-        ]
-        f = sdk_a.files.create(file=("in.jsonl", jsonl(*lines)), purpose="batch")
+        f, custom_ids = upload_counting_lines(sdk_a, LINES)
         created = sdk_a.batches.create(
             input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h"
         )
@@ -171,7 +179,7 @@ def test_kill_one_node_mid_batch_the_others_finish_every_line_once(
         assert counts is not None
         ids = Counter(o["custom_id"] for o in out)
         duplicates = sum(n - 1 for n in ids.values())
-        assert sorted(ids) == sorted(x["custom_id"] for x in lines) and duplicates == 0
+        assert sorted(ids) == sorted(custom_ids) and duplicates == 0
         assert (counts.total, counts.completed, counts.failed) == (LINES, len(out), len(errors))
         assert all(o["response"]["status_code"] == 200 for o in out)
 

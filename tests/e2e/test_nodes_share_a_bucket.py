@@ -21,8 +21,8 @@ from tests.e2e.test_node_killed_mid_batch import (
     START_TIMEOUT,
     by_node,
     kill_while_it_holds_lines,
+    upload_counting_lines,
 )
-from tests.factories import batch_line, jsonl
 from tests.http_helpers import wait_for_status
 from tests.live import OUTPUT, start_server, stop_server
 from tests.seaweed import Seaweed
@@ -57,11 +57,7 @@ def test_two_nodes_share_only_the_database_and_the_bucket(
         b_id = httpx.get(b.url + "/health", timeout=60).json()["node"]
         sdk_a = openai.OpenAI(base_url=a.api, api_key="unused", max_retries=0)
         sdk_b = openai.OpenAI(base_url=b.api, api_key="unused", max_retries=0)
-        lines = [
-            batch_line(f"line-{i}", f"Count to {i % 7 + 2}.", max_tokens=8, temperature=0)
-            for i in range(LINES)
-        ]
-        f = sdk_a.files.create(file=("in.jsonl", jsonl(*lines)), purpose="batch")
+        f, custom_ids = upload_counting_lines(sdk_a, LINES)
         created = sdk_b.batches.create(
             input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h"
         )
@@ -77,7 +73,7 @@ def test_two_nodes_share_only_the_database_and_the_bucket(
         counts = finished.request_counts
         assert counts is not None
         ids = Counter(o["custom_id"] for o in out)
-        assert sorted(ids) == sorted(x["custom_id"] for x in lines)
+        assert sorted(ids) == sorted(custom_ids)
         assert max(ids.values()) == 1
         assert (counts.total, counts.completed, counts.failed) == (LINES, LINES, 0)
         assert finished.error_file_id is None

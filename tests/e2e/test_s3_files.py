@@ -14,13 +14,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from minio import Minio
 from openai import OpenAI
 
 from tests.factories import batch_line, jsonl
 from tests.http_helpers import FINISHED, wait_for_status
 from tests.live import OUTPUT, LiveServer, batchyard, start_server, stop_server
-from tests.seaweed import ACCESS_KEY, SECRET_KEY, Seaweed
+from tests.seaweed import Seaweed
 
 PREFIX = "e2e"
 
@@ -43,14 +42,9 @@ def s3_server(seaweed: Seaweed, tmp_path_factory: pytest.TempPathFactory) -> Ite
 
 
 def objects(seaweed: Seaweed, folder: str = "files") -> set[str]:
-    client = Minio(
-        seaweed.endpoint.removeprefix("http://"),
-        access_key=ACCESS_KEY,
-        secret_key=SECRET_KEY,
-        secure=False,
-        region="us-east-1",
+    listed = seaweed.client().list_objects(
+        seaweed.bucket, prefix=f"{PREFIX}/{folder}/", recursive=True
     )
-    listed = client.list_objects(seaweed.bucket, prefix=f"{PREFIX}/{folder}/", recursive=True)
     return {(o.object_name or "").rsplit("/", 1)[-1] for o in listed if not o.is_dir}
 
 
