@@ -13,6 +13,7 @@ from typing import Any
 
 from app import __version__
 from app.config import Settings
+from app.engine.upstream import UPSTREAM_COMMAND
 from app.toolchain.cuda import DEFAULT_ARCHS as DEFAULT_CUDA_ARCHS
 from app.toolchain.facts import SELFCHECK_COMMAND
 
@@ -441,6 +442,10 @@ def main(argv: list[str] | None = None) -> int:
         from app.engine.llama import selfcheck
 
         return selfcheck.main(argv[1:])
+    if argv[:1] == [UPSTREAM_COMMAND]:  # an upstream's client process in a frozen app
+        from app.engine.upstream import child
+
+        return child.main()
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "serve":

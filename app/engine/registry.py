@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from app.engine.base import ChunkCallback, Engine, EngineError, EngineStats, ModelInfo, Priority
 from app.engine.upstream.engine import UpstreamEngine, UpstreamStatus
+from app.engine.upstream.process import UpstreamProcess
 
 if TYPE_CHECKING:
     from app.config import Settings
@@ -32,6 +33,10 @@ EMBEDDED = "embedded"
 #: The lane of lines whose model no engine serves, on a node without the embedded engine:
 #: they fail at once (404), so they hold no engine's room.
 UNROUTED = "unrouted"
+
+
+#: An upstream: its client in this process, or in a process of its own (what nodes run).
+Upstream = UpstreamEngine | UpstreamProcess
 
 
 @dataclass(frozen=True)
@@ -71,7 +76,7 @@ class EngineRegistry:
     def __init__(
         self,
         default: Engine | None,
-        upstreams: list[UpstreamEngine],
+        upstreams: list[Upstream],
         *,
         owns_default: bool = True,
         default_failure: str | None = None,
@@ -253,7 +258,8 @@ def load_engines(
     having read its models once) and the embedded model (`embedded` as given, else loaded
     unless --no-embedded). Returns (the registry, why the embedded model failed to load);
     no registry when that model failed and there is no upstream to serve instead."""
-    upstreams = [UpstreamEngine(spec) for spec in settings.upstreams]
+    # Each upstream's HTTP client runs in a process of its own (process.py).
+    upstreams: list[Upstream] = [UpstreamProcess(spec) for spec in settings.upstreams]
     for upstream in upstreams:
         upstream.start()
     failure = None

@@ -1,2 +1,7 @@
 """The upstream engine: OpenAI-compatible servers (vLLM, SGLang, llama-server, Ollama) over
-HTTP, with a window that adapts to what each one takes."""
+HTTP, with a window that adapts to what each one takes; each one's client runs in a process
+of its own (process.py, child.py)."""
+
+#: The hidden `batchyard` subcommand the single binary runs an upstream's client process
+#: through (app/cli.py; process.py starts it).
+UPSTREAM_COMMAND = "_upstream"

@@ -77,7 +77,8 @@ class _Job:
     priority: int
     seq: int
     endpoint: str = field(compare=False)
-    body: dict[str, Any] = field(compare=False)
+    payload: bytes = field(compare=False)  # the request body as JSON, encoded once
+    stream: bool = field(compare=False)
     on_chunk: ChunkCallback | None = field(compare=False, default=None)
     future: Future[dict[str, Any]] = field(compare=False, default_factory=Future)
     task: asyncio.Task[None] | None = field(compare=False, default=None)
@@ -151,20 +152,7 @@ class UpstreamEngine:
         self._counters = Counters()
         self._retries_total = 0
         self._throttled_total = 0
-        self.info = ModelInfo(
-            id=spec.models[0] if spec.models else spec.name,
-            path=spec.url,
-            size_bytes=0,
-            quantization="",
-            n_ctx_train=0,
-            ctx_per_slot=0,
-            n_slots=spec.concurrency,
-            backend="upstream",
-            n_gpu_layers=0,
-            embedding_dim=0,
-            has_chat_template=True,
-            created=int(time.time()),
-        )
+        self.info = model_info(spec)
         self._loop = new_loop()
         self._thread = threading.Thread(
             target=self._loop.run_forever, name=f"upstream-{spec.name}", daemon=True
@@ -172,9 +160,10 @@ class UpstreamEngine:
 
     # ------------------------------------------------------------------ life
 
-    def start(self, discover_timeout: float = 5.0) -> None:
+    def start(self, discover_timeout: float = 5.0, *, quiet: bool = False) -> None:
         """Start the loop thread and read the upstream's models once (waiting at most
-        `discover_timeout` seconds: a server that is down is looked at again later)."""
+        `discover_timeout` seconds: a server that is down is looked at again later).
+        `quiet`: no log line (the client process's node logs its own)."""
         self._thread.start()
         asyncio.run_coroutine_threadsafe(self._open(), self._loop).result(10)
         first = asyncio.run_coroutine_threadsafe(self._discover(), self._loop)
@@ -182,6 +171,8 @@ class UpstreamEngine:
             first.result(discover_timeout)
         except Exception:  # noqa: BLE001 - a slow or down upstream is retried by the watcher
             pass
+        if quiet:
+            return
         log.info(
             "engine=%s url=%s up=%s models=%s concurrency=%d",
             self.name,
@@ -251,14 +242,51 @@ class UpstreamEngine:
     ) -> Future[dict[str, Any]]:
         if endpoint not in ENDPOINTS:
             raise ValueError(f"unknown endpoint {endpoint!r}")
-        job = _Job(int(priority), next(self._seq), endpoint, body, on_chunk)
+        payload = jsoncodec.dumps_bytes(body)
+        job = self._job(endpoint, payload, bool(body.get("stream")), priority, on_chunk)
+        if job is not None:
+            self._loop.call_soon_threadsafe(self._enqueue, job)
+        return job.future if job is not None else closed_future()
+
+    def submit_encoded(
+        self,
+        endpoint: str,
+        payload: bytes,
+        *,
+        stream: bool,
+        priority: Priority,
+        on_chunk: ChunkCallback | None = None,
+    ) -> Future[dict[str, Any]]:
+        """`submit` of a body already encoded as JSON, called on the engine's own loop
+        thread (the client process's bridge, process.py): queued at once, no hop."""
+        if endpoint not in ENDPOINTS:
+            raise ValueError(f"unknown endpoint {endpoint!r}")
+        job = self._job(endpoint, payload, stream, priority, on_chunk)
+        if job is None:
+            return closed_future()
+        self._enqueue(job)
+        return job.future
+
+    def _job(
+        self,
+        endpoint: str,
+        payload: bytes,
+        stream: bool,
+        priority: Priority,
+        on_chunk: ChunkCallback | None,
+    ) -> _Job | None:
+        """A new request, registered; None once the engine is closing."""
+        job = _Job(int(priority), next(self._seq), endpoint, payload, stream, on_chunk)
         with self._lock:
             if self._closing:
-                job.future.set_exception(engine_closed())
-                return job.future
+                return None
             self._jobs[job.future] = job
-        self._loop.call_soon_threadsafe(self._enqueue, job)
-        return job.future
+        return job
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The loop the engine's HTTP client runs on, in its own thread."""
+        return self._loop
 
     def cancel(self, future: Future[dict[str, Any]]) -> None:
         with self._lock:
@@ -479,9 +507,9 @@ class UpstreamEngine:
         assert self._client is not None
         url = self.spec.root + job.endpoint
         try:
-            if job.body.get("stream"):
+            if job.stream:
                 return await self._stream(job, url)
-            async with self._client.post(url, data=jsoncodec.dumps_bytes(job.body)) as r:
+            async with self._client.post(url, data=job.payload) as r:
                 content = await r.read()
                 if r.status != 200:
                     raise self._http_error(r.status, content, r.headers)
@@ -509,7 +537,7 @@ class UpstreamEngine:
     async def _stream(self, job: _Job, url: str) -> dict[str, Any]:
         assert self._client is not None
         chunks = StreamAssembler()
-        async with self._client.post(url, data=jsoncodec.dumps_bytes(job.body)) as r:
+        async with self._client.post(url, data=job.payload) as r:
             if r.status != 200:
                 raise self._http_error(r.status, await r.read(), r.headers)
             async for raw in r.content:
@@ -564,6 +592,31 @@ class UpstreamEngine:
             )
 
 
+def model_info(spec: UpstreamSpec) -> ModelInfo:
+    """What /v1/models, /health and the engines page say of an upstream before it answers."""
+    return ModelInfo(
+        id=spec.models[0] if spec.models else spec.name,
+        path=spec.url,
+        size_bytes=0,
+        quantization="",
+        n_ctx_train=0,
+        ctx_per_slot=0,
+        n_slots=spec.concurrency,
+        backend="upstream",
+        n_gpu_layers=0,
+        embedding_dim=0,
+        has_chat_template=True,
+        created=int(time.time()),
+    )
+
+
+def closed_future() -> Future[dict[str, Any]]:
+    """The answer to a request sent to an engine that is shutting down."""
+    future: Future[dict[str, Any]] = Future()
+    future.set_exception(engine_closed())
+    return future
+
+
 def new_loop() -> asyncio.AbstractEventLoop:
     """The upstream thread's loop: uvloop where it is installed (it runs the HTTP client's
     callbacks at about half the CPU of asyncio's own loop), else asyncio's."""
@@ -574,4 +627,4 @@ def new_loop() -> asyncio.AbstractEventLoop:
     return uvloop.new_event_loop()
 
 
-__all__ = ["UpstreamEngine", "UpstreamStatus"]
+__all__ = ["UpstreamEngine", "UpstreamStatus", "model_info"]
