@@ -201,8 +201,32 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICKS  # utime, stime
+    """utime + stime of a process and every process below it (a node's upstream client
+    processes are its own work)."""
+    total = 0.0
+    for p in [pid, *descendants(pid)]:
+        try:
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # it ended meanwhile
+        total += (int(fields[11]) + int(fields[12])) / TICKS
+    return total
+
+
+def descendants(pid: int) -> list[int]:
+    """The processes below `pid` (from /proc/PID/task/*/children)."""
+    out: list[int] = []
+    todo = [pid]
+    while todo:
+        p = todo.pop()
+        for task in Path(f"/proc/{p}/task").glob("*/children"):
+            try:
+                kids = [int(k) for k in task.read_text().split()]
+            except OSError:
+                continue
+            out += kids
+            todo += kids
+    return out
 
 
 class PgDatabase:
@@ -297,6 +321,7 @@ def through_batchyard(
                                 "--pid",
                                 str(s.process.pid),
                                 "--threads",
+                                "--subprocesses",
                                 "--nonblocking",
                             ],
                             stdout=subprocess.DEVNULL,

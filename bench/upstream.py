@@ -110,12 +110,32 @@ def direct(upstream: str, bodies: list[dict[str, Any]], concurrency: int) -> flo
 
 
 def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds a process has used (Linux); 0 elsewhere."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """utime + stime of a process and every process below it (a node's upstream client
+    processes are its own work)."""
+    total = 0.0
+    for p in [pid, *descendants(pid)]:
+        try:
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # it ended meanwhile
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
+def descendants(pid: int) -> list[int]:
+    """The processes below `pid` (from /proc/PID/task/*/children)."""
+    out: list[int] = []
+    todo = [pid]
+    while todo:
+        p = todo.pop()
+        for task in Path(f"/proc/{p}/task").glob("*/children"):
+            try:
+                kids = [int(k) for k in task.read_text().split()]
+            except OSError:
+                continue
+            out += kids
+            todo += kids
+    return out
 
 
 def main() -> None:

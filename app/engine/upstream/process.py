@@ -316,7 +316,12 @@ class UpstreamProcess:
                 self._up, self._last_error = False, self._gone_reason(code)
         if closing:
             return  # close() fails what is left once the child is done
-        log.error("engine=%s %s; starting another", self.name, self._gone_reason(code))
+        log.error(
+            "engine=%s %s Another starts in %.0f s.",
+            self.name,
+            self._gone_reason(code),
+            RESTART_DELAY_S,
+        )
         self._fail_all(EngineUnavailable(self._gone_reason(code)), outcome="unavailable")
         timer = threading.Timer(RESTART_DELAY_S, self._restart)
         timer.daemon = True

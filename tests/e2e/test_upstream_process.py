@@ -1,0 +1,132 @@
+"""Each upstream's HTTP client runs in a process of its own (app/engine/upstream/process.py).
+
+A real front `batchyard serve --no-embedded --engine ...` in front of a real upstream
+`batchyard serve`: the client process is killed in the middle of a batch, and the front
+starts another and finishes every line once, none failed; a front killed with SIGKILL
+leaves no client process behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from openai import OpenAI
+
+from app.config import default_model_path
+from tests.factories import batch_line, jsonl
+from tests.http_helpers import FINISHED, wait_for_status
+from tests.live import OUTPUT, LiveServer, start_server, stop_server
+from tests.metrics import scrape, value
+from tests.upstream_double import UPSTREAM_MODEL
+from tests.waiting import until
+
+LINES = 24
+CHILD_MODULE = "app.engine.upstream.child"
+
+
+@pytest.fixture(scope="module")
+def upstream(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    root = tmp_path_factory.mktemp("upstream-process")
+    model = root / f"{UPSTREAM_MODEL}.gguf"
+    model.symlink_to(default_model_path())
+    server = start_server(
+        root / "upstream",
+        OUTPUT / "upstream-process-upstream.log",
+        args=["--model", str(model), "--parallel", "2"],
+    )
+    yield server
+    stop_server(server)
+
+
+def start_front(upstream: LiveServer, data: Path, name: str) -> LiveServer:
+    return start_server(
+        data,
+        OUTPUT / f"upstream-process-{name}.log",
+        args=[
+            "--no-embedded",
+            "--engine",
+            f"up=openai:{upstream.api},models={UPSTREAM_MODEL},concurrency=2,retries=2",
+        ],
+    )
+
+
+def client_processes(pid: int) -> list[int]:
+    """The upstream client processes below process `pid`."""
+    out = []
+    for task in Path(f"/proc/{pid}/task").glob("*/children"):
+        for child in task.read_text().split():
+            cmdline = Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")
+            if CHILD_MODULE.encode() in cmdline:
+                out.append(int(child))
+    return out
+
+
+def alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def test_a_killed_client_process_is_replaced_and_no_line_is_lost(
+    upstream: LiveServer, tmp_path: Path
+) -> None:
+    front = start_front(upstream, tmp_path / "front", "front")
+    try:
+        (child,) = client_processes(front.process.pid)
+        c = OpenAI(base_url=front.api, api_key="unused", max_retries=0, timeout=60)
+        lines = [
+            batch_line(f"line-{i}", f"Count to {i}.", model=UPSTREAM_MODEL, max_tokens=12)
+            for i in range(LINES)
+        ]
+        f = c.files.create(file=("in.jsonl", jsonl(*lines)), purpose="batch")
+        b = c.batches.create(
+            input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h"
+        )
+        until(
+            lambda: c.batches.retrieve(b.id).request_counts,
+            120,
+            "the first lines to finish",
+            accept=lambda n: n is not None and n.completed >= 2,
+            poll=0.05,
+        )
+        os.kill(child, signal.SIGKILL)  # with 2 lines in flight at the upstream
+
+        done = wait_for_status(c.batches.retrieve, b.id, FINISHED, 180, poll=0.3)
+        assert done.status == "completed", done
+        assert done.request_counts is not None
+        assert (done.request_counts.completed, done.request_counts.failed) == (LINES, 0)
+        assert done.output_file_id is not None
+        out = [json.loads(x) for x in c.files.content(done.output_file_id).text.splitlines()]
+        assert sorted(x["custom_id"] for x in out) == sorted(f"line-{i}" for i in range(LINES))
+        assert all(x["response"]["status_code"] == 200 for x in out)
+
+        (again,) = client_processes(front.process.pid)
+        assert again != child
+        assert "lost its client process" in front.log()
+        assert value(scrape(front.url), "batchyard_engine_up", engine="up") == 1
+        # Online requests go through the new one too.
+        answer = c.chat.completions.create(
+            model=UPSTREAM_MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=4
+        )
+        assert answer.choices[0].message.content is not None
+    finally:
+        stop_server(front)
+
+
+def test_a_killed_node_leaves_no_client_process(upstream: LiveServer, tmp_path: Path) -> None:
+    front = start_front(upstream, tmp_path / "front", "killed")
+    try:
+        (child,) = client_processes(front.process.pid)
+        assert alive(child)
+        front.process.send_signal(signal.SIGKILL)
+        front.process.wait(10)
+        until(lambda: alive(child), 10, "the client process to exit", accept=lambda a: not a)
+    finally:
+        stop_server(front)
