@@ -200,11 +200,11 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(len(ordered) * q / 100))]
 
 
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of a process and every process below it (a node's upstream client
-    processes are its own work)."""
+def cpu_seconds(pid: int, *, tree: bool = True) -> float:
+    """utime + stime of a process and (`tree`) every process below it (a node's upstream
+    client processes are its own work)."""
     total = 0.0
-    for p in [pid, *descendants(pid)]:
+    for p in [pid, *(descendants(pid) if tree else [])]:
         try:
             fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
@@ -299,6 +299,7 @@ def through_batchyard(
             )
             f.raise_for_status()
             cpu0 = [cpu_seconds(s.process.pid) for s in servers]
+            own0 = [cpu_seconds(s.process.pid, tree=False) for s in servers]
             up0 = cpu_seconds(upstream_pid) if upstream_pid else 0.0
             if args.profile:
                 for k, s in enumerate(servers):
@@ -354,6 +355,7 @@ def through_batchyard(
                 seen.setdefault(b["status"], time.perf_counter() - started)
             seconds = time.perf_counter() - started
             cpu = sum(cpu_seconds(s.process.pid) for s in servers) - sum(cpu0)
+            own = sum(cpu_seconds(s.process.pid, tree=False) for s in servers) - sum(own0)
             up_cpu = cpu_seconds(upstream_pid) - up0 if upstream_pid else 0.0
         for spy in spies:
             spy.send_signal(signal.SIGINT)  # py-spy writes its profile on SIGINT
@@ -368,6 +370,8 @@ def through_batchyard(
             "seconds": round(seconds, 2),
             "lines_per_s": round(n / seconds, 1),
             "cpu_ms_per_line": round(cpu / n * 1000, 3),
+            # of which the node's own process (the rest: its upstream client process)
+            "node_cpu_ms_per_line": round(own / n * 1000, 3),
             "upstream_cpu_ms_per_line": round(up_cpu / n * 1000, 3),
             "validate_s": round(t_run, 2),
             "run_s": round(t_fin - t_run, 2),

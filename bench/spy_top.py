@@ -15,7 +15,7 @@ import re
 from collections import Counter, defaultdict
 from pathlib import Path
 
-LINE = re.compile(r"^thread \((\w+)\): ([^;]*);?(.*) (\d+)$")
+LINE = re.compile(r'^((?:process \d+:"[^"]*";)*)thread \((\w+)\): ([^;]*);?(.*) (\d+)$')
 #: A frame on more than this share of a thread's samples is its loop, not a cost.
 LOOP_SHARE = 0.9
 
@@ -33,9 +33,11 @@ def load(paths: list[Path]) -> dict[str, list[tuple[list[str], int]]]:
             m = LINE.match(line)
             if not m:
                 continue
-            _, name, frames, count = m.groups()
+            command, _, name, frames, count = m.groups()
             stack = [short(f) for f in frames.split(";") if f]
-            threads[name or "?"].append((stack, int(count)))
+            # `--subprocesses`: an upstream's client process is named as such.
+            where = "client:" if command and "upstream.child" in command else ""
+            threads[where + (name or "?")].append((stack, int(count)))
     return threads
 
 

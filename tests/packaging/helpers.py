@@ -92,15 +92,23 @@ class Started:
         stop_process(self.process, timeout=20)
 
 
-def start(cmd: list[str], cwd: Path, log: Path, timeout: float = 120, **env: str) -> Started:
-    """Run `<cmd> serve ...` from `cwd` and wait for /health to say ready."""
+def start(
+    cmd: list[str],
+    cwd: Path,
+    log: Path,
+    timeout: float = 120,
+    args: tuple[str, ...] = (),
+    data_dir: str = "batchyard-data",
+    **env: str,
+) -> Started:
+    """Run `<cmd> serve ... <args>` from `cwd` and wait for /health to say ready."""
     port = free_port()
-    data = cwd / "batchyard-data"
+    data = cwd / data_dir
     t0 = time.monotonic()
     with open(log, "wb") as fh:
         proc = subprocess.Popen(
             [*cmd, "serve", "--no-browser", "--port", str(port), "--data-dir", str(data),
-             "--parallel", "2", "--ctx-size", "512"],
+             "--parallel", "2", "--ctx-size", "512", *args],
             cwd=cwd,
             env=outside_env(**env),
             stdout=fh,

@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 from tests.factories import batch_line, jsonl
@@ -83,5 +84,27 @@ def test_binary_serves_the_dashboard(binary: Path, source: Path, tmp_path: Path)
     try:
         print(f"\nsingle binary ready on /health in {server.seconds_to_ready:.1f}s")
         check_dashboard(server.url, static_files(source))
+        # A second one in front of it: its upstream client process is `batchyard _upstream`.
+        front = start(
+            [str(binary)],
+            tmp_path,
+            tmp_path / "front.log",
+            args=("--no-embedded", "--engine", f"up=openai:{server.url}/v1"),
+            data_dir="front-data",
+        )
+        try:
+            r = httpx.post(
+                front.url + "/v1/chat/completions",
+                json={
+                    "model": "SmolLM2-135M-Instruct.Q4_1",
+                    "messages": [{"role": "user", "content": "Say hello"}],
+                    "max_tokens": 4,
+                },
+                timeout=60,
+            )
+            assert r.status_code == 200, r.text
+            assert r.json()["choices"][0]["message"]["content"]
+        finally:
+            front.stop()
     finally:
         server.stop()
