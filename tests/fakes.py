@@ -147,6 +147,7 @@ class FakeUpstream(HangingEngine):
 
     kind = "openai"
     up = True  # a test may set it False: the upstream is down
+    lane_depth = 2  # the room arithmetic these tests spell out (the real upstreams take 4)
 
     def __init__(self, name: str, served: list[str], *, n_slots: int = 2) -> None:
         super().__init__(n_slots=n_slots)

@@ -2,7 +2,8 @@
 
 Each engine behind a node has a lane (`Lane` in engine/registry.py): the lines whose model
 it serves, or for the default engine every line no other lane takes. A claim gives each
-lane its own room, twice the engine's slots less the lines it holds already; a lane whose
+lane its own room, `Lane.depth` times the engine's slots (twice for the embedded engine,
+four times for an upstream) less the lines it holds already; a lane whose
 engine is down (`Lane.up` false) takes none, and its lines wait for it. So a big batch for
 one engine never keeps the lines of another engine waiting while that engine has room, and
 no engine holds more than its room. A node with one engine has one lane that takes every line.
@@ -69,7 +70,7 @@ class Claim:
 def room(lane: Lane, held: int) -> int:
     """How many more lines the lane's engine may take: its queue a little ahead of its
     slots, so no slot idles between lines, and no more, so the rest stays for other nodes."""
-    return max(2, lane.slots * 2) - held
+    return max(2, lane.slots * lane.depth) - held
 
 
 def routed_to(lane: Lane, lanes: list[Lane]) -> Any:

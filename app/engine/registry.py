@@ -50,6 +50,10 @@ class Lane:
     #: False while the engine is down (an upstream that its probe of /v1/models has not
     #: brought back): the lane claims nothing and its lines wait in the queue.
     up: bool = True
+    #: How many times its slots the lane may hold (claims.room): the embedded engine's
+    #: slots take seconds a line, so a queue as deep as its slots keeps them busy; an
+    #: upstream answering in milliseconds needs more queued to cover the runner's steps.
+    depth: int = 2
 
 
 @dataclass
@@ -111,7 +115,7 @@ class EngineRegistry:
             if self.default is not None:
                 return [Lane(EMBEDDED, engines[0].info.n_slots)]
             only = self.upstreams[0]
-            return [Lane(only.name, only.info.n_slots, up=only.up)]
+            return [Lane(only.name, only.info.n_slots, up=only.up, depth=only.lane_depth)]
         routed: dict[str, set[str]] = {u.name: set() for u in self.upstreams}
         names = {id(u): u.name for u in self.upstreams}
         for upstream in self.upstreams:
@@ -120,7 +124,13 @@ class EngineRegistry:
                 if target is not None:
                     routed[target].add(model)
         lanes = [
-            Lane(u.name, u.info.n_slots, frozenset(routed[u.name]), up=u.up)
+            Lane(
+                u.name,
+                u.info.n_slots,
+                frozenset(routed[u.name]),
+                up=u.up,
+                depth=u.lane_depth,
+            )
             for u in self.upstreams
             if routed[u.name]
         ]

@@ -56,6 +56,7 @@ class _Connection(asyncio.Protocol):
         self._headers: dict[str, str] = {}
         self._body: list[bytes] = []
         self._got_bytes = False
+        self._until_close = False  # its answer has no length: it ends when the server closes
 
     # -- asyncio.Protocol
 
@@ -73,21 +74,24 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
-        if self._waiter is not None and not self._waiter.done():
-            # An answer without a length ends with the connection.
-            if self._got_bytes and self._parser.get_status_code() and exc is None:
-                try:
-                    self._parser.feed_data(b"")
-                except httptools.HttpParserError:
-                    pass
-            if not self._waiter.done():
-                reason = f": {exc}" if exc else ""
-                self._fail(ResponseError(f"the upstream closed the connection{reason}"))
+        waiter = self._waiter
+        if waiter is None or waiter.done():
+            return
+        if exc is None and self._until_close:  # an answer without a length ends here
+            status = self._parser.get_status_code()
+            waiter.set_result(Answer(status, self._headers, b"".join(self._body)))
+            return
+        reason = f": {exc}" if exc else ""
+        self._fail(ResponseError(f"the upstream closed the connection{reason}"))
 
     # -- httptools callbacks
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._headers[name.decode("latin-1").lower()] = value.decode("latin-1")
+
+    def on_headers_complete(self) -> None:
+        framed = "content-length" in self._headers or "transfer-encoding" in self._headers
+        self._until_close = not framed
 
     def on_body(self, body: bytes) -> None:
         self._body.append(body)
@@ -105,6 +109,7 @@ class _Connection(asyncio.Protocol):
     def send(self, request: bytes) -> asyncio.Future[Answer]:
         assert self.transport is not None
         self._headers, self._body, self._got_bytes = {}, [], False
+        self._until_close = False
         self._waiter = self.loop.create_future()
         self.transport.write(request)
         return self._waiter
