@@ -48,6 +48,14 @@ rates swing up to 2x between runs; CPU a line swings less; bench/README.md has t
     0.379 -> 0.297 ms, p99 52 -> 26 ms; pg 1,748 -> 1,910 l/s (0.65x -> 0.71x), 0.366 ->
     0.292 ms, 61 -> 20 ms. The upstream stand-in takes 0.05-0.06 ms a line, the direct
     client 0.10-0.12 ms.
+  session 3 (a machine about half as fast: the direct client 0.19-0.23 ms a line; beside
+    5d65a9a): each upstream's client in its own process, a lean HTTP/1.1 pool, upstream
+    lanes 4x deep. 3,000 lines: sqlite 1,517 -> 1,964 l/s (0.56x -> 0.70x), 0.58 -> 0.46 ms
+    (the node 0.35, its client process 0.11); pg 1,220 -> 1,707 (0.46x -> 0.61x), 0.61 ->
+    0.45 ms. 50,000 lines: sqlite 1,660 -> 2,218 (0.56x -> 0.75x), 0.544 -> 0.428 ms; pg
+    1,311 -> 1,742 (0.44x -> 0.59x), 0.555 -> 0.421 ms. Two nodes on pg 1.20x one node.
+    `node_cpu_ms_per_line` is the node's own process; `cpu_ms_per_line` adds its client
+    processes.
 """
 
 from __future__ import annotations
