@@ -5,6 +5,7 @@ close`), closes idle connections, or never answers."""
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Awaitable, Callable
 
 import pytest
@@ -49,7 +50,22 @@ def pool(root: str, read_timeout: float = 5.0) -> Http1Pool:
 
 
 def run(coro: Awaitable[None]) -> None:
-    asyncio.run(coro)  # type: ignore[arg-type]
+    """Run `coro` on a loop of its own in a thread of its own: an earlier test in the same
+    process (Playwright's sync API) may have left a loop running in this one."""
+    failed: list[BaseException] = []
+
+    def main() -> None:
+        try:
+            asyncio.run(coro)  # type: ignore[arg-type]
+        except BaseException as exc:  # handed back to the test's thread
+            failed.append(exc)
+
+    t = threading.Thread(target=main)
+    t.start()
+    t.join(60)
+    assert not t.is_alive(), "the test's loop did not finish in 60 s"
+    if failed:
+        raise failed[0]
 
 
 def test_answers_by_length_and_chunked_on_one_kept_connection() -> None:
