@@ -32,6 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from app.config import default_model_path  # noqa: E402
+from bench.fleet import cpu_seconds  # noqa: E402
 from bench.throughput import bodies_for  # noqa: E402
 from tests.live import LiveServer, free_port, start_server, stop_server  # noqa: E402
 
@@ -107,35 +108,6 @@ def direct(upstream: str, bodies: list[dict[str, Any]], concurrency: int) -> flo
             return time.perf_counter() - t0
 
     return asyncio.run(go())
-
-
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of a process and every process below it (a node's upstream client
-    processes are its own work)."""
-    total = 0.0
-    for p in [pid, *descendants(pid)]:
-        try:
-            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue  # it ended meanwhile
-        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    return total
-
-
-def descendants(pid: int) -> list[int]:
-    """The processes below `pid` (from /proc/PID/task/*/children)."""
-    out: list[int] = []
-    todo = [pid]
-    while todo:
-        p = todo.pop()
-        for task in Path(f"/proc/{p}/task").glob("*/children"):
-            try:
-                kids = [int(k) for k in task.read_text().split()]
-            except OSError:
-                continue
-            out += kids
-            todo += kids
-    return out
 
 
 def main() -> None:

@@ -7,6 +7,7 @@ It stands in for an upstream's overload only; the answers it forwards are the re
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections import deque
@@ -14,6 +15,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
+from openai import OpenAI
 
 from tests.live import LiveServer, free_port
 
@@ -141,3 +143,42 @@ class Fleet:
     upstream: LiveServer  # a real batchyard serving UPSTREAM_MODEL
     double: FlakyUpstream  # forwards to `upstream` after its scripted failures
     front: LiveServer  # batchyard with engines `up` (upstream) and `flaky` (double)
+
+
+def counting_batch(c: OpenAI, lines: int) -> str:
+    """A batch of `lines` short chat lines for UPSTREAM_MODEL (`line-0`...), created through
+    the SDK, once its first two lines are done: the upstream is busy with it. Its id."""
+    from tests.factories import batch_line, jsonl
+    from tests.waiting import until
+
+    body = [
+        batch_line(f"line-{i}", f"Count to {i}.", model=UPSTREAM_MODEL, max_tokens=12)
+        for i in range(lines)
+    ]
+    f = c.files.create(file=("in.jsonl", jsonl(*body)), purpose="batch")
+    b = c.batches.create(
+        input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
+    until(
+        lambda: c.batches.retrieve(b.id).request_counts,
+        120,
+        "the first lines to finish",
+        accept=lambda n: n is not None and n.completed >= 2,
+        poll=0.05,
+    )
+    return b.id
+
+
+def assert_every_line_once(c: OpenAI, batch_id: str, lines: int) -> None:
+    """The counting batch finishes completed: each of its lines answered 200 once, none failed."""
+    from tests.http_helpers import FINISHED, wait_for_status
+
+    done = wait_for_status(c.batches.retrieve, batch_id, FINISHED, 180, poll=0.3)
+    assert done.status == "completed", done
+    assert done.request_counts is not None
+    assert (done.request_counts.completed, done.request_counts.failed) == (lines, 0)
+    assert done.error_file_id is None
+    assert done.output_file_id is not None
+    out = [json.loads(x) for x in c.files.content(done.output_file_id).text.splitlines()]
+    assert sorted(x["custom_id"] for x in out) == sorted(f"line-{i}" for i in range(lines))
+    assert all(x["response"]["status_code"] == 200 for x in out)

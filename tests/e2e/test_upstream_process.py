@@ -8,7 +8,6 @@ leaves no client process behind.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 from collections.abc import Iterator
@@ -18,11 +17,9 @@ import pytest
 from openai import OpenAI
 
 from app.config import default_model_path
-from tests.factories import batch_line, jsonl
-from tests.http_helpers import FINISHED, wait_for_status
 from tests.live import OUTPUT, LiveServer, start_server, stop_server
 from tests.metrics import scrape, value
-from tests.upstream_double import UPSTREAM_MODEL
+from tests.upstream_double import UPSTREAM_MODEL, assert_every_line_once, counting_batch
 from tests.waiting import until
 
 LINES = 24
@@ -81,31 +78,10 @@ def test_a_killed_client_process_is_replaced_and_no_line_is_lost(
     try:
         (child,) = client_processes(front.process.pid)
         c = OpenAI(base_url=front.api, api_key="unused", max_retries=0, timeout=60)
-        lines = [
-            batch_line(f"line-{i}", f"Count to {i}.", model=UPSTREAM_MODEL, max_tokens=12)
-            for i in range(LINES)
-        ]
-        f = c.files.create(file=("in.jsonl", jsonl(*lines)), purpose="batch")
-        b = c.batches.create(
-            input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h"
-        )
-        until(
-            lambda: c.batches.retrieve(b.id).request_counts,
-            120,
-            "the first lines to finish",
-            accept=lambda n: n is not None and n.completed >= 2,
-            poll=0.05,
-        )
+        batch_id = counting_batch(c, LINES)
         os.kill(child, signal.SIGKILL)  # with 2 lines in flight at the upstream
 
-        done = wait_for_status(c.batches.retrieve, b.id, FINISHED, 180, poll=0.3)
-        assert done.status == "completed", done
-        assert done.request_counts is not None
-        assert (done.request_counts.completed, done.request_counts.failed) == (LINES, 0)
-        assert done.output_file_id is not None
-        out = [json.loads(x) for x in c.files.content(done.output_file_id).text.splitlines()]
-        assert sorted(x["custom_id"] for x in out) == sorted(f"line-{i}" for i in range(LINES))
-        assert all(x["response"]["status_code"] == 200 for x in out)
+        assert_every_line_once(c, batch_id, LINES)
 
         (again,) = client_processes(front.process.pid)
         assert again != child
