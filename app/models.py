@@ -23,20 +23,31 @@ def now_ns() -> int:
 
 
 ID_ALPHABET = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
-_ID_SPACE = len(ID_ALPHABET) ** 24
+ID_LENGTH = 24
+#: Random bytes below 248 (= 4 x 62) map to a character each, 4 bytes to every character:
+#: uniform, like 24 draws of a character. Bytes 248-255 are dropped and drawn again.
+_ID_BYTES = bytes(ord(ID_ALPHABET[b % 62]) for b in range(248)) + bytes(8)
+_ID_DROP = bytes(range(248, 256))
+
+
+def new_ids(prefix: str, n: int) -> list[str]:
+    """`n` OpenAI-style ids: a prefix and 24 random url-safe characters each.
+
+    One read of the system's randomness for all of them, turned into characters by one
+    bytes.translate: a batch's 50,000 lines get their ids in about 20 ms instead of 200.
+    """
+    want = n * ID_LENGTH
+    chars = b""
+    while len(chars) < want:
+        more = want - len(chars)
+        chars += secrets.token_bytes(more + more // 16 + 8).translate(_ID_BYTES, _ID_DROP)
+    text = chars[:want].decode("ascii")
+    return [prefix + text[i : i + ID_LENGTH] for i in range(0, want, ID_LENGTH)]
 
 
 def new_id(prefix: str) -> str:
-    """OpenAI-style ids: a prefix and 24 random url-safe characters.
-
-    One draw below 62**24 written in base 62 (uniform like 24 draws of a character, at a
-    tenth of the cost: every recorded line gets an id)."""
-    n = secrets.randbelow(_ID_SPACE)
-    chars = []
-    for _ in range(24):
-        n, digit = divmod(n, 62)
-        chars.append(ID_ALPHABET[digit])
-    return prefix + "".join(chars)
+    """An OpenAI-style id: a prefix and 24 random url-safe characters (see new_ids)."""
+    return new_ids(prefix, 1)[0]
 
 
 class File(SQLModel, table=True):

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from sqlalchemy import bindparam, delete, func, insert, update
+from sqlalchemy import bindparam, delete, func, update
 from sqlmodel import Session, col, select
 
 from app import jsoncodec
@@ -24,12 +24,10 @@ from app.config import Settings
 from app.db import Database
 from app.errors import APIError, error_body
 from app.files.storage import Storage
-from app.models import Batch, BatchStatus, Request, RequestStatus, new_id, now
+from app.models import Batch, BatchStatus, Request, RequestStatus, new_ids, now
 
 log = logging.getLogger("batchyard.runner")
 
-#: Request rows inserted per statement while validating (SQLite's variable limit).
-INSERT_CHUNK = 5000
 EXPIRED_ERROR = {
     "code": "batch_expired",
     "message": "This request could not be executed before the completion window expired.",
@@ -87,6 +85,7 @@ def record(
         return
     rows: list[dict[str, Any]] = []
     counts: dict[str, list[int]] = {}
+    ids = iter(new_ids("req_", len(results)))
     for request_id, batch_id, (status_code, body) in results:
         ok = status_code == 200
         usage = body.get("usage") or {} if ok else {}
@@ -97,7 +96,7 @@ def record(
                 "rid": request_id,
                 "status": RequestStatus.SUCCEEDED if ok else RequestStatus.FAILED,
                 "status_code": status_code,
-                "request_id": new_id("req_"),
+                "request_id": next(ids),
                 "body": jsoncodec.dumps(body),
                 "finished_at": int(t),
                 "prompt_tokens": prompt,
@@ -198,9 +197,10 @@ def _validate(
         return fail_validation(db, b.id, [unreadable], ended)
     if not result.ok:
         return fail_validation(db, b.id, result.reported_errors(), ended)
+    ids = new_ids("batch_req_", len(result.lines))
     rows = [
         {
-            "id": new_id("batch_req_"),
+            "id": row_id,
             "batch_id": b.id,
             "line": line.number,
             "custom_id": line.custom_id,
@@ -212,7 +212,7 @@ def _validate(
             "completion_tokens": 0,
             "cached_tokens": 0,
         }
-        for line in result.lines
+        for row_id, line in zip(ids, result.lines, strict=True)
     ]
     with db.write() as s:
         fresh = locked_batch(s, b.id)
@@ -236,23 +236,26 @@ def _validate(
 
 
 def insert_lines(s: Session, rows: list[dict[str, Any]], *, copy: bool) -> None:
-    """Insert a batch's Request rows in the caller's transaction: on PostgreSQL by COPY
-    (50,000 lines: 1.09 s by INSERTs, 0.46 s by COPY), else by Core executemany (not the
-    ORM's bulk insert: no per-row ORM bookkeeping)."""
+    """Insert a batch's Request rows in the caller's transaction, through the driver: on
+    PostgreSQL by COPY (50,000 lines: 1.09 s by INSERTs, 0.46 s by COPY), on SQLite by its
+    executemany of plain tuples (0.38 s by SQLAlchemy's executemany of dicts, 0.10 s)."""
     if not rows:
         return
     table = Request.__table__  # type: ignore[attr-defined]
+    columns = list(rows[0])
+    names = ", ".join(f'"{c}"' for c in columns)
+    raw = s.connection().connection.driver_connection  # the driver's, in this transaction
+    assert raw is not None
     if copy:
-        columns = list(rows[0])
-        names = ", ".join(f'"{c}"' for c in columns)
-        raw = s.connection().connection.driver_connection  # psycopg's, in this transaction
-        assert raw is not None
         with raw.cursor() as cur, cur.copy(f'COPY "{table.name}" ({names}) FROM STDIN') as out:
             for row in rows:
                 out.write_row([row[c] for c in columns])
         return
-    for start in range(0, len(rows), INSERT_CHUNK):
-        s.connection().execute(insert(table), rows[start : start + INSERT_CHUNK])
+    marks = ", ".join("?" for _ in columns)
+    raw.executemany(
+        f'INSERT INTO "{table.name}" ({names}) VALUES ({marks})',
+        [tuple(row[c] for c in columns) for row in rows],
+    )
 
 
 def still_validating(s: Session, b: Batch | None, ended: Ended = no_hook) -> bool:

@@ -11,6 +11,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
+from app import jsoncodec
 from app.wire.endpoints import CHAT, ENDPOINTS
 
 #: A line longer than this is refused on its own (OpenAI's per-request body limit is in MB).
@@ -182,16 +183,19 @@ def _decode(number: int, offset: int, raw: bytes, too_long: bool) -> _Decoded | 
     if raw.strip() == b"":
         return None
     try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        return LineError(
-            "invalid_encoding",
-            f"This line is not valid UTF-8 (byte {exc.start} of the line).",
-            line=number,
-        )
-    try:
-        obj = json.loads(text)
+        # msgspec, as the runner decodes the line again: what passes here runs there
+        # (the standard library's json also took NaN and lone surrogates), at about half
+        # the cost a line (bench/fleet.py's 50,000 lines: 0.30 -> 0.15 s).
+        obj = jsoncodec.loads(raw)
     except (ValueError, RecursionError):
+        try:
+            raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            return LineError(
+                "invalid_encoding",
+                f"This line is not valid UTF-8 (byte {exc.start} of the line).",
+                line=number,
+            )
         return LineError(
             "invalid_json_line", "This line is not parseable as valid JSON.", line=number
         )

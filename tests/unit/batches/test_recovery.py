@@ -38,30 +38,27 @@ def test_crash_during_validation_leaves_nothing_and_validation_starts_over(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     n = 300
-    # Several insert statements, so the crash lands between two of them.
-    monkeypatch.setattr(lifecycle_module, "INSERT_CHUNK", 100)
     svc = services(tmp_path, FakeEngine(n_slots=64))
     batch_id = make_batch(svc, [batch_line(f"c{i}", f"line {i}") for i in range(n)])
-    real_insert = lifecycle_module.insert
+    real_insert = lifecycle_module.insert_lines
     calls = 0
 
     def insert_then_crash(*a: Any, **kw: Any) -> Any:
         nonlocal calls
         calls += 1
-        if calls == 2:
-            raise Crash()
-        return real_insert(*a, **kw)
+        real_insert(*a, **kw)  # every line written in the transaction...
+        raise Crash()  # ...and the node dies before it commits
 
-    monkeypatch.setattr(lifecycle_module, "insert", insert_then_crash)
+    monkeypatch.setattr(lifecycle_module, "insert_lines", insert_then_crash)
     with pytest.raises(Crash):
         svc.runner.step()
-    assert calls == 2
-    # The first chunk was never committed: the batch is still validating with no lines.
+    assert calls == 1
+    # Nothing was committed: the batch is still validating with no lines.
     assert batch(svc, batch_id).status == BatchStatus.VALIDATING
     assert request_rows(svc, batch_id) == []
     svc.db.close()
 
-    monkeypatch.setattr(lifecycle_module, "insert", real_insert)
+    monkeypatch.setattr(lifecycle_module, "insert_lines", real_insert)
     svc2 = services(tmp_path, FakeEngine(n_slots=64))
     b = drive(svc2, batch_id, timeout=60)
     assert b.status == BatchStatus.COMPLETED

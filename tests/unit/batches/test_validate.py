@@ -65,6 +65,19 @@ def test_invalid_utf8_and_deep_nesting_are_line_errors() -> None:
     ]
 
 
+def test_what_the_runner_cannot_read_again_is_refused_here() -> None:
+    """NaN and a lone surrogate: Python's json takes them, the runner's decoder (msgspec)
+    does not; validation uses the runner's, so such a line is refused before it runs."""
+    nan = line("a").replace(b'"model": "m"', b'"model": "m", "temperature": NaN')
+    surrogate = line("b").replace(b'"hi"', b'"\\ud800"')
+    assert b"NaN" in nan and b"\\ud800" in surrogate
+    r = run(line("ok") + b"\n" + nan + b"\n" + surrogate + b"\n")
+    assert [(e.line, e.code) for e in r.errors] == [
+        (2, "invalid_json_line"),
+        (3, "invalid_json_line"),
+    ]
+
+
 def test_a_line_past_the_limit_is_reported_without_being_kept(monkeypatch) -> None:
     monkeypatch.setattr(v, "MAX_LINE_BYTES", 1000)
     data = line("a") + b"\n" + b'{"x": "' + b"y" * 5000 + b'"}\n' + line("b") + b"\n"
