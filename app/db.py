@@ -194,6 +194,14 @@ class Database:
                     conn.commit()
 
     @contextmanager
+    def snapshot(self) -> Iterator[Connection]:
+        """A read inside one transaction: one snapshot for all its statements, and on
+        PostgreSQL what a server-side cursor (`stream_results`) needs; `read()` runs in
+        autocommit there."""
+        with self.engine.connect() as conn, conn.begin():
+            yield conn
+
+    @contextmanager
     def read(self) -> Iterator[Session]:
         with Session(self._reader, expire_on_commit=False) as session:
             yield session
