@@ -38,6 +38,14 @@ class Counters:
                 self._completion_tokens += completion
                 self._rate.append((time.monotonic(), completion))
 
+    def usage(self, usage: object) -> None:
+        """The tokens an OpenAI answer's `usage` names (nothing when it has none)."""
+        if isinstance(usage, dict):
+            self.tokens(
+                prompt=int(usage.get("prompt_tokens") or 0),
+                completion=int(usage.get("completion_tokens") or 0),
+            )
+
     def snapshot(self, *, active: int, queued: int) -> EngineStats:
         """The figures now, with the engine's own count of running and queued requests."""
         with self._lock:

@@ -118,13 +118,19 @@ def run_child(command: list[str], timeout: float) -> ChildAnswer:
     return ChildAnswer(answers[-1].removeprefix(ANSWER) if answers else None, done.returncode)
 
 
+def child_program(hidden: str, module: str, *args: str) -> list[str]:
+    """The command line of one of batchyard's own child programs: the hidden subcommand
+    `hidden` in the single binary (where sys.executable is batchyard itself), else this
+    Python running `module`."""
+    if getattr(sys, "frozen", False):
+        return [sys.executable, hidden, *args]
+    return [sys.executable, "-m", module, *args]
+
+
 def selfcheck_command(*args: str) -> list[str]:
     """The command line of engine/llama/selfcheck.py's child with `args` (`cpu MODEL THREADS`
-    or `gpu MODEL`): the hidden `_selfcheck` subcommand in the single binary, where
-    sys.executable is batchyard itself."""
-    if getattr(sys, "frozen", False):
-        return [sys.executable, SELFCHECK_COMMAND, *args]
-    return [sys.executable, "-m", "app.engine.llama.selfcheck", *args]
+    or `gpu MODEL`): `batchyard _selfcheck` in the single binary."""
+    return child_program(SELFCHECK_COMMAND, "app.engine.llama.selfcheck", *args)
 
 
 #: The hidden `batchyard` subcommand a frozen app runs the checks through (app/cli.py).

@@ -482,9 +482,8 @@ class UpstreamEngine:
                 self._count("failed")
         else:
             self._window.grow()
-            usage = result.get("usage") if isinstance(result, dict) else None
             if self._settle(job, result=result):
-                self._count("succeeded", usage if isinstance(usage, dict) else None)
+                self._count("succeeded", result.get("usage"))
         finally:
             self._running.discard(job)
             self._pump()
@@ -601,13 +600,9 @@ class UpstreamEngine:
             self._jobs.pop(job.future, None)
         return resolve(job.future, result=result, error=error)
 
-    def _count(self, outcome: str, usage: dict[str, Any] | None = None) -> None:
+    def _count(self, outcome: str, usage: object = None) -> None:
         self._counters.count(outcome)
-        if usage:
-            self._counters.tokens(
-                prompt=int(usage.get("prompt_tokens") or 0),
-                completion=int(usage.get("completion_tokens") or 0),
-            )
+        self._counters.usage(usage)
 
 
 def model_info(spec: UpstreamSpec) -> ModelInfo:

@@ -152,7 +152,6 @@ class Http1Pool:
         self.connect_timeout = connect_timeout
         self.read_timeout = read_timeout
         self._idle: collections.deque[_Connection] = collections.deque()
-        self._open = 0
 
     async def post(self, path: str, body: bytes) -> Answer:
         """POST `body` (JSON) to `path`; the whole answer, whatever its status."""
@@ -171,12 +170,12 @@ class Http1Pool:
             try:
                 answer = await self._exchange(conn, request)
             except ResponseError:
-                self._drop(conn)
+                conn.close()
                 if conn.reused and conn.answered_nothing:
                     continue  # closed while idle: once more on a new connection
                 raise
             except BaseException:  # timed out or cancelled: the connection goes with it
-                self._drop(conn)
+                conn.close()
                 raise
             self._release(conn)
             return answer
@@ -197,7 +196,6 @@ class Http1Pool:
             if not conn.closed:
                 conn.reused = True
                 return conn
-            self._open -= 1
         loop = asyncio.get_running_loop()
         try:
             _, conn = await asyncio.wait_for(
@@ -212,18 +210,11 @@ class Http1Pool:
             ) from exc
         except OSError as exc:  # refused, unreachable, no such host
             raise ConnectError(f"cannot connect to {self.host}:{self.port}: {exc}") from exc
-        self._open += 1
         return conn
 
-    def _drop(self, conn: _Connection) -> None:
-        conn.close()
-        self._open -= 1
-
     def _release(self, conn: _Connection) -> None:
-        if conn.closed:
-            self._open -= 1
-            return
-        self._idle.append(conn)
+        if not conn.closed:
+            self._idle.append(conn)
 
     async def close(self) -> None:
         while self._idle:

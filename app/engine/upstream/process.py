@@ -50,6 +50,7 @@ from app.engine.upstream.pipe import (
     widen,
     write_all,
 )
+from app.toolchain.facts import child_program
 from app.wire.endpoints import ENDPOINTS
 
 log = logging.getLogger("batchyard.upstream")
@@ -65,9 +66,7 @@ CLOSE_TIMEOUT_S = 15.0
 def child_command() -> list[str]:
     """How to start the client process: `batchyard _upstream` in the single binary (where
     sys.executable is batchyard itself), else this Python with the module."""
-    if getattr(sys, "frozen", False):
-        return [sys.executable, UPSTREAM_COMMAND]
-    return [sys.executable, "-m", "app.engine.upstream.child"]
+    return child_program(UPSTREAM_COMMAND, "app.engine.upstream.child")
 
 
 def _child_env() -> dict[str, str]:
@@ -370,12 +369,8 @@ class UpstreamProcess:
             return False
         if outcome:
             self._counters.count(outcome)
-        usage = result.get("usage") if isinstance(result, dict) else None
-        if isinstance(usage, dict):
-            self._counters.tokens(
-                prompt=int(usage.get("prompt_tokens") or 0),
-                completion=int(usage.get("completion_tokens") or 0),
-            )
+        if result is not None:
+            self._counters.usage(result.get("usage"))
         return True
 
     def _fail_all(self, error: EngineError, outcome: str = "") -> None:

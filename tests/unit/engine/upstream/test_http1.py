@@ -18,10 +18,12 @@ Handler = Callable[[bytes, asyncio.StreamWriter], Awaitable[bool]]
 
 async def serve(handler: Handler) -> tuple[asyncio.AbstractServer, str, list[bytes]]:
     """A server that reads each request whole and lets `handler` answer it (it returns
-    False to close the connection); every request it read, in order."""
+    False to close the connection); every request it read, in order, each after a
+    b"CONNECTION" entry for the connection it came on."""
     seen: list[bytes] = []
 
     async def on_client(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        seen.append(b"CONNECTION")
         try:
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
@@ -85,10 +87,10 @@ def test_answers_by_length_and_chunked_on_one_kept_connection() -> None:
         b = await p.post("/v1/chat/completions", b'{"x":1}')
         assert (a.status, a.body) == (200, b'{"a": 1}')
         assert (b.status, b.headers["retry-after"], b.body) == (429, "3", b"{}")
-        assert seen[0].startswith(b"POST /prefix/v1/chat/completions HTTP/1.1\r\n")
-        assert b"\r\nAuthorization: Bearer k\r\n" in seen[0]
-        assert seen[0].endswith(b'\r\n\r\n{"x":"chunked"}')
-        assert p._open == 1  # both went over one connection
+        assert seen[0] == b"CONNECTION" and len(seen) == 3  # both went over one connection
+        assert seen[1].startswith(b"POST /prefix/v1/chat/completions HTTP/1.1\r\n")
+        assert b"\r\nAuthorization: Bearer k\r\n" in seen[1]
+        assert seen[1].endswith(b'\r\n\r\n{"x":"chunked"}')
         await p.close()
         server.close()
 
@@ -108,7 +110,7 @@ def test_a_connection_closed_while_idle_is_replaced_without_an_error() -> None:
             answer = await p.post("/v1/x", b"{}")
             assert answer.body == b"ok"
             await asyncio.sleep(0.05)  # the close reaches the idle connection
-        assert len(seen) == 3
+        assert seen.count(b"CONNECTION") == 3 and len(seen) == 6  # a new one each time
         await p.close()
         server.close()
 
