@@ -11,7 +11,7 @@ a GPU server answering short lines, so what is measured is the front's own cost.
 
 For each front it prints lines/s, the ratio to direct, the server's CPU seconds per line
 (utime+stime of the server process from /proc, over the batch), the API's read latency meanwhile (p50/p99
-of the bench's own list and retrieve calls, one pair every 20 ms; `pushing_*` only those while
+of the bench's own list and retrieve calls, one pair every --poll-ms, 20 by default; `pushing_*` only those while
 the batch was in progress, when the node pushes its lines), and the phases as the bench
 saw them polling: validate (create -> in_progress), run (-> finalizing) and
 finalize (-> completed). `--nodes 2` runs two nodes on one PostgreSQL (and one files location)
@@ -56,6 +56,14 @@ rates swing up to 2x between runs; CPU a line swings less; bench/README.md has t
     1,311 -> 1,742 (0.44x -> 0.59x), 0.555 -> 0.421 ms. Two nodes on pg 1.20x one node.
     `node_cpu_ms_per_line` is the node's own process; `cpu_ms_per_line` adds its client
     processes.
+  session 4 (AMD EPYC, 2 cores, the direct client 0.09-0.13 ms a line; main at 78f8b2a beside
+    5d65a9a): 3,000 lines, 3 rounds: sqlite 2,196 -> 2,503 l/s (0.82x -> 0.94x), 0.293 ->
+    0.227 ms; pg 2,009 -> 2,368 (0.74x -> 0.89x), 0.31 -> 0.243 ms (5 rounds of main alone:
+    0.91x and 0.88x; its run phase 0.96-0.99x: validation and finalize take 60-110 ms of a
+    1.3 s batch). 10,000 lines: sqlite 1.00x, pg 0.95x. 50,000 lines: sqlite 2,276 -> 2,569
+    (0.90x -> 1.02x), pg 2,148 -> 2,601 (0.85x -> 1.03x). Two nodes on pg 1.59x one node.
+    Against llama-server, polling every 20 ms: 0.88x / 0.85x, the node's CPU mostly the
+    polling (5-5.6 ms a line, on llama-server's 2 cores); `--poll-ms 1000`: 0.99x / 0.96x.
 """
 
 from __future__ import annotations
@@ -350,7 +358,7 @@ def through_batchyard(
             reads: list[float] = []  # the API's latency from create to completed
             pushing: list[float] = []  # those while it was in progress: the node pushing
             while b["status"] not in ("completed", "failed", "expired", "cancelled"):
-                time.sleep(0.02)
+                time.sleep(args.poll_ms / 1000)
                 was = b["status"]
                 t0 = time.perf_counter()
                 c.get(f"{api}/batches", params={"limit": 20}).raise_for_status()
@@ -427,6 +435,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--model", default="", help="with --upstream-url: default its first model")
     p.add_argument("--upstream-pid", type=int, default=0, help="with --upstream-url: its CPU too")
+    p.add_argument(
+        "--poll-ms", type=float, default=20.0, help="the bench's list + retrieve pair, every N ms"
+    )
     p.add_argument("--upstream-only", type=int, default=0, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.upstream_only:
