@@ -40,7 +40,12 @@ from app.engine.base import (
 )
 from app.engine.counters import Counters
 from app.engine.upstream import UPSTREAM_COMMAND
-from app.engine.upstream.engine import UpstreamStatus, closed_future, model_info
+from app.engine.upstream.engine import (
+    UpstreamEngine,
+    UpstreamStatus,
+    closed_future,
+    model_info,
+)
 from app.engine.upstream.pipe import (
     CANCELLED,
     READ_SIZE,
@@ -82,12 +87,8 @@ class UpstreamProcess:
     """The Engine protocol over one OpenAI-compatible server, through a client process."""
 
     kind = "openai"
-    #: How many times its slots a node's claims may hand it (Lane.depth). bench/fleet.py,
-    #: 10,000 lines to a 20 ms upstream at C=64 on 2 cores, medians of 2 rounds: 2 -> 4 took
-    #: SQLite from 1,970 to 2,244 lines/s and PostgreSQL from 1,412 to 1,655; at 2 the
-    #: client's queue was empty at about half of its looks every 50 ms, its 64 requests
-    #: coming back in waves faster than the runner's steps refilled it.
-    lane_depth = 4
+    #: The engine its child runs: the same queue to keep filled (UpstreamEngine.lane_depth).
+    lane_depth = UpstreamEngine.lane_depth
 
     def __init__(self, spec: UpstreamSpec) -> None:
         self.spec = spec
