@@ -13,10 +13,12 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import httpx
 from openai import OpenAI
 
+from app.config import default_model_path
 from tests.live import LiveServer, free_port
 
 #: The upstream serves the default model under this name (a link to the GGUF), so an
@@ -24,6 +26,16 @@ from tests.live import LiveServer, free_port
 UPSTREAM_MODEL = "remote-smol"
 #: A name the front sends to the flaky double (configured with models=).
 FLAKY_MODEL = "flaky-smol"
+
+
+def upstream_model_args(folder: Path) -> list[str]:
+    """`serve` arguments for a real upstream batchyard: the default model through a link
+    named after UPSTREAM_MODEL, made in `folder`."""
+    model = folder / f"{UPSTREAM_MODEL}.gguf"
+    model.symlink_to(default_model_path())
+    return ["--model", str(model)]
+
+
 BUSY = b'{"error": {"message": "busy", "type": "server_error", "param": null, "code": null}}'
 
 

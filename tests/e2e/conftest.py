@@ -7,18 +7,20 @@ from collections.abc import Iterator
 
 import pytest
 
-from app.config import default_model_path
 from tests.live import OUTPUT, start_server, stop_server
-from tests.upstream_double import FLAKY_MODEL, UPSTREAM_MODEL, FlakyUpstream, Fleet
+from tests.upstream_double import (
+    FLAKY_MODEL,
+    FlakyUpstream,
+    Fleet,
+    upstream_model_args,
+)
 
 
 @pytest.fixture(scope="session")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     root = tmp_path_factory.mktemp("fleet")
-    model = root / f"{UPSTREAM_MODEL}.gguf"
-    model.symlink_to(default_model_path())
     upstream = start_server(
-        root / "upstream", OUTPUT / "upstream-server.log", args=["--model", str(model)]
+        root / "upstream", OUTPUT / "upstream-server.log", args=upstream_model_args(root)
     )
     double = FlakyUpstream(upstream.url)
     try:

@@ -11,10 +11,14 @@ from pathlib import Path
 
 from openai import OpenAI
 
-from app.config import default_model_path
 from tests.live import OUTPUT, free_port, start_server, stop_server
 from tests.metrics import scrape, value
-from tests.upstream_double import UPSTREAM_MODEL, assert_every_line_once, counting_batch
+from tests.upstream_double import (
+    UPSTREAM_MODEL,
+    assert_every_line_once,
+    counting_batch,
+    upstream_model_args,
+)
 from tests.waiting import until
 
 LINES = 24
@@ -23,10 +27,8 @@ RETRY_BUDGET_S = 1.5
 
 
 def test_a_batch_waits_for_its_upstream_to_come_back(tmp_path: Path) -> None:
-    model = tmp_path / f"{UPSTREAM_MODEL}.gguf"
-    model.symlink_to(default_model_path())
     port = free_port()
-    upstream_args = ["--model", str(model), "--parallel", "2"]
+    upstream_args = [*upstream_model_args(tmp_path), "--parallel", "2"]
     log = OUTPUT / "upstream-down-upstream.log"
     upstream = start_server(tmp_path / "upstream", log, port=port, args=upstream_args)
     front = None

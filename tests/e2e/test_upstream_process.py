@@ -16,10 +16,14 @@ from pathlib import Path
 import pytest
 from openai import OpenAI
 
-from app.config import default_model_path
 from tests.live import OUTPUT, LiveServer, start_server, stop_server
 from tests.metrics import scrape, value
-from tests.upstream_double import UPSTREAM_MODEL, assert_every_line_once, counting_batch
+from tests.upstream_double import (
+    UPSTREAM_MODEL,
+    assert_every_line_once,
+    counting_batch,
+    upstream_model_args,
+)
 from tests.waiting import until
 
 LINES = 24
@@ -29,12 +33,10 @@ CHILD_MODULE = "app.engine.upstream.child"
 @pytest.fixture(scope="module")
 def upstream(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     root = tmp_path_factory.mktemp("upstream-process")
-    model = root / f"{UPSTREAM_MODEL}.gguf"
-    model.symlink_to(default_model_path())
     server = start_server(
         root / "upstream",
         OUTPUT / "upstream-process-upstream.log",
-        args=["--model", str(model), "--parallel", "2"],
+        args=[*upstream_model_args(root), "--parallel", "2"],
     )
     yield server
     stop_server(server)
