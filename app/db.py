@@ -21,7 +21,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.engine import Engine as SAEngine
 from sqlmodel import Session, create_engine
 
-from app import models  # noqa: F401  (registers the tables)
+from app import tables  # noqa: F401  (registers the tables)
 
 if TYPE_CHECKING:
     from alembic.config import Config

@@ -30,7 +30,7 @@ from app.batches.validate import first_endpoint
 from app.config import Settings
 from app.errors import APIError
 from app.logs import LOG_FORMAT
-from app.models import Batch, BatchStatus
+from app.tables import Batch, BatchStatus
 
 if TYPE_CHECKING:
     from app.services import Services

@@ -21,7 +21,7 @@ from app import __version__
 from app.batches.health import QueueHealth, queue_health
 from app.db import Database
 from app.engine.registry import EngineView, lanes, members
-from app.models import Batch, BatchStatus, Request, RequestStatus
+from app.tables import Batch, BatchStatus, Request, RequestStatus
 
 if TYPE_CHECKING:
     from app.engine.base import Engine, EngineStats

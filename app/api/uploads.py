@@ -8,7 +8,7 @@ from litestar import Request, post
 from litestar.di import NamedDependency
 from litestar.params import FromPath, JSONBody
 
-from app import models
+from app import tables
 from app.api.errors import json_object_body
 from app.api.openapi import UploadPartForm, errors
 from app.errors import APIError
@@ -36,7 +36,7 @@ def part_too_large(limit: int) -> APIError:
     )
 
 
-def upload_object(row: models.Upload, file: models.File | None = None) -> Upload:
+def upload_object(row: tables.Upload, file: tables.File | None = None) -> Upload:
     return Upload(
         id=row.id,
         bytes=row.bytes,

@@ -40,7 +40,7 @@ from sqlalchemy import select as select_columns
 from sqlmodel import Session, col
 
 from app.engine.registry import Lane
-from app.models import Batch, BatchStatus, Request, RequestStatus
+from app.tables import Batch, BatchStatus, Request, RequestStatus
 
 #: A line whose claim ran out this many times (the server died while running it) fails
 #: instead of taking the server down again.

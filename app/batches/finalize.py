@@ -23,7 +23,7 @@ from app.config import Settings
 from app.db import Database
 from app.files.service import FileService
 from app.files.storage import Storage
-from app.models import Batch, BatchStatus, Request, now
+from app.tables import Batch, BatchStatus, Request, now
 
 log = logging.getLogger("batchyard.runner")
 

@@ -17,7 +17,7 @@ from sqlmodel import col, select
 
 from app.db import Database
 from app.engine.registry import UNROUTED, Lane
-from app.models import Batch, BatchStatus, Request, RequestStatus
+from app.tables import Batch, BatchStatus, Request, RequestStatus
 
 
 @dataclass

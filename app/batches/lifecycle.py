@@ -24,7 +24,7 @@ from app.config import Settings
 from app.db import Database
 from app.errors import APIError, error_body
 from app.files.storage import Storage
-from app.models import Batch, BatchStatus, Request, RequestStatus, new_ids, now
+from app.tables import Batch, BatchStatus, Request, RequestStatus, new_ids, now
 
 log = logging.getLogger("batchyard.runner")
 

@@ -10,7 +10,7 @@ from sqlmodel import col, select
 
 from app.db import Database
 from app.files.storage import PartialWrite, Storage, Written
-from app.models import Batch, File, Request, RequestStatus, new_id
+from app.tables import Batch, File, Request, RequestStatus, new_id
 from app.wire.batches import batch_output_line, encode_line
 
 #: Rows read from the database at a time while writing, so 50,000 results never sit in memory.

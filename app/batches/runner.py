@@ -43,8 +43,8 @@ from app.engine.base import Engine, EngineError, EngineUnavailable, Priority, Re
 from app.engine.registry import Lane, lanes
 from app.files.service import FileService
 from app.files.storage import Storage
-from app.models import Batch, BatchStatus, File, Request, RequestStatus
 from app.polling import PollingThread
+from app.tables import Batch, BatchStatus, File, Request, RequestStatus
 
 log = logging.getLogger("batchyard.runner")
 

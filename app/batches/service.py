@@ -18,7 +18,7 @@ from app.config import Settings
 from app.db import Database
 from app.errors import APIError, invalid, missing, not_found
 from app.files.service import parse_expires_after
-from app.models import Batch, BatchStatus, File, Request, RequestStatus, new_id, now
+from app.tables import Batch, BatchStatus, File, Request, RequestStatus, new_id, now
 from app.wire.batches import batch_output_line, encode_line
 from app.wire.endpoints import ENDPOINTS
 

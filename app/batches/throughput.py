@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from app.models import Batch, BatchStatus
+from app.tables import Batch, BatchStatus
 
 #: Points a chart has at most: long batches are bucketed into this many steps.
 MAX_BUCKETS = 60

@@ -19,7 +19,7 @@ from python_multipart.multipart import MultipartParser, parse_options_header
 from app.errors import APIError, missing
 from app.files.service import FileService, parse_expires_after, too_large
 from app.files.storage import PartialWrite, Storage, TooLarge
-from app.models import File
+from app.tables import File
 
 if TYPE_CHECKING:
     # Declared for type checkers only (python_multipart defines it under TYPE_CHECKING).

@@ -44,7 +44,7 @@ from minio.datatypes import Part
 from minio.error import MinioException, S3Error
 
 from app.files.storage import PartialWrite, Storage, TooLarge, span_blocks
-from app.models import new_id
+from app.tables import new_id
 
 #: Bytes held before they go out as one part (S3 wants at least 5 MiB for all but the last).
 PART_BYTES = 8 * 1024 * 1024

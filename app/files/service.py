@@ -10,7 +10,7 @@ from app.config import Settings
 from app.db import Database
 from app.errors import APIError, invalid, missing, not_found
 from app.files.storage import PartialWrite, Storage, Written
-from app.models import Batch, BatchStatus, File, new_id, now
+from app.tables import Batch, BatchStatus, File, new_id, now
 from app.wire.files import EXPIRES_MAX, EXPIRES_MIN, UPLOAD_PURPOSES
 
 #: Purposes the list filter accepts.

@@ -21,7 +21,7 @@ from app.db import Database
 from app.errors import APIError, invalid, missing, not_found
 from app.files.service import FileService, parse_expires_after
 from app.files.storage import PartialWrite, Storage
-from app.models import File, Upload, UploadPart, UploadStatus, new_id, now
+from app.tables import File, Upload, UploadPart, UploadStatus, new_id, now
 
 log = logging.getLogger("batchyard.uploads")
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from alembic import context
 from sqlmodel import SQLModel
 
-from app import models  # noqa: F401  (registers the tables)
+from app import tables  # noqa: F401  (registers the tables)
 from app.migrations import compare_type
 
 connection = context.config.attributes["connection"]

@@ -19,8 +19,8 @@ from litestar.response import ServerSentEvent
 from litestar.response.sse import ServerSentEventMessage
 
 from app.batches.service import BatchService
-from app.models import BatchStatus
 from app.services import Services
+from app.tables import BatchStatus
 from app.web import views
 from app.web.explorer import chart_context
 from app.web.pages import PAGE_SIZE, engines_context, summary_context

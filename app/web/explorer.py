@@ -17,7 +17,7 @@ from litestar.response import Stream, Template
 
 from app.batches import throughput
 from app.batches.service import BatchService
-from app.models import Batch, BatchStatus
+from app.tables import Batch, BatchStatus
 from app.web import views
 
 #: Lines in one page of the explorer.

@@ -20,8 +20,8 @@ from app.engine.registry import lanes, members
 from app.errors import APIError
 from app.files.download import file_download
 from app.files.service import FileService
-from app.models import Batch, BatchStatus
 from app.services import Services
+from app.tables import Batch, BatchStatus
 from app.web import views
 from app.web.explorer import chart_context, explorer_context
 from app.wire.batches import batch_object

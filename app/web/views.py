@@ -16,7 +16,7 @@ from typing import Any
 
 from app.batches import throughput
 from app.batches.service import LineDetail
-from app.models import Batch, BatchStatus, File, Request, RequestStatus, WebhookDelivery
+from app.tables import Batch, BatchStatus, File, Request, RequestStatus, WebhookDelivery
 
 STATUS_TONE = {
     BatchStatus.VALIDATING: "info",

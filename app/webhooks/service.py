@@ -27,8 +27,8 @@ from app.auth.keys import owner_id
 from app.config import Settings
 from app.db import Database
 from app.errors import not_found
-from app.models import Batch, BatchStatus, DeliveryStatus, WebhookDelivery, new_id, now
 from app.polling import PollingThread
+from app.tables import Batch, BatchStatus, DeliveryStatus, WebhookDelivery, new_id, now
 from app.webhooks import signing
 
 log = logging.getLogger("batchyard.webhooks")

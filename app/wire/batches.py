@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal, Protocol, get_args
 from msgspec import Raw, Struct
 from msgspec import json as msgspec_json
 
-from app import models
+from app import tables
 from app.wire.common import doc, one_of
 from app.wire.endpoints import ENDPOINTS
 
@@ -107,7 +107,7 @@ class Batch(Struct, kw_only=True):
     metadata: dict[str, str] | None = None
 
 
-def batch_object(row: models.Batch) -> Batch:
+def batch_object(row: tables.Batch) -> Batch:
     errors = json.loads(row.errors_json) if row.errors_json else None
     return Batch(
         id=row.id,
@@ -178,7 +178,7 @@ class OutputRow(Protocol):
 
 
 def batch_output_line(r: OutputRow) -> BatchOutputLine:
-    if r.status == models.RequestStatus.EXPIRED:
+    if r.status == tables.RequestStatus.EXPIRED:
         error = json.loads(r.error_json) if r.error_json else None
         return BatchOutputLine(
             id=r.id,

@@ -6,7 +6,7 @@ from typing import Literal, get_args
 
 from msgspec import Struct
 
-from app import models
+from app import tables
 from app.wire.common import one_of
 
 # -- files -----------------------------------------------------------------------------------
@@ -49,7 +49,7 @@ class FileDeleted(Struct, kw_only=True):
     deleted: bool
 
 
-def file_object(row: models.File) -> FileObject:
+def file_object(row: tables.File) -> FileObject:
     return FileObject(
         id=row.id,
         bytes=row.bytes,

@@ -6,7 +6,7 @@ from typing import Annotated, Literal, get_args
 
 from msgspec import Struct
 
-from app import models
+from app import tables
 from app.wire.common import doc
 from app.wire.files import EXPIRES_MAX, EXPIRES_MIN, UPLOAD_PURPOSES, FileObject
 
@@ -65,5 +65,5 @@ class UploadPart(Struct, kw_only=True):
     upload_id: str
 
 
-def upload_part_object(row: models.UploadPart) -> UploadPart:
+def upload_part_object(row: tables.UploadPart) -> UploadPart:
     return UploadPart(id=row.id, created_at=row.created_at, upload_id=row.upload_id)

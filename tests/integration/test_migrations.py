@@ -1,7 +1,7 @@
-"""Migrations: a fresh database matches app/models.py, and 0.1.0's databases upgrade whole.
+"""Migrations: a fresh database matches app/tables.py, and 0.1.0's databases upgrade whole.
 
 The 0.1.0 tables come from tests/data/tables_0_1_0.*.sql, the DDL that 0.1.0's create_all
-emitted (app/models.py at 77d2e77), with rows in them; start-up (build_services, which
+emitted (app/tables.py at 77d2e77), with rows in them; start-up (build_services, which
 calls Database.migrate) must stamp, upgrade and keep every row, and the runner must then
 finish the batch that was in progress.
 """
@@ -21,8 +21,8 @@ from sqlmodel import SQLModel
 from app.config import Settings
 from app.db import Database, DatabaseError, head_revision
 from app.migrations import compare_type
-from app.models import Batch, BatchStatus, File, Request
 from app.services import build_services
+from app.tables import Batch, BatchStatus, File, Request
 from tests.factories import batch_line, jsonl
 from tests.fakes import FakeEngine
 from tests.unit.helpers import drive, file_lines
@@ -45,14 +45,14 @@ def differences(db: Database) -> list[Any]:
 
 
 def test_a_fresh_database_is_exactly_the_models(database_url: str) -> None:
-    """Fails when app/models.py changes without a revision (or a revision without the model)."""
+    """Fails when app/tables.py changes without a revision (or a revision without the model)."""
     Path(database_url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
     db = Database(database_url)
     try:
         db.migrate()
         assert db.revision() == head_revision()
         assert differences(db) == [], (
-            "app/models.py and app/migrations/versions disagree: add a revision "
+            "app/tables.py and app/migrations/versions disagree: add a revision "
             "(app/migrations/README.md)"
         )
         db.migrate()  # a second start changes nothing

@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from app.config import Settings
-from app.models import Batch, BatchStatus, File, Request
 from app.services import Services, build_services
+from app.tables import Batch, BatchStatus, File, Request
 from tests.factories import CHAT, jsonl
 
 

@@ -10,7 +10,7 @@ from sqlalchemy import event, func, text
 from sqlmodel import Session, select
 
 from app.db import Database
-from app.models import File
+from app.tables import File
 
 
 def sqlite_db(tmp_path: Path) -> Database:

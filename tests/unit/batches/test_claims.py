@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from app.engine.registry import EMBEDDED, UNROUTED, EngineRegistry, Lane, lanes
-from app.models import BatchStatus, RequestStatus
 from app.services import Services
+from app.tables import BatchStatus, RequestStatus
 from tests.factories import batch_line
 from tests.fakes import FakeEngine, FakeUpstream, HangingEngine, finish
 from tests.unit.helpers import drive, file_lines, make_batch, request_rows, services

@@ -11,8 +11,8 @@ import pytest
 
 from app.config import Settings
 from app.files.storage import PartialWrite, data_dir_problem
-from app.models import BatchStatus, RequestStatus
 from app.services import Services, build_services
+from app.tables import BatchStatus, RequestStatus
 from tests.factories import batch_line
 from tests.fakes import FakeEngine
 from tests.unit.helpers import (

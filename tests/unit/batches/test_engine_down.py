@@ -11,7 +11,7 @@ import pytest
 
 from app.batches import runner as runner_module
 from app.engine.base import EngineUnavailable
-from app.models import RequestStatus
+from app.tables import RequestStatus
 from tests.factories import batch_line
 from tests.fakes import FakeEngine
 from tests.unit.helpers import drive, make_batch, request_rows, services

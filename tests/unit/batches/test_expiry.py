@@ -11,8 +11,8 @@ import pytest
 from app.config import Settings
 from app.files import s3 as s3_module
 from app.files.storage import UNFINISHED_MAX_AGE
-from app.models import BatchStatus, File, RequestStatus, now
 from app.services import Services, build_services
+from app.tables import BatchStatus, File, RequestStatus, now
 from tests.factories import CHAT, batch_line
 from tests.fakes import HangingEngine, finish
 from tests.seaweed import Seaweed, aws_env

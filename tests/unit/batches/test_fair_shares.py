@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from app.models import BatchStatus
+from app.tables import BatchStatus
 from tests.factories import batch_line
 from tests.fakes import HangingEngine
 from tests.unit.helpers import batch, make_batch, services

@@ -16,8 +16,8 @@ import pytest
 from app.config import Settings
 from app.files import s3 as s3_module
 from app.files.storage import PartialWrite
-from app.models import BatchStatus
 from app.services import Services, build_services
+from app.tables import BatchStatus
 from tests.factories import batch_line
 from tests.fakes import FakeEngine
 from tests.seaweed import Seaweed, aws_env

@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from app.models import BatchStatus, Request, RequestStatus
+from app.tables import BatchStatus, Request, RequestStatus
 from tests.factories import batch_line
 from tests.fakes import HangingEngine
 from tests.unit.helpers import batch, make_batch, request_rows, services

@@ -17,8 +17,8 @@ import pytest
 
 from app.config import Settings
 from app.db import Database, DatabaseError
-from app.models import BatchStatus, RequestStatus
 from app.services import Services, build_services
+from app.tables import BatchStatus, RequestStatus
 from tests.factories import batch_line
 from tests.fakes import FakeEngine
 from tests.live import ROOT, batchyard, checkout_env

@@ -15,7 +15,7 @@ import pytest
 import app.batches.lifecycle as lifecycle_module
 import app.batches.output as output_module
 from app.batches.claims import MAX_ATTEMPTS
-from app.models import BatchStatus, RequestStatus
+from app.tables import BatchStatus, RequestStatus
 from tests.factories import batch_line
 from tests.fakes import FakeEngine, HangingEngine
 from tests.unit.helpers import (

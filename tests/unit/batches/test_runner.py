@@ -11,8 +11,8 @@ import pytest
 from sqlmodel import select
 
 from app.batches.claims import MAX_ATTEMPTS
-from app.models import Request, RequestStatus
 from app.services import Services
+from app.tables import Request, RequestStatus
 from tests.factories import batch_line
 from tests.fakes import FakeEngine
 from tests.unit.helpers import batch, drive, file_lines, make_batch, request_rows, services

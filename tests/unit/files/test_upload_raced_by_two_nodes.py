@@ -19,8 +19,8 @@ from sqlmodel import select
 
 from app.config import Settings
 from app.errors import APIError
-from app.models import File, Upload, UploadPart
 from app.services import Services, build_services
+from app.tables import File, Upload, UploadPart
 from tests.fakes import FakeEngine
 
 OWNER = "k"

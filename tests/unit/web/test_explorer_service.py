@@ -10,8 +10,8 @@ import pytest
 
 from app.batches import throughput
 from app.errors import APIError
-from app.models import BatchStatus
 from app.services import Services
+from app.tables import BatchStatus
 from app.web import views
 from tests.factories import batch_line
 from tests.fakes import FakeEngine, HangingEngine

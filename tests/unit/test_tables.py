@@ -1,4 +1,4 @@
-"""OpenAI-style ids (app/models.py): a prefix and 24 characters of the url-safe alphabet,
+"""OpenAI-style ids (app/tables.py): a prefix and 24 characters of the url-safe alphabet,
 drawn together for a batch's lines."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 
-from app.models import ID_ALPHABET, new_id, new_ids
+from app.tables import ID_ALPHABET, new_id, new_ids
 
 
 def test_ids_are_the_prefix_and_24_alphabet_characters_all_distinct() -> None:
