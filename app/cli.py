@@ -86,6 +86,39 @@ SERVE_FLAGS: list[tuple[str, str, Any, str]] = [
         str,
         "the S3-compatible store's URL when it is not AWS (MinIO, SeaweedFS, R2, Ceph)",
     ),
+    (
+        "--models-config",
+        "models_config",
+        str,
+        "models.toml: per-model ctx_size, parallel, n_gpu_layers, kv_cache_type, chat_template "
+        "and aliases (default: the data dir's models.toml, if any)",
+    ),
+    (
+        "--default-model",
+        "default_model",
+        str,
+        "the model of lines whose model names nothing known (default: the embedded SmolLM2)",
+    ),
+    (
+        "--max-loaded-models",
+        "max_loaded_models",
+        int,
+        "most models loaded at once (0: as many as --models-memory holds)",
+    ),
+    (
+        "--models-memory",
+        "models_memory",
+        str,
+        "memory for loaded models, as 8GiB (default: the free RAM less a margin, or the "
+        "free VRAM on a GPU build)",
+    ),
+    ("--model-ttl", "model_ttl", str, "unload a model idle this long (10m, 1h; 0: never)"),
+    (
+        "--model-switch-after",
+        "model_switch_after",
+        str,
+        "the longest another model's lines wait for the loaded model's queue to drain",
+    ),
     ("--node-name", "node_name", str, "this node's name in claims, /health and /metrics"),
     (
         "--lease-seconds",
@@ -98,7 +131,8 @@ SERVE_FLAGS: list[tuple[str, str, Any, str]] = [
 WORKER_FLAGS = (
     "model", "data_dir", "n_gpu_layers", "parallel", "ctx_size", "kv_cache_type", "threads",
     "engine_priority", "cpu_extra_buffers", "cache_dir", "log_level", "database_url", "node_name",
-    "lease_seconds", "files_url", "s3_endpoint",
+    "lease_seconds", "files_url", "s3_endpoint", "models_config", "default_model",
+    "max_loaded_models", "models_memory", "model_ttl", "model_switch_after",
     # A batch that ends on a worker queues its webhook there: the same endpoints as serve's.
     "api_keys_file", "webhook_url", "webhook_secret",
 )  # fmt: skip
@@ -143,6 +177,30 @@ def _add_upstream_flags(p: argparse.ArgumentParser) -> None:
     )
 
 
+#: The catalog's settings (app/catalog/): where models are found and what a name means.
+CATALOG_FLAGS = ("model", "data_dir", "models_config", "default_model")
+
+
+def _add_catalog_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--models-dir",
+        dest="models_dir",
+        action="append",
+        default=None,
+        metavar="DIR",
+        help="a folder of GGUF models (repeatable) "
+        f"[env {Settings.env_name('models_dir')}, ':'-separated; default: DATA_DIR/models]",
+    )
+    p.add_argument(
+        "--no-discover",
+        dest="no_discover",
+        action="store_true",
+        default=None,
+        help="do not read the home stores (Ollama, LM Studio, the Hugging Face cache) "
+        f"[env {Settings.env_name('no_discover')}=1; default: read them]",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="batchyard",
@@ -162,6 +220,15 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"an API key clients must send (repeatable) [env {Settings.env_name('api_keys')}, comma-separated; default: none, no key needed]",
     )
     _add_upstream_flags(serve)
+    _add_catalog_flags(serve)
+    serve.add_argument(
+        "--strict-models",
+        dest="strict_models",
+        action="store_true",
+        default=None,
+        help="fail batch lines whose model names nothing known (model_not_found) instead of "
+        f"running them on the default model [env {Settings.env_name('strict_models')}=1]",
+    )
     serve.add_argument(
         "--no-browser",
         dest="no_browser",
@@ -179,6 +246,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_engine_flags(worker, WORKER_FLAGS)
     _add_upstream_flags(worker)
+    _add_catalog_flags(worker)
 
     run = sub.add_parser(
         "run",
@@ -285,7 +353,8 @@ def build_parser() -> argparse.ArgumentParser:
         _add_engine_flags(p, ("model", "threads", "cpu_extra_buffers", "cache_dir"))
 
     listing = sub.add_parser("models", help="list the models this install can serve")
-    _add_engine_flags(listing, ("model", "data_dir"))
+    _add_engine_flags(listing, CATALOG_FLAGS)
+    _add_catalog_flags(listing)
     sub.add_parser("version", help="print the version")
     return parser
 

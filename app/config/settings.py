@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import secrets
 import socket
 from dataclasses import dataclass, field, fields
@@ -130,6 +131,25 @@ class Settings:
     engine: list[str] = field(default_factory=list)
     # Serve upstreams only: the embedded model is not loaded, an unknown model is a 404.
     no_embedded: bool = False
+    # The model catalog (app/catalog/): GGUF folders to list (empty: the data dir's models/),
+    # and whether the home stores (Ollama, LM Studio, the Hugging Face cache) are read too.
+    models_dir: list[str] = field(default_factory=list)
+    no_discover: bool = False
+    # Per-model settings and aliases (models.toml; empty: the data dir's models.toml if any).
+    models_config: str = ""
+    # The model of lines whose `model` names nothing known (empty: the embedded default).
+    default_model: str = ""
+    # Fail such lines at validation (model_not_found) instead of running them on the default.
+    strict_models: bool = False
+    # Bounds on the models loaded at once: a count (0: no count, the memory alone) and bytes
+    # (empty: the free RAM less a margin, or the free VRAM on a GPU build), as 8GiB, 512MiB.
+    max_loaded_models: int = 0
+    models_memory: str = ""
+    # A model idle this long is unloaded (10m, 90s, 1h; 0 never).
+    model_ttl: str = "10m"
+    # Another model's lines wait at most this long for the loaded model's queue to drain
+    # before the engine switches to theirs.
+    model_switch_after: str = "5m"
 
     def __post_init__(self) -> None:
         self.kv_cache_type = self.kv_cache_type.strip().lower()
@@ -168,6 +188,11 @@ class Settings:
         if self.files_url.startswith("s3://") and not self.files_url[5:].split("/")[0]:
             raise ValueError("--files-url s3:// needs a bucket: s3://BUCKET/PREFIX")
         self.upstreams  # noqa: B018 - a bad --engine is refused at start-up, with its reason
+        self.model_ttl_seconds  # noqa: B018 - a bad duration or size is refused at start-up
+        self.model_switch_after_seconds  # noqa: B018
+        self.models_memory_bytes  # noqa: B018
+        if self.max_loaded_models < 0:
+            raise ValueError("--max-loaded-models must be 0 (no count) or more")
         if self.no_embedded and not self.engine:
             raise ValueError("--no-embedded needs at least one --engine to serve requests")
 
@@ -177,6 +202,34 @@ class Settings:
         from app.config.upstreams import parse_engine_specs
 
         return parse_engine_specs(self.engine)
+
+    @property
+    def model_ttl_seconds(self) -> float:
+        return parse_duration(self.model_ttl, "--model-ttl")
+
+    @property
+    def model_switch_after_seconds(self) -> float:
+        return parse_duration(self.model_switch_after, "--model-switch-after")
+
+    @property
+    def models_memory_bytes(self) -> int | None:
+        """--models-memory in bytes; None when the budget is measured (free memory)."""
+        return parse_size(self.models_memory, "--models-memory") if self.models_memory else None
+
+    @property
+    def models_dirs(self) -> list[Path]:
+        """The plain GGUF folders of the catalog: --models-dir, else the data dir's models/."""
+        if self.models_dir:
+            return [Path(d).expanduser() for d in self.models_dir]
+        return [self.data_path / "models"]
+
+    @property
+    def models_config_path(self) -> Path | None:
+        """models.toml: --models-config, else the data dir's if there is one."""
+        if self.models_config:
+            return Path(self.models_config).expanduser()
+        path = self.data_path / "models.toml"
+        return path if path.is_file() else None
 
     @property
     def model_path(self) -> Path:
@@ -254,7 +307,7 @@ class Settings:
 
 
 #: List settings whose items hold commas themselves, and what separates them in the env.
-LIST_SEPARATORS = {"engine": ";"}
+LIST_SEPARATORS = {"engine": ";", "models_dir": ":"}
 
 
 def _parse(type_name: Any, raw: str, separator: str = ",") -> Any:
@@ -267,3 +320,27 @@ def _parse(type_name: Any, raw: str, separator: str = ",") -> Any:
         parts = raw.replace("\n", separator).split(separator)
         return [part.strip() for part in parts if part.strip()]
     return raw
+
+
+_DURATION_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
+_SIZE_UNITS = {
+    "": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3,
+    "gb": 1000**3, "t": 1000**4, "tb": 1000**4, "kib": 1024, "mib": 1024**2, "gib": 1024**3,
+    "tib": 1024**4,
+}  # fmt: skip
+
+
+def parse_duration(text: str, flag: str) -> float:
+    """Seconds from `90`, `90s`, `10m`, `1h`, `1.5h` (a bare number is seconds)."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*", str(text).lower())
+    if not match:
+        raise ValueError(f"{flag} takes a duration such as 90s, 10m or 1h, not {text!r}")
+    return float(match.group(1)) * _DURATION_UNITS[match.group(2) or "s"]
+
+
+def parse_size(text: str, flag: str) -> int:
+    """Bytes from `8GiB`, `512MiB`, `2G`, `1500000000` (K, M, G, T are powers of 1000)."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)\s*", str(text).lower())
+    if not match or match.group(2) not in _SIZE_UNITS:
+        raise ValueError(f"{flag} takes a size such as 8GiB, 512MiB or 2G, not {text!r}")
+    return int(float(match.group(1)) * _SIZE_UNITS[match.group(2)])

@@ -1,0 +1,90 @@
+"""A catalog entry: one model file the user has, by the names they use, and what loading it
+would take. Entries are fixed facts read from disk; nothing here loads a model.
+
+The contract between the catalog (which finds entries), the engine pool (which loads them
+within a memory budget) and whatever lists them (`/v1/models`, `batchyard models`, the
+dashboard's Models page).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+#: Where an entry was found.
+SOURCES = ("default", "model", "models-dir", "ollama", "lmstudio", "hf")
+
+
+@dataclass(frozen=True)
+class LoadProfile:
+    """How a model is loaded: its per-model settings (models.toml) over the server's flags.
+    Engines are keyed by (file, profile), so two names for one file share one engine and
+    a line's options never force a reload."""
+
+    ctx_size: int  # context per sequence, in tokens
+    parallel: int  # sequences decoded together; 0: the engine decides
+    n_gpu_layers: int  # -1 all, 0 none; the pool resolves "auto" before loading
+    kv_cache_type: str  # f16, bf16, q8_0, q4_0
+    chat_template: str | None = None  # a Jinja chat template in place of the GGUF's own
+
+
+@dataclass(frozen=True)
+class HeaderFacts:
+    """What the GGUF header says, as far as listing and the memory estimate need it."""
+
+    architecture: str
+    n_layer: int
+    n_head_kv: int
+    key_length: int  # per head
+    value_length: int  # per head
+    n_embd: int
+    context_length: int  # trained context
+    file_type: int | None
+    tensor_bytes: int  # all tensors' data, every shard
+    has_chat_template: bool
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Bytes a loaded model is expected to hold, before it is loaded."""
+
+    weights: int
+    kv_cache: int
+    compute: int
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.kv_cache + self.compute
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One model: its id, every name that means it, its file and how it is loaded."""
+
+    id: str  # the name answers carry in `model`: gemma3:270m, ORG/REPO:Q4_K_M, a file's stem
+    names: frozenset[str]  # every spelling that resolves here: the id, aliases, `:latest` forms
+    source: str  # one of SOURCES
+    path: Path  # the file llama.cpp opens (a split model's first part)
+    size_bytes: int  # every part together
+    mtime: float
+    quantization: str  # Q4_K_M, Q4_1, F16, ... or "unknown"
+    profile: LoadProfile
+    facts: HeaderFacts | None = None  # None when the header could not be read (see error)
+    estimate: Estimate | None = None  # None when facts is
+    paths: tuple[Path, ...] = field(default=())  # every part of a split model, in order
+    error: str = ""  # why the file cannot be used, as a user should read it
+    is_default: bool = False  # the model of lines whose `model` names nothing known
+
+    @property
+    def key(self) -> tuple[str, LoadProfile]:
+        """What a loaded engine is keyed by: the file itself (symlinks and Ollama's blobs
+        resolved) and the load profile; never the name."""
+        return (str(self.path.resolve()), self.profile)
+
+    @property
+    def architecture(self) -> str:
+        return self.facts.architecture if self.facts else ""
+
+    @property
+    def context_length(self) -> int:
+        return self.facts.context_length if self.facts else 0
