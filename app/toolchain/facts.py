@@ -1,7 +1,8 @@
 """What is installed and what is in sight, from the parent's side: where llama.cpp's libraries
-are, which GPU backends the build has, whether nvidia-smi lists a GPU, how many threads to
-use, and the one command that fixes a build. Nothing here imports llama_cpp; the checks that
-load a model run in a child process (engine/llama/selfcheck.py) and answer on one line.
+are, which GPU backends the build has, whether nvidia-smi lists a GPU and its free memory,
+how many threads to use, and the one command that fixes a build. Nothing here imports
+llama_cpp; the checks that load a model run in a child process (engine/llama/selfcheck.py)
+and answer on one line.
 """
 
 from __future__ import annotations
@@ -66,6 +67,24 @@ def visible_nvidia_gpu() -> str | None:
         return None
     gpus = [line.strip() for line in out.stdout.splitlines() if line.startswith("GPU ")]
     return gpus[0] if out.returncode == 0 and gpus else None
+
+
+def free_vram_bytes(lib_dir: Path | None = None) -> int | None:
+    """The free memory of every GPU `nvidia-smi` lists, in bytes, on a CUDA build: the models'
+    budget there (catalog/budget.py). Summed, as llama.cpp splits a model's layers over every
+    GPU it sees. None on a build without CUDA, or where nvidia-smi lists no GPU or fails."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None or "cuda" not in gpu_libraries(lib_dir):
+        return None
+    query = [smi, "--query-gpu=memory.free", "--format=csv,noheader,nounits"]
+    try:
+        out = subprocess.run(query, capture_output=True, text=True, timeout=10, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    mib = [line.strip() for line in out.stdout.splitlines() if line.strip()]
+    if out.returncode != 0 or not mib or not all(m.isdigit() for m in mib):
+        return None  # "[N/A]" or an error text: no figure to trust
+    return sum(int(m) for m in mib) << 20
 
 
 def cpu_fallback(gpu_built: list[str], gpu_seen: str | None) -> str | None:
