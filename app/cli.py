@@ -103,7 +103,7 @@ SERVE_FLAGS: list[tuple[str, str, Any, str]] = [
         "--max-loaded-models",
         "max_loaded_models",
         int,
-        "most models loaded at once (0: as many as --models-memory holds)",
+        "most models loaded at once (0: as many as the memory budget holds)",
     ),
     (
         "--models-memory",
@@ -227,7 +227,8 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         default=None,
         help="fail batch lines whose model names nothing known (model_not_found) instead of "
-        f"running them on the default model [env {Settings.env_name('strict_models')}=1]",
+        f"running them on the default model [env {Settings.env_name('strict_models')}=1; "
+        "default: run them]",
     )
     serve.add_argument(
         "--no-browser",
