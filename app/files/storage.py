@@ -40,6 +40,14 @@ def data_dir_problem(root: Path) -> str | None:
     return None
 
 
+def checked_id(file_id: str) -> str:
+    """`file_id` when it can name a file (letters, digits, `-`, `_`), else ValueError: an id
+    from a request never reaches a path or an object key unchecked."""
+    if not file_id.replace("-", "").replace("_", "").isalnum():
+        raise ValueError(f"not a file id: {file_id!r}")
+    return file_id
+
+
 @dataclass
 class Written:
     """A file whose bytes are committed under an id: what its File row records."""
@@ -134,9 +142,7 @@ class Storage:
         self.uploads_dir.mkdir(parents=True, exist_ok=True)
 
     def path(self, file_id: str) -> Path:
-        if not file_id.replace("-", "").replace("_", "").isalnum():
-            raise ValueError(f"not a file id: {file_id!r}")
-        return self.files_dir / file_id
+        return self.files_dir / checked_id(file_id)
 
     def part_path(self, upload_id: str, part_id: str) -> Path:
         """Where an upload part's bytes live. The upload's folder is made by the part that

@@ -14,11 +14,12 @@ the body they answer. One asyncio loop in its own thread owns the HTTP client an
 - A server that cannot be reached (connection refused, connect timeout, no DNS name) or
   answers 502/503/504 through every retry is down, not the request's fault: the request
   fails with `EngineUnavailable`, the engine marks itself down (its lane stops claiming)
-  and probes `/v1/models` every couple of seconds until the server answers again.
-  A 500 that stays, or a broken connection mid-answer, is still the request's error.
+  and its down-watch probes `/v1/models` every couple of seconds until the server answers
+  again. A 500 that stays, or a broken connection mid-answer, is still the request's error.
 - `cancel` drops a queued request and aborts a running one's HTTP request.
 
-The `--engine` grammar is in app/config/upstreams.py, the window in window.py, and the reading
+The `--engine` grammar is in app/config/upstreams.py, one HTTP try and what its failure
+means in attempt.py, the down-watch in watch.py, the window in window.py, and the reading
 of the upstream's answers (errors, Retry-After, streams) in wire.py.
 """
 
@@ -31,9 +32,8 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import Mapping
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -52,64 +52,18 @@ from app.engine.base import (
     resolve,
 )
 from app.engine.counters import Counters
-from app.engine.upstream.http1 import ConnectError, Http1Pool, ResponseError
+from app.engine.upstream.attempt import Job, Retry, attempt
+from app.engine.upstream.http1 import Http1Pool
+from app.engine.upstream.watch import DownWatch
 from app.engine.upstream.window import AdaptiveWindow
-from app.engine.upstream.wire import StreamAssembler, error_from, retry_after_seconds
 from app.wire.endpoints import ENDPOINTS
 
 log = logging.getLogger("batchyard.upstream")
 
-#: Statuses that mean "too busy now": the window shrinks and the request waits its turn again.
-THROTTLE_STATUSES = frozenset({429, 503})
-#: Statuses tried again with backoff (besides connection errors and timeouts).
-RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
-#: Statuses that, when they outlast the retries, mean the server (or the proxy in front of
-#: it) is down rather than that the request is bad.
-DOWN_STATUSES = frozenset({502, 503, 504})
+#: A retry waits BACKOFF_BASE_S, then twice as long each time, at most BACKOFF_MAX_S (or
+#: the server's Retry-After).
 BACKOFF_BASE_S = 0.5
 BACKOFF_MAX_S = 30.0
-#: How often the upstream's /v1/models is read again (its models, and whether it is up).
-WATCH_INTERVAL_S = 15.0
-WATCH_INTERVAL_DOWN_S = 2.0
-
-
-@dataclass(order=True)
-class _Job:
-    priority: int
-    seq: int
-    endpoint: str = field(compare=False)
-    payload: bytes = field(compare=False)  # the request body as JSON, encoded once
-    stream: bool = field(compare=False)
-    on_chunk: ChunkCallback | None = field(compare=False, default=None)
-    future: Future[dict[str, Any]] = field(compare=False, default_factory=Future)
-    task: asyncio.Task[None] | None = field(compare=False, default=None)
-    attempts: int = field(compare=False, default=0)
-    started: float = field(compare=False, default=0.0)
-    emitted: bool = field(compare=False, default=False)  # a chunk went out: no retry
-    backoff: asyncio.TimerHandle | None = field(compare=False, default=None)  # its next try
-
-    __hash__ = object.__hash__  # one job is one request: the running set holds it by identity
-
-
-class _Retry(Exception):
-    """One attempt failed in a way worth trying again; `error` is what the caller gets if
-    the tries run out."""
-
-    def __init__(
-        self,
-        error: EngineError,
-        *,
-        throttle: bool = False,
-        retry_after: float | None = None,
-        down: bool = False,
-    ) -> None:
-        super().__init__(error.message)
-        self.error = error
-        self.throttle = throttle
-        self.retry_after = retry_after
-        #: The server could not be reached or said it is unavailable: if the retries run
-        #: out on this, the engine is down (EngineUnavailable), not the request bad.
-        self.down = down
 
 
 @dataclass
@@ -140,23 +94,19 @@ class UpstreamEngine:
         self.spec = spec
         self.name = spec.name
         self._lock = threading.Lock()
-        self._jobs: dict[Future[dict[str, Any]], _Job] = {}
+        self._jobs: dict[Future[dict[str, Any]], Job] = {}
         self._seq = itertools.count()
         self._closing = False
         # Owned by the loop thread:
-        self._queue: list[_Job] = []
-        self._running: set[_Job] = set()
+        self._queue: list[Job] = []
+        self._running: set[Job] = set()
         self._waiting = 0  # jobs sleeping out their backoff
         self._window = AdaptiveWindow(spec.concurrency)
         self._pause_timer: asyncio.TimerHandle | None = None
         self._client: aiohttp.ClientSession | None = None
         self._pool: Http1Pool | None = None
-        self._watcher: asyncio.Task[None] | None = None
-        self._look_now: asyncio.Event | None = None  # set when a request found it down
+        self._watch = DownWatch(spec, self._name_by_first_model)
         # Read from any thread (under _lock):
-        self._discovered: list[dict[str, Any]] = []
-        self._up = False
-        self._last_error: str | None = None
         self._counters = Counters()
         self._retries_total = 0
         self._throttled_total = 0
@@ -174,7 +124,7 @@ class UpstreamEngine:
         `quiet`: no log line (the client process's node logs its own)."""
         self._thread.start()
         asyncio.run_coroutine_threadsafe(self._open(), self._loop).result(10)
-        first = asyncio.run_coroutine_threadsafe(self._discover(), self._loop)
+        first = asyncio.run_coroutine_threadsafe(self._watch.look(), self._loop)
         try:
             first.result(discover_timeout)
         except Exception:  # noqa: BLE001 - a slow or down upstream is retried by the watcher
@@ -185,7 +135,7 @@ class UpstreamEngine:
             "engine=%s url=%s up=%s models=%s concurrency=%d",
             self.name,
             self.spec.url,
-            self._up,
+            self._watch.up,
             ",".join(self.models()) or "-",
             self.spec.concurrency,
         )
@@ -213,8 +163,7 @@ class UpstreamEngine:
             connect_timeout=10.0,
             read_timeout=self.spec.timeout,
         )
-        self._look_now = asyncio.Event()
-        self._watcher = asyncio.create_task(self._watch())
+        self._watch.start(self._client)
 
     def close(self) -> None:
         with self._lock:
@@ -235,8 +184,7 @@ class UpstreamEngine:
             self._loop.close()
 
     async def _shutdown(self) -> None:
-        if self._watcher is not None:
-            self._watcher.cancel()
+        self._watch.stop()
         for job in list(self._running):
             if job.task is not None:
                 job.task.cancel()
@@ -292,9 +240,9 @@ class UpstreamEngine:
         stream: bool,
         priority: Priority,
         on_chunk: ChunkCallback | None,
-    ) -> _Job | None:
+    ) -> Job | None:
         """A new request, registered; None once the engine is closing."""
-        job = _Job(int(priority), next(self._seq), endpoint, payload, stream, on_chunk)
+        job = Job(int(priority), next(self._seq), endpoint, payload, stream, on_chunk)
         with self._lock:
             if self._closing:
                 return None
@@ -325,14 +273,12 @@ class UpstreamEngine:
 
     def models(self) -> list[str]:
         """The model names routed here: the configured ones, then the upstream's own."""
-        with self._lock:
-            found = [str(m.get("id")) for m in self._discovered if m.get("id")]
+        found = [str(m.get("id")) for m in self._watch.discovered() if m.get("id")]
         return list(dict.fromkeys([*self.spec.models, *found]))
 
     def model_cards(self) -> list[dict[str, Any]]:
         """`/v1/models` entries for this upstream's models (its own `created` and `owned_by`)."""
-        with self._lock:
-            found = {str(m.get("id")): m for m in self._discovered if m.get("id")}
+        found = {str(m.get("id")): m for m in self._watch.discovered() if m.get("id")}
         cards = []
         for name in self.models():
             m = found.get(name, {})
@@ -353,12 +299,11 @@ class UpstreamEngine:
     def up(self) -> bool:
         """Whether its server answers: its last /v1/models probe did, and no request has
         found it down since (the runner claims nothing for a down engine's lane)."""
-        with self._lock:
-            return self._up
+        return self._watch.up
 
     def status(self) -> UpstreamStatus:
+        up, error = self._watch.up, self._watch.last_error
         with self._lock:
-            up, error = self._up, self._last_error
             retries, throttled = self._retries_total, self._throttled_total
         return UpstreamStatus(
             up=up,
@@ -370,62 +315,21 @@ class UpstreamEngine:
             throttled_total=throttled,
         )
 
-    async def _discover(self) -> None:
-        assert self._client is not None
-        try:
-            async with self._client.get(
-                self.spec.root + "/v1/models", timeout=aiohttp.ClientTimeout(total=10.0)
-            ) as r:
-                r.raise_for_status()
-                answer = jsoncodec.loads(await r.read())
-            data = answer.get("data")
-            if not isinstance(data, list):
-                raise ValueError("GET /v1/models answered without a `data` list")
-        except Exception as exc:  # noqa: BLE001 - any failure means "not up"; say why
-            reason = f"{type(exc).__name__}: {exc}"
-            with self._lock:
-                was_up, self._up, self._last_error = self._up, False, reason
-            if was_up:
-                log.warning("engine=%s is down: %s", self.name, reason)
-            return
-        with self._lock:
-            self._discovered = [m for m in data if isinstance(m, dict)]
-            self._up, self._last_error = True, None
-        if not self.spec.models and self.models():  # its first model names it on /health
+    def _name_by_first_model(self) -> None:
+        """Its first model names it on /health, when none was configured (called by the
+        down-watch after each look that read the upstream's models)."""
+        if not self.spec.models and self.models():
             self.info = dataclasses.replace(self.info, id=self.models()[0])
-
-    async def _watch(self) -> None:
-        assert self._look_now is not None
-        while True:
-            # An upstream that is down (or still loading its model) is looked at more often.
-            interval = WATCH_INTERVAL_S if self._up else WATCH_INTERVAL_DOWN_S
-            try:
-                await asyncio.wait_for(self._look_now.wait(), interval)
-                await asyncio.sleep(WATCH_INTERVAL_DOWN_S)  # marked down: probe shortly
-            except asyncio.TimeoutError:
-                pass
-            self._look_now.clear()
-            await self._discover()
-
-    def _mark_down(self, reason: str) -> None:
-        """A request found the server down: stop claiming for it until a probe of its
-        /v1/models answers (the watcher looks every WATCH_INTERVAL_DOWN_S from now)."""
-        with self._lock:
-            was_up, self._up, self._last_error = self._up, False, reason
-        if was_up:
-            log.warning("engine=%s is down: %s", self.name, reason)
-        if self._look_now is not None:
-            self._look_now.set()
 
     # ------------------------------------------------------------------ the loop thread
 
-    def _enqueue(self, job: _Job) -> None:
+    def _enqueue(self, job: Job) -> None:
         if job.future.done():
             return
         heapq.heappush(self._queue, job)
         self._pump()
 
-    def _abort(self, job: _Job) -> None:
+    def _abort(self, job: Job) -> None:
         if job.task is not None and not job.task.done():
             job.task.cancel()  # closes its connection: the upstream stops work on it
         if job.backoff is not None:  # no next try, and off the queue depth now, not after it
@@ -454,18 +358,19 @@ class UpstreamEngine:
         self._pause_timer = None
         self._pump()
 
-    def _requeue(self, job: _Job) -> None:
+    def _requeue(self, job: Job) -> None:
         job.backoff = None
         self._waiting -= 1
         self._enqueue(job)
 
-    async def _run(self, job: _Job) -> None:
+    async def _run(self, job: Job) -> None:
         job.started = time.monotonic()
         try:
-            result = await self._attempt(job)
+            assert self._client is not None and self._pool is not None
+            result = await attempt(job, self.spec, self._client, self._pool)
         except asyncio.CancelledError:
             pass  # cancel() or close() already settled it
-        except _Retry as retry:
+        except Retry as retry:
             self._after_retriable(job, retry)
         except EngineError as exc:
             if self._settle(job, error=exc):
@@ -488,14 +393,14 @@ class UpstreamEngine:
             self._running.discard(job)
             self._pump()
 
-    def _after_retriable(self, job: _Job, retry: _Retry) -> None:
+    def _after_retriable(self, job: Job, retry: Retry) -> None:
         if retry.throttle:
             self._shrink(job, retry.retry_after)
         job.attempts += 1
         if job.emitted or job.attempts > self.spec.retries or job.future.done():
             error = retry.error
             if retry.down and not job.emitted:
-                self._mark_down(error.message)
+                self._watch.mark_down(error.message)
                 error = EngineUnavailable(error.message)
             if self._settle(job, error=error):
                 self._count("unavailable" if retry.down else "failed")
@@ -515,85 +420,15 @@ class UpstreamEngine:
         self._waiting += 1
         job.backoff = self._loop.call_later(delay, self._requeue, job)
 
-    def _shrink(self, job: _Job, retry_after: float | None) -> None:
+    def _shrink(self, job: Job, retry_after: float | None) -> None:
         with self._lock:
             self._throttled_total += 1
         self._window.shrink(job.started, retry_after)
 
-    async def _attempt(self, job: _Job) -> dict[str, Any]:
-        assert self._client is not None and self._pool is not None
-        url = self.spec.root + job.endpoint
-        try:
-            if job.stream:
-                return await self._stream(job, url)
-            answer = await self._pool.post(job.endpoint, job.payload)
-            if answer.status != 200:
-                raise self._http_error(answer.status, answer.body, answer.headers)
-            data = jsoncodec.loads(answer.body)
-            if not isinstance(data, dict):
-                raise ValueError("the answer is not a JSON object")
-            return data
-        except (aiohttp.ClientError, asyncio.TimeoutError, ConnectError, ResponseError) as exc:
-            # refused, reset, timed out: the upstream's trouble
-            raise _Retry(
-                EngineError(
-                    f"The upstream engine '{self.name}' could not be reached at {self.spec.url} "
-                    f"(tried {job.attempts + 1} times): {type(exc).__name__}: {exc}",
-                    status_code=502,
-                    code="upstream_unavailable",
-                    type="server_error",
-                ),
-                # No connection at all (refused, no DNS name, connect timed out): down. A
-                # connection broken mid-answer may be this request's doing: its own error.
-                down=isinstance(
-                    exc,
-                    (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError, ConnectError),
-                ),
-            ) from exc
-
-    async def _stream(self, job: _Job, url: str) -> dict[str, Any]:
-        assert self._client is not None
-        chunks = StreamAssembler()
-        async with self._client.post(url, data=job.payload) as r:
-            if r.status != 200:
-                raise self._http_error(r.status, await r.read(), r.headers)
-            async for raw in r.content:
-                line = raw.decode("utf-8").strip()
-                if not line.startswith("data:"):
-                    continue
-                data = line[len("data:") :].strip()
-                if data == "[DONE]":
-                    break
-                chunk = jsoncodec.loads(data)
-                if isinstance(chunk, dict) and (
-                    isinstance(chunk.get("error"), dict) or chunk.get("type") == "error"
-                ):  # the upstream failed mid-stream: the API relays the error as its own
-                    raise error_from(500, chunk, self.name)
-                job.emitted = True
-                chunks.add(chunk)
-                if job.on_chunk is not None and not job.future.done():
-                    job.on_chunk(chunk)
-        return chunks.body(job.endpoint)
-
-    def _http_error(self, status: int, content: bytes, headers: Mapping[str, str]) -> Exception:
-        try:
-            parsed = jsoncodec.loads(content)
-        except ValueError:
-            parsed = content.decode("utf-8", "replace")[:1000]
-        error = error_from(status, parsed, self.name)
-        if status in RETRY_STATUSES:
-            return _Retry(
-                error,
-                throttle=status in THROTTLE_STATUSES,
-                retry_after=retry_after_seconds(headers.get("retry-after")),
-                down=status in DOWN_STATUSES,
-            )
-        return error
-
     # ------------------------------------------------------------------ bookkeeping
 
     def _settle(
-        self, job: _Job, *, result: dict[str, Any] | None = None, error: BaseException | None = None
+        self, job: Job, *, result: dict[str, Any] | None = None, error: BaseException | None = None
     ) -> bool:
         """Forget the job and resolve its future once (see base.resolve)."""
         with self._lock:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from app.config import Settings
-from app.files import s3 as s3_module
+from app.files import bucket_writes
 from app.files.storage import UNFINISHED_MAX_AGE
 from app.services import Services, build_services
 from app.tables import BatchStatus, File, RequestStatus, now
@@ -202,7 +202,7 @@ def test_the_runner_sweeps_unfinished_writes_once_a_day_old(
 
     monkeypatch.setattr(svc.storage, "sweep_unfinished", recorded)
     writing = svc.storage.begin_write(10**9)  # a write in progress, on S3 a multipart upload
-    monkeypatch.setattr(s3_module, "PART_BYTES", 5 * 1024 * 1024)
+    monkeypatch.setattr(bucket_writes, "PART_BYTES", 5 * 1024 * 1024)
     writing.write(secrets.token_bytes(6 * 1024 * 1024))
     svc.runner.step()
     assert ages == [UNFINISHED_MAX_AGE] == [24 * 3600]

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from app.config import Settings
-from app.files import s3 as s3_module
+from app.files import bucket_writes
 from app.files.storage import PartialWrite
 from app.services import Services, build_services
 from app.tables import BatchStatus
@@ -54,12 +54,12 @@ def test_a_node_killed_writing_the_output_leaves_no_file_and_another_finalizes(
 
         # Node A's output goes out in parts of 4 KiB (a few of them are sent), and its
         # process ends before the upload is completed.
-        monkeypatch.setattr(s3_module, "PART_BYTES", 4096)
+        monkeypatch.setattr(bucket_writes, "PART_BYTES", 4096)
         begin_write = a.storage.begin_write
 
         def dying(limit: int) -> PartialWrite:
             write = begin_write(limit)
-            assert isinstance(write, s3_module.ObjectWrite)
+            assert isinstance(write, bucket_writes.ObjectWrite)
 
             def killed(file_id: str) -> None:
                 for sent in write._sends:  # the parts sent so far are in the bucket
@@ -74,7 +74,7 @@ def test_a_node_killed_writing_the_output_leaves_no_file_and_another_finalizes(
         with pytest.raises(Killed):
             until(lambda: a.runner.step(), 30, "node A to reach its output's commit")
         assert batch(a, batch_id).status == BatchStatus.FINALIZING
-        monkeypatch.setattr(s3_module, "PART_BYTES", 8 * 1024 * 1024)
+        monkeypatch.setattr(bucket_writes, "PART_BYTES", 8 * 1024 * 1024)
 
         client, prefix = a.storage.client, f"{files_url.split('/', 3)[3]}/"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from app.config.settings import Settings
-from app.files.s3 import Location
+from app.files.bucket import Location
 
 
 def test_an_s3_url_names_the_bucket_and_a_prefix() -> None:

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from app.files import s3 as s3_module
-from app.files.s3 import Location, S3Storage, bucket_problem, make_client
+from app.files import bucket_writes, s3
+from app.files.bucket import Location, bucket_problem, make_client
+from app.files.s3 import S3Storage
 from app.files.storage import Storage, TooLarge
 from tests.seaweed import Seaweed, aws_env
 
@@ -71,7 +72,7 @@ def test_a_file_of_several_parts_streams_out_and_back(
     storage: Storage, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Parts of 5 MiB (S3's smallest) so three of them go out as a multipart upload.
-    monkeypatch.setattr(s3_module, "PART_BYTES", 5 * 1024 * 1024)
+    monkeypatch.setattr(bucket_writes, "PART_BYTES", 5 * 1024 * 1024)
     chunk = secrets.token_bytes(1024 * 1024)
     _write(storage, "file-big", [chunk] * 12)
     with storage.open_file("file-big") as fh:
@@ -100,7 +101,7 @@ def test_a_file_of_several_parts_streams_out_and_back(
 def test_a_write_discarded_after_its_first_parts_leaves_nothing(
     storage: Storage, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(s3_module, "PART_BYTES", 5 * 1024 * 1024)
+    monkeypatch.setattr(bucket_writes, "PART_BYTES", 5 * 1024 * 1024)
     partial = storage.begin_write(10**9)
     for _ in range(11):  # two parts sent, one filling
         partial.write(secrets.token_bytes(1024 * 1024))
@@ -118,14 +119,14 @@ def test_a_bucket_that_is_missing_or_unreachable_is_one_line(
 ) -> None:
     with aws_env(seaweed):
         missing = S3Storage(tmp_path, make_client(seaweed.endpoint), Location("no-such-bkt", ""))
-        assert bucket_problem(missing, seaweed.endpoint) == (
+        assert bucket_problem(missing.bucket, seaweed.endpoint) == (
             f"The bucket 'no-such-bkt' does not exist at {seaweed.endpoint}: create it first."
         )
         ok = S3Storage(tmp_path, make_client(seaweed.endpoint), Location(seaweed.bucket, "p/"))
-        assert bucket_problem(ok, seaweed.endpoint) is None
+        assert bucket_problem(ok.bucket, seaweed.endpoint) is None
         gone = make_client("http://127.0.0.1:9")
         problem = bucket_problem(
-            S3Storage(tmp_path, gone, Location("b-1", "")), "http://127.0.0.1:9"
+            S3Storage(tmp_path, gone, Location("b-1", "")).bucket, "http://127.0.0.1:9"
         )
         assert problem is not None and problem.startswith("The object store for s3://b-1/ at ")
         assert "Check --s3-endpoint" in problem
@@ -136,14 +137,14 @@ def test_a_write_cut_off_mid_way_is_never_a_file_and_is_swept(
 ) -> None:
     """What a node killed while it writes (an output file at finalize) leaves in the bucket:
     an unfinished multipart upload, never an object, aborted by the next start's sweep."""
-    monkeypatch.setattr(s3_module, "PART_BYTES", 5 * 1024 * 1024)
+    monkeypatch.setattr(bucket_writes, "PART_BYTES", 5 * 1024 * 1024)
     with aws_env(seaweed):
         location = Location.parse(f"s3://{seaweed.bucket}/cut-{secrets.token_hex(4)}")
         dead = S3Storage(tmp_path / "dead", make_client(seaweed.endpoint), location)
         partial = dead.begin_write(10**9)
         for _ in range(11):  # two parts sent, then the node is gone: no commit, no discard
             partial.write(secrets.token_bytes(1024 * 1024))
-        assert isinstance(partial, s3_module.ObjectWrite)
+        assert isinstance(partial, bucket_writes.ObjectWrite)
         for sent in partial._sends:  # both parts are stored before the node goes
             sent.result()
         file_id = partial.file_id
@@ -178,7 +179,7 @@ def test_parts_of_5_mib_or_more_are_joined_by_the_store(storage: Storage) -> Non
     assert (
         storage.begin_join("upload_j", [("part_b", len(last)), ("part_a", len(first))], 1) is None
     )
-    assert isinstance(joined, s3_module.JoinedWrite) and joined.file_id
+    assert isinstance(joined, bucket_writes.JoinedWrite) and joined.file_id
     for data in (first, last):  # the caller hashes the bytes it reads; nothing is sent
         joined.write(data)
     assert not storage.exists(joined.file_id)
@@ -211,7 +212,7 @@ def test_lines_claimed_a_few_at_a_time_are_read_in_few_requests(
     assert got == lines
     if isinstance(storage, S3Storage):  # 300 claims, 3 ranged GETs of READ_AHEAD_BYTES
         total = sum(len(x) for x in lines)
-        assert len(requests) == -(-total // s3_module.READ_AHEAD_BYTES) < 5
+        assert len(requests) == -(-total // s3.READ_AHEAD_BYTES) < 5
     storage.delete("file-claims")  # and what was kept of it goes with it
     with pytest.raises(FileNotFoundError):
         storage.read_spans("file-claims", [(0, 5)])
@@ -221,7 +222,7 @@ def test_a_store_that_does_not_answer_is_an_os_error(
     seaweed: Seaweed, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """As a failing disk is: uploads answer 500 and finalize retries, then fails the batch."""
-    monkeypatch.setattr(s3_module, "PART_BYTES", 5 * 1024 * 1024)
+    monkeypatch.setattr(bucket_writes, "PART_BYTES", 5 * 1024 * 1024)
     with aws_env(seaweed):
         gone = S3Storage(tmp_path, make_client("http://127.0.0.1:9"), Location("b-1", "p/"))
         partial = gone.begin_write(10**9)
@@ -244,7 +245,7 @@ def test_a_part_streams_to_its_own_key_in_the_bucket(
     """Its multipart upload goes to uploads/<upload id>/<part id> from the first byte, so
     keeping it is completing that upload: no server-side copy of up to 64 MB inside the
     write transaction that takes the part."""
-    monkeypatch.setattr(s3_module, "PART_BYTES", 5 * 1024 * 1024)
+    monkeypatch.setattr(bucket_writes, "PART_BYTES", 5 * 1024 * 1024)
     with aws_env(seaweed):
         location = Location.parse(f"s3://{seaweed.bucket}/parts-{secrets.token_hex(4)}")
         storage = S3Storage(tmp_path, make_client(seaweed.endpoint), location)
@@ -256,7 +257,7 @@ def test_a_part_streams_to_its_own_key_in_the_bucket(
         found = storage.client._list_multipart_uploads(seaweed.bucket, prefix=location.prefix)
         assert [u.object_name for u in found.uploads] == [key]
         copies: list[str] = []
-        monkeypatch.setattr(storage, "copy", lambda source, key, size: copies.append(key))
+        monkeypatch.setattr(storage.bucket, "copy", lambda source, key, size: copies.append(key))
         partial.commit_to(storage.part_path("upload_p", partial.part_id))
         assert copies == []
         with storage.open_part("upload_p", partial.part_id) as fh:
