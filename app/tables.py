@@ -1,5 +1,6 @@
 """Tables: File (bytes on disk), Batch, Request (one line of a batch), Upload and UploadPart
-(a file sent in parts), WebhookDelivery (one event to one endpoint).
+(a file sent in parts), WebhookDelivery (one event to one endpoint), Node and NodeModel (the
+nodes on one database and the model names each serves).
 
 A change here needs an Alembic revision too (app/migrations/README.md); a test fails
 when the two disagree.
@@ -223,3 +224,22 @@ class WebhookDelivery(SQLModel, table=True):
     last_status_code: int | None = None
     last_error: str | None = None
     delivered_at: int | None = Field(default=None, sa_type=BigInteger)
+
+
+class Node(SQLModel, table=True):
+    """A node on the shared database (a runner: `batchyard serve` or `worker`), by the id its
+    claims carry (Request.claimed_by). It renews its lease while it lives, as it renews its
+    lines' leases; its model names count for the other nodes until the lease runs out
+    (app/batches/nodes.py)."""
+
+    id: str = Field(primary_key=True)
+    started_at: int = Field(default_factory=now, sa_type=BigInteger)
+    lease_until: float
+
+
+class NodeModel(SQLModel, table=True):
+    """One name a node's model catalog resolves, and the id of the model it means there."""
+
+    node_id: str = Field(primary_key=True, foreign_key="node.id", ondelete="CASCADE")
+    name: str = Field(primary_key=True)
+    model_id: str

@@ -119,6 +119,10 @@ class Runner:
         self._batch_ended = False
         #: Run every sweep interval, after the files' sweep (the services add theirs).
         self.sweeps: list[Callable[[], object]] = []
+        #: Run on every step, each keeping its own pace (the node's published model names,
+        #: nodes.py), and on the thread's way out after a clean stop.
+        self.beats: list[Callable[[], object]] = []
+        self.exits: list[Callable[[], object]] = []
         #: Called with the transaction and the batch each time a batch reaches a final
         #: status, before it commits (the webhooks service queues its event here).
         self.end_hooks: list[Callable[[Session, Batch], object]] = []
@@ -193,6 +197,11 @@ class Runner:
             self._release_claims()
         except Exception:
             log.exception("claims not handed back; their leases will lapse")
+        for hook in self.exits:
+            try:
+                hook()
+            except Exception:
+                log.exception("a stop hook failed; what it held lapses with its lease")
 
     def _release_claims(self) -> None:
         """On a clean stop, hand this node's running lines back to the queue at once
@@ -242,6 +251,8 @@ class Runner:
             if recorded - running:
                 self._finalizer.finalize_ready(recorded - running)
         self._notice_other_nodes()
+        for beat in self.beats:
+            beat()
         if time.monotonic() - self._last_sweep > self._sweep_interval:
             self._last_sweep = time.monotonic()
             self._batch_ended = False

@@ -1,0 +1,161 @@
+"""The nodes on one database and the model names each serves.
+
+Several nodes on one PostgreSQL may hold different models. Each publishes the names its
+catalog resolves (a `NodeModel` row each, with the id of the model the name means there)
+at start and again whenever its catalog changes, and renews the lease on its `Node` row
+every third of --lease-seconds, as its runner renews its lines' leases. Its names count
+for the other nodes until that lease runs out: a node killed stops counting a lease later,
+one stopped cleanly withdraws at once, and the next node to publish deletes the rows of
+nodes whose lease ran out. A node found gone by its own renewal (a pause past its lease, or
+another node deleted it) publishes again.
+
+The claims and validation ask `names_elsewhere(session, node_id)`: the names other live
+nodes serve, so that a node's default model leaves their lines to them.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping
+
+from sqlalchemy import delete, insert, update
+from sqlmodel import Session, col, select
+
+from app.catalog import Entry
+from app.db import Database
+from app.tables import Node, NodeModel, now
+
+log = logging.getLogger("batchyard.nodes")
+
+#: Seconds between two looks at the catalog for a change (it reads its stores again at most
+#: every ~2 s itself).
+CATALOG_LOOK = 2.0
+
+
+def names_elsewhere(s: Session, node_id: str, *, at: float | None = None) -> frozenset[str]:
+    """Every model name another node serves whose lease holds (at `at`, default now): one
+    query over two small tables (a row a node, a row a name)."""
+    t = time.time() if at is None else at
+    rows = s.exec(
+        select(NodeModel.name)
+        .join(Node, col(Node.id) == col(NodeModel.node_id))
+        .where(col(Node.id) != node_id, col(Node.lease_until) > t)
+        .distinct()
+    ).all()
+    return frozenset(rows)
+
+
+def served_names(entries: Iterable[Entry], budget: int) -> dict[str, str]:
+    """What a node publishes: each name of each catalog entry -> that entry's id, but for
+    models whose estimate alone exceeds the node's memory `budget` (bytes): it could never
+    load them, so their lines are left to a node that can."""
+    names: dict[str, str] = {}
+    for entry in entries:
+        if entry.estimate is not None and entry.estimate.total > budget:
+            continue
+        for name in sorted(entry.names | {entry.id}):
+            names.setdefault(name, entry.id)
+    return names
+
+
+class NodeNames:
+    """This node's rows: its `Node` lease and the names it serves (`names()`: name -> model
+    id, read again every CATALOG_LOOK seconds).
+
+    `beat()` is called on every step of the runner's thread and keeps its own pace: it
+    publishes when the names changed (or were never published) and renews the lease every
+    third of `lease_seconds`. `withdraw()` deletes this node's rows on a clean stop.
+    """
+
+    def __init__(
+        self,
+        db: Database,
+        node_id: str,
+        names: Callable[[], Mapping[str, str]],
+        *,
+        lease_seconds: float,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.db = db
+        self.node_id = node_id
+        self.lease_seconds = lease_seconds
+        self._names = names
+        self._clock = clock
+        #: What the database holds of this node: its names, and when its lease was renewed.
+        self.published: dict[str, str] | None = None
+        self._renewed = 0.0
+        self._looked = float("-inf")
+
+    def beat(self) -> None:
+        t = self._clock()
+        if self.published is None or t - self._looked >= CATALOG_LOOK:
+            self._looked = t
+            names = dict(self._names())
+            if names != self.published:
+                self.publish(names, t)
+                return
+        if t - self._renewed >= self.lease_seconds / 3:
+            self._renew(t)
+
+    def publish(self, names: Mapping[str, str], t: float) -> None:
+        """Replace this node's names with `names` and renew its lease, in one transaction;
+        delete the nodes whose lease ran out."""
+        with self.db.write() as s:
+            if not self._renew_lease(s, t):
+                s.add(Node(id=self.node_id, started_at=now(), lease_until=t + self.lease_seconds))
+                s.flush()
+            conn = s.connection()
+            conn.execute(delete(NodeModel).where(col(NodeModel.node_id) == self.node_id))
+            if names:
+                conn.execute(
+                    insert(NodeModel),
+                    [
+                        {"node_id": self.node_id, "name": name, "model_id": model_id}
+                        for name, model_id in sorted(names.items())
+                    ],
+                )
+            # Rows locked by another node's publish are left to it (SKIP LOCKED): two nodes
+            # deleting the same lapsed nodes in different orders would deadlock.
+            gone = s.exec(
+                select(Node.id)
+                .where(col(Node.lease_until) < t, col(Node.id) != self.node_id)
+                .order_by(col(Node.id))
+                .with_for_update(skip_locked=True)
+            ).all()
+            if gone:
+                conn.execute(delete(NodeModel).where(col(NodeModel.node_id).in_(gone)))
+                conn.execute(delete(Node).where(col(Node.id).in_(gone)))
+        self.published = dict(names)
+        self._renewed = t
+        log.info("node=%s published models=%d lapsed_nodes=%d", self.node_id, len(names), len(gone))
+
+    def _renew_lease(self, s: Session, t: float) -> bool:
+        """Renew this node's lease to t + lease_seconds; False when it has no row."""
+        renewed = s.connection().execute(
+            update(Node)
+            .where(col(Node.id) == self.node_id)
+            .values(lease_until=t + self.lease_seconds)
+        )
+        return bool(renewed.rowcount)
+
+    def _renew(self, t: float) -> None:
+        with self.db.write() as s:
+            found = self._renew_lease(s, t)
+        self._renewed = t
+        if not found:
+            # Deleted as lapsed by another node (this one paused past its lease): publish
+            # again, so the names count once more.
+            log.warning("node=%s lease had lapsed: publishing its models again", self.node_id)
+            self.publish(self.published or {}, t)
+
+    def withdraw(self) -> None:
+        """Delete this node's rows (a clean stop): its names stop counting at once."""
+        with self.db.write() as s:
+            conn = s.connection()
+            conn.execute(delete(NodeModel).where(col(NodeModel.node_id) == self.node_id))
+            conn.execute(delete(Node).where(col(Node.id) == self.node_id))
+        self.published = None
+
+
+__all__ = ["CATALOG_LOOK", "NodeNames", "names_elsewhere", "served_names"]

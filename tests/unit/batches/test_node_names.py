@@ -1,0 +1,164 @@
+"""The model names each node publishes on the shared database, and which still count.
+
+Two publishers (two nodes' `NodeNames`) on one real database, SQLite and PostgreSQL, with a
+clock the test moves: published at the first beat, again when the catalog changes, counted
+while the lease holds, withdrawn at a clean stop, published again after a lapse.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlmodel import delete, select
+
+from app.batches.nodes import CATALOG_LOOK, NodeNames, names_elsewhere, served_names
+from app.catalog import Entry, Estimate, LoadProfile
+from app.db import Database
+from app.tables import Node, NodeModel
+from tests import pg
+
+LEASE = 30.0
+T0 = 1_800_000_000.0
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = T0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgres"])
+def migrated(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Database]:
+    """One migrated database of each kind for the module (a migration costs a second)."""
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path_factory.mktemp('nodes') / 'batchyard.db'}"
+        database = Database(url)
+        database.migrate()
+        yield database
+        database.close()
+        return
+    with pg.fresh_schema(request.getfixturevalue("postgres_database")) as url:
+        database = Database(url)
+        database.migrate()
+        yield database
+        database.close()
+
+
+@pytest.fixture
+def db(migrated: Database) -> Database:
+    """The module's database with no node in it."""
+    with migrated.write() as s:
+        s.exec(delete(NodeModel))
+        s.exec(delete(Node))
+    return migrated
+
+
+def elsewhere(db: Database, node_id: str, at: float) -> frozenset[str]:
+    with db.read() as s:
+        return names_elsewhere(s, node_id, at=at)
+
+
+def node(db: Database, node_id: str, names: dict[str, str], clock: Clock) -> NodeNames:
+    return NodeNames(db, node_id, lambda: names, lease_seconds=LEASE, clock=clock)
+
+
+def test_each_node_sees_the_names_the_others_serve(db: Database) -> None:
+    clock = Clock()
+    a = node(db, "a", {"gemma3:270m": "gemma3:270m", "gemma3": "gemma3:270m"}, clock)
+    b = node(db, "b", {"smol": "smol", "gemma3:270m": "gemma3:270m"}, clock)
+    assert elsewhere(db, "a", T0) == frozenset()
+    a.beat()
+    b.beat()
+    assert elsewhere(db, "a", T0) == {"smol", "gemma3:270m"}
+    assert elsewhere(db, "b", T0) == {"gemma3", "gemma3:270m"}
+    assert elsewhere(db, "c", T0) == {"smol", "gemma3", "gemma3:270m"}
+    with db.read() as s:
+        rows = s.exec(select(NodeModel.name, NodeModel.model_id).where(NodeModel.node_id == "a"))
+        assert sorted(rows.all()) == [("gemma3", "gemma3:270m"), ("gemma3:270m", "gemma3:270m")]
+
+
+def test_a_catalog_change_is_published_at_the_next_look(db: Database) -> None:
+    clock = Clock()
+    names = {"smol": "smol"}
+    a = NodeNames(db, "a", lambda: names, lease_seconds=LEASE, clock=clock)
+    a.beat()
+    names = {"smol": "smol", "qwen": "qwen"}  # a model dropped into --models-dir
+    clock.t += CATALOG_LOOK / 2
+    a.beat()
+    assert elsewhere(db, "b", clock.t) == {"smol"}  # not looked at yet
+    clock.t += CATALOG_LOOK / 2
+    a.beat()
+    assert elsewhere(db, "b", clock.t) == {"smol", "qwen"}
+    names = {}
+    clock.t += CATALOG_LOOK
+    a.beat()
+    assert elsewhere(db, "b", clock.t) == frozenset()
+
+
+def test_names_stop_counting_when_the_lease_runs_out(db: Database) -> None:
+    clock = Clock()
+    a = node(db, "a", {"gemma3:270m": "gemma3:270m"}, clock)
+    b = node(db, "b", {"smol": "smol"}, clock)
+    a.beat()
+    b.beat()
+    # b renews every third of the lease; a stopped dead (no beat) after its first.
+    for _ in range(4):
+        clock.t += LEASE / 3
+        b.beat()
+        lapsed = clock.t >= T0 + LEASE
+        assert elsewhere(db, "b", clock.t) == (frozenset() if lapsed else {"gemma3:270m"})
+    assert elsewhere(db, "a", clock.t) == {"smol"}  # b's lease held all along
+    # b's next publish deletes a, whose lease ran out.
+    b.publish({"smol": "smol"}, clock.t)
+    with db.read() as s:
+        assert s.exec(select(Node.id)).all() == ["b"]
+        assert s.exec(select(NodeModel.node_id).distinct()).all() == ["b"]
+    # a wakes up (a pause, not a death): its renewal finds it gone and publishes again.
+    a._renewed = float("-inf")
+    a.beat()
+    assert elsewhere(db, "b", clock.t) == {"gemma3:270m"}
+
+
+def test_a_clean_stop_withdraws_the_names_at_once(db: Database) -> None:
+    clock = Clock()
+    a = node(db, "a", {"gemma3:270m": "gemma3:270m"}, clock)
+    a.beat()
+    assert elsewhere(db, "b", T0) == {"gemma3:270m"}
+    a.withdraw()
+    assert elsewhere(db, "b", T0) == frozenset()
+    with db.read() as s:
+        assert s.exec(select(Node)).all() == []
+
+
+def entry(model_id: str, names: set[str], total_gib: float | None) -> Entry:
+    estimate = None if total_gib is None else Estimate(int(total_gib * 2**30), 0, 0)
+    return Entry(
+        id=model_id,
+        names=frozenset(names),
+        source="models-dir",
+        path=Path(f"/models/{model_id}.gguf"),
+        size_bytes=1,
+        mtime=0.0,
+        quantization="Q4_K_M",
+        profile=LoadProfile(ctx_size=2048, parallel=0, n_gpu_layers=0, kv_cache_type="q8_0"),
+        estimate=estimate,
+    )
+
+
+def test_a_node_serves_every_name_of_the_models_that_fit_its_budget() -> None:
+    entries = [
+        entry("smol", {"smol", "gpt-4o-mini"}, 0.3),
+        entry("big", {"big", "big:latest"}, 40.0),
+        entry("broken", {"broken"}, None),  # its header could not be read: it fails its lines
+    ]
+    assert served_names(entries, 8 * 2**30) == {
+        "smol": "smol",
+        "gpt-4o-mini": "smol",
+        "broken": "broken",
+    }
