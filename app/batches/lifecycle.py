@@ -19,7 +19,7 @@ from sqlalchemy import bindparam, delete, func, update
 from sqlmodel import Session, col, select
 
 from app import jsoncodec
-from app.batches.validate import validate_jsonl
+from app.batches.validate import ModelRules, validate_jsonl
 from app.config import Settings
 from app.db import Database
 from app.errors import APIError, error_body
@@ -155,10 +155,14 @@ def usage_counts(usage: dict[str, Any]) -> tuple[int, int, int]:
 
 
 def validate_next(
-    settings: Settings, db: Database, storage: Storage, ended: Ended = no_hook
+    settings: Settings,
+    db: Database,
+    storage: Storage,
+    ended: Ended = no_hook,
+    models: ModelRules | None = None,
 ) -> bool:
     """Validate the oldest batch still validating that no other node is validating;
-    True when a batch changed.
+    True when a batch changed. `models` judges the batch's model (none: any model runs).
 
     A node claims a batch's validation for as long as it reads the file (Database.exclusive);
     the row lock in the last transaction makes sure the lines are inserted once anyway.
@@ -173,12 +177,17 @@ def validate_next(
     for batch_id in waiting:
         with db.exclusive(f"validate {batch_id}") as mine:
             if mine:
-                return _validate(settings, db, storage, batch_id, ended)
+                return _validate(settings, db, storage, batch_id, ended, models)
     return False
 
 
 def _validate(
-    settings: Settings, db: Database, storage: Storage, batch_id: str, ended: Ended
+    settings: Settings,
+    db: Database,
+    storage: Storage,
+    batch_id: str,
+    ended: Ended,
+    models: ModelRules | None,
 ) -> bool:
     with db.read() as s:
         b = s.get(Batch, batch_id)
@@ -195,6 +204,8 @@ def _validate(
             "line": None,
         }
         return fail_validation(db, b.id, [unreadable], ended)
+    if result.ok and models is not None:
+        result.errors += models.errors(result.model, result.lines)
     if not result.ok:
         return fail_validation(db, b.id, result.reported_errors(), ended)
     ids = new_ids("batch_req_", len(result.lines))

@@ -37,6 +37,7 @@ from app.batches.claims import Claim, claim
 from app.batches.finalize import FINALIZE_RETRY_DELAYS, Finalizer
 from app.batches.lifecycle import failure, lock_batches, record
 from app.batches.output import sweep_orphans
+from app.batches.validate import ModelRules
 from app.config import Settings
 from app.db import Database
 from app.engine.base import Engine, EngineError, EngineUnavailable, Priority, RequestCancelled
@@ -123,6 +124,8 @@ class Runner:
         #: nodes.py), and on the thread's way out after a clean stop.
         self.beats: list[Callable[[], object]] = []
         self.exits: list[Callable[[], object]] = []
+        #: How validation judges a batch's model (the services set it; None: any model runs).
+        self.models: ModelRules | None = None
         #: Called with the transaction and the batch each time a batch reaches a final
         #: status, before it commits (the webhooks service queues its event here).
         self.end_hooks: list[Callable[[Session, Batch], object]] = []
@@ -292,7 +295,7 @@ class Runner:
     # -- validation, cancel, expiry (lifecycle.py) --------------------------------------
 
     def _validate_next(self) -> None:
-        if lifecycle.validate_next(self.settings, self.db, self.storage, self._ended):
+        if lifecycle.validate_next(self.settings, self.db, self.storage, self._ended, self.models):
             self._bump()
             self._poked = True  # there may be more waiting: the next step looks again
 

@@ -1,17 +1,22 @@
 """Input JSONL -> the batch's lines, or every bad line with OpenAI's error codes.
 
 Reads the file as a stream of raw lines, so a 200 MB input never sits in memory whole;
-each good line is kept as (offset, length) into the file, not as a copy.
+each good line is kept as (offset, length) into the file, not as a copy. Then the batch's
+model (`ModelRules`): a name nothing knows fails under --strict-models (`model_not_found`,
+each line), and a model that cannot fit the memory budget alone fails the batch
+(`model_too_large`).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Protocol
 
 from app import jsoncodec
+from app.catalog import Entry
+from app.catalog.budget import gib
 from app.wire.endpoints import CHAT, ENDPOINTS
 
 #: A line longer than this is refused on its own (OpenAI's per-request body limit is in MB).
@@ -326,3 +331,72 @@ def _stream_error(body: dict[str, Any], number: int) -> LineError | None:
             param="body.stream",
         )
     return None
+
+
+# -- the batch's model ------------------------------------------------------------------
+
+
+class ModelNames(Protocol):
+    """What validation asks of the node's model catalog (app.catalog's Catalog)."""
+
+    def resolve(self, name: str | None) -> Entry | None: ...
+
+    def default(self) -> Entry: ...
+
+
+@dataclass
+class ModelRules:
+    """How validation judges the model a batch names, as the node knows models now.
+
+    A name is known when this node's catalog resolves it, another live node publishes it
+    (app/batches/nodes.py), or an upstream engine serves it: `elsewhere()` gives the last
+    two. A name nothing knows runs on the catalog's default model, or with `strict`
+    (--strict-models) fails every line as `model_not_found`. The model that would run the
+    batch here must fit `budget()` (bytes) alone, or the batch fails as `model_too_large`;
+    a model another node publishes fits that node's budget (it publishes only those).
+    """
+
+    catalog: ModelNames
+    elsewhere: Callable[[], frozenset[str]]
+    budget: Callable[[], int]
+    strict: bool = False
+
+    def errors(self, model: str | None, lines: list[Line]) -> list[LineError]:
+        """The batch's errors for its model (none when it may run)."""
+        if model is None:
+            return []
+        entry = self.catalog.resolve(model)
+        budget = self.budget()
+        if (entry is None or _needs_more(entry, budget)) and model in self.elsewhere():
+            return []  # another node or an upstream serves it
+        if entry is None:
+            if self.strict:
+                return [_not_found(model, line.number) for line in lines]
+            entry = self.catalog.default()
+        if entry.estimate is not None and _needs_more(entry, budget):
+            return [
+                LineError(
+                    "model_too_large",
+                    f"The model '{entry.id}' needs {gib(entry.estimate.total)}, the budget is "
+                    f"{gib(budget)} (--models-memory, by default the free memory less "
+                    "1 GiB): it cannot be loaded.",
+                    param="body.model",
+                )
+            ]
+        return []
+
+
+def _needs_more(entry: Entry, budget: int) -> bool:
+    """The model's estimate alone exceeds the budget (no estimate: its file is unreadable,
+    and its lines fail with that reason when they run)."""
+    return entry.estimate is not None and entry.estimate.total > budget
+
+
+def _not_found(model: str, number: int) -> LineError:
+    return LineError(
+        "model_not_found",
+        f"The model '{model}' does not exist: no model of this server's nodes or upstreams "
+        "has that name (--strict-models). GET /v1/models lists them.",
+        line=number,
+        param="body.model",
+    )
