@@ -251,15 +251,41 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = sub.add_parser(
         "run",
-        help="run one batch input file to an output file, with no server",
+        help="run one batch input file (or a sheet and a prompt) to an output file, with no server",
         description="Run every line of a batch input JSONL file through the model and write "
         "the output JSONL (OpenAI's batch output format), with no server. "
+        "Or give a sheet (.csv, .tsv, .xlsx) and --prompt: one request per row, and the sheet "
+        "comes back (-o out.csv or out.xlsx) with the answers in new columns. "
         "Exit codes: 0 all lines succeeded; 1 the input failed validation; 2 usage error; "
         "3 done, but some lines failed (see the errors file); 130 interrupted (--resume).",
     )
-    run.add_argument("input", type=Path, help="the batch input file (.jsonl)")
     run.add_argument(
-        "-o", "--output", type=Path, required=True, help="where to write the output .jsonl"
+        "input", type=Path, help="the batch input file (.jsonl), or a sheet (.csv, .tsv, .xlsx)"
+    )
+    run.add_argument(
+        "-o",
+        "--output",
+        type=Path,
+        required=True,
+        help="where to write the output .jsonl (for a sheet: a .csv or .xlsx)",
+    )
+    sheet = run.add_argument_group("a sheet's rows as requests (when the input is a sheet)")
+    sheet.add_argument(
+        "--prompt", default=None, help="the prompt template over the columns: '… {{ review }} …'"
+    )
+    sheet.add_argument("--system", default="", help="a system prompt (a template too)")
+    sheet.add_argument(
+        "--columns",
+        action="append",
+        default=[],
+        metavar="NAME:TYPE",
+        help="an output column, answered as JSON (repeat for more): NAME:text, NAME:number, "
+        "NAME:boolean or 'NAME:one of a,b,c'; without any, the answer is one column",
+    )
+    sheet.add_argument("--sheet", default=None, help="the workbook's sheet (default: the first)")
+    sheet.add_argument("--max-tokens", type=int, default=None, help="max_tokens of each request")
+    sheet.add_argument(
+        "--temperature", type=float, default=None, help="temperature of each request"
     )
     run.add_argument(
         "--errors",
@@ -441,6 +467,10 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> int:
     from app.offline import RunOptions, run_batch
 
     names = {f.name for f in fields(Settings)}
+    sheet = sheet_spec(args)
+    if isinstance(sheet, str):
+        print(f"batchyard run: {sheet}", file=sys.stderr)
+        return 2
     opts = RunOptions(
         input=args.input,
         output=args.output,
@@ -448,9 +478,34 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> int:
         state_dir=args.state_dir,
         endpoint=args.endpoint,
         resume=args.resume,
+        sheet=sheet,
     )
     words = ["batchyard", *(sys.argv[1:] if argv is None else argv)]
     return run_batch(opts, {k: v for k, v in vars(args).items() if k in names}, argv=words)
+
+
+def sheet_spec(args: argparse.Namespace) -> Any:
+    """The SheetSpec of `run` on a sheet, None for a JSONL input, or what is wrong (a str)."""
+    from app.config import default_model_path
+    from app.sheets.reading import is_sheet
+    from app.sheets.requests import SheetSpec, parse_column
+
+    if not is_sheet(args.input.name):
+        if args.prompt is not None or args.columns:
+            return "--prompt and --columns are for a sheet (.csv, .tsv, .xlsx) input."
+        return None
+    if args.prompt is None:
+        return f"{args.input} is a sheet: give --prompt, a template over its columns."
+    model = Path(args.model) if args.model else default_model_path()
+    return SheetSpec(
+        template=args.prompt,
+        system=args.system,
+        model=model.stem if model.suffix == ".gguf" else model.name,
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        output_columns=[parse_column(c) for c in args.columns],
+        sheet=args.sheet,
+    )
 
 
 def engine_command(args: argparse.Namespace) -> int:

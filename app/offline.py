@@ -1,9 +1,11 @@
-"""`batchyard run`: one JSONL file in, its output (and error) JSONL out, with no HTTP server.
+"""`batchyard run`: one JSONL file in, its output (and error) JSONL out, with no HTTP server;
+or a sheet (.csv, .tsv, .xlsx) and a prompt template in, the sheet with its answers out.
 
 It takes the API's own path: a state data dir holds the database and the files,
 `FileService` stores the input, `BatchService.create` makes the batch, the real `Runner`
 validates, claims and records every line on the real engine, and the batch's output and
-error files are copied to where the user asked. An interrupted run leaves its state dir
+error files are copied to where the user asked. A sheet takes `SheetService`'s path, as the
+dashboard does: its rows become the input file, and the results are joined back to them. An interrupted run leaves its state dir
 behind; `--resume` starts the runner on it again, and lines already recorded stay done.
 """
 
@@ -30,6 +32,7 @@ from app.batches.validate import first_endpoint
 from app.config import Settings
 from app.errors import APIError
 from app.logs import LOG_FORMAT
+from app.sheets.requests import SheetSpec
 from app.tables import Batch, BatchStatus
 
 if TYPE_CHECKING:
@@ -69,6 +72,8 @@ class RunOptions:
     state_dir: Path | None = None
     endpoint: str | None = None
     resume: bool = False
+    #: The template and output columns when the input is a sheet.
+    sheet: SheetSpec | None = None
 
     @property
     def state(self) -> Path:
@@ -177,9 +182,9 @@ def _copy_out(storage_path: Path | None, dest: Path) -> None:
 
 def _start_or_resume(opts: RunOptions, services: Services) -> Batch:
     """Store the input and create its batch, or find the batch of the run to resume."""
-    run_file = opts.state / RUN_FILE
     digest = sha256_of(opts.input)
     if opts.resume:
+        run_file = opts.state / RUN_FILE
         record = json.loads(run_file.read_text(encoding="utf-8"))
         if record.get("input_sha256") != digest:
             raise RunError(
@@ -187,6 +192,12 @@ def _start_or_resume(opts: RunOptions, services: Services) -> Batch:
                 "(its contents differ); run without --resume, or give that run's --state-dir."
             )
         return services.batches.get(record["batch_id"], OWNER)
+    if opts.sheet is not None:
+        with open(opts.input, "rb") as fh:
+            stored = services.sheets.store(fh, opts.input.name, OWNER)
+        batch = services.sheets.start(OWNER, stored.id, opts.sheet)
+        _remember(opts, digest, stored.id, batch.id)
+        return batch
     partial = services.storage.begin_write(limit=services.files.limit_for("batch") + 1)
     try:
         with open(opts.input, "rb") as fh:
@@ -204,13 +215,19 @@ def _start_or_resume(opts: RunOptions, services: Services) -> Batch:
     else:
         endpoint = opts.endpoint
     batch = services.batches.create(OWNER, stored.id, endpoint, "24h")
-    run_file.write_text(
+    _remember(opts, digest, stored.id, batch.id)
+    return batch
+
+
+def _remember(opts: RunOptions, digest: str, file_id: str, batch_id: str) -> None:
+    """What `--resume` needs of this run, in the state dir."""
+    (opts.state / RUN_FILE).write_text(
         json.dumps(
             {
                 "input": str(opts.input.resolve()),
                 "input_sha256": digest,
-                "file_id": stored.id,
-                "batch_id": batch.id,
+                "file_id": file_id,
+                "batch_id": batch_id,
                 "output": str(opts.output.resolve()),
                 "started_at": int(time.time()),
             },
@@ -218,7 +235,6 @@ def _start_or_resume(opts: RunOptions, services: Services) -> Batch:
         ),
         encoding="utf-8",
     )
-    return batch
 
 
 def _prepare_state(opts: RunOptions) -> None:
@@ -302,6 +318,8 @@ def _open_state(opts: RunOptions, overrides: dict[str, Any]) -> Settings:
     """Check the input, prepare the state dir and read the settings (RunError: usage)."""
     if not opts.input.is_file():
         raise RunError(f"{opts.input}: no such file")
+    if opts.sheet is not None:
+        sheet_format(opts.output)
     from app.db import DatabaseError
 
     try:
@@ -413,6 +431,8 @@ def _report_interrupt(run: _Run, exc: _Interrupted, argv: list[str] | None) -> N
 
 
 def _write_outputs(opts: RunOptions, services: Services, batch: Batch, err: TextIO) -> int:
+    if services.sheets.sheet_of(batch.id, OWNER) is not None:
+        return _write_sheet(opts, services, batch, err)
     storage = services.storage
     out = storage.path(batch.output_file_id) if batch.output_file_id else None
     _copy_out(out, opts.output)
@@ -431,3 +451,34 @@ def _write_outputs(opts: RunOptions, services: Services, batch: Batch, err: Text
         file=err,
     )
     return EXIT_SOME_FAILED if batch.failed else EXIT_OK
+
+
+def _write_sheet(opts: RunOptions, services: Services, batch: Batch, err: TextIO) -> int:
+    """The sheet with its answers (the output's ending says CSV or XLSX), written atomically."""
+    opts.output.parent.mkdir(parents=True, exist_ok=True)
+    tmp = opts.output.with_name(f".{opts.output.name}.partial")
+    try:
+        with open(tmp, "wb") as fh:
+            services.sheets.export(batch.id, OWNER, sheet_format(opts.output), fh)
+        os.replace(tmp, opts.output)
+    finally:
+        tmp.unlink(missing_ok=True)
+    if batch.status != BatchStatus.COMPLETED:
+        print(f"batchyard run: the batch ended {batch.status}.", file=err)
+        return EXIT_INVALID
+    usage = f"{batch.input_tokens} tokens in, {batch.output_tokens} out"
+    print(
+        f"batchyard run: {batch.completed} rows succeeded, {batch.failed} failed ({usage}); "
+        f"sheet {opts.output}"
+        + (" (failed rows say why in its error column)" if batch.failed else ""),
+        file=err,
+    )
+    return EXIT_SOME_FAILED if batch.failed else EXIT_OK
+
+
+def sheet_format(output: Path) -> str:
+    """csv or xlsx, by the output's name (RunError for any other)."""
+    suffix = output.suffix.lower().lstrip(".")
+    if suffix not in ("csv", "xlsx"):
+        raise RunError(f"{output}: the output of a sheet is a .csv or an .xlsx file.")
+    return suffix

@@ -19,6 +19,7 @@ from app.files.backend import open_storage
 from app.files.service import FileService
 from app.files.storage import UNFINISHED_MAX_AGE, Storage
 from app.files.uploads import UploadService
+from app.sheets.service import SheetService
 from app.webhooks.service import WebhookService
 
 
@@ -32,6 +33,7 @@ class Services:
     runner: Runner
     uploads: UploadService
     webhooks: WebhookService
+    sheets: SheetService
     engine: Engine | None = None
     #: Why the model could not be loaded ("Type: message"), for /health and the dashboard.
     engine_failure: str | None = None
@@ -61,15 +63,17 @@ def build_services(
     runner.sweeps.append(lambda: storage.sweep_unfinished(UNFINISHED_MAX_AGE))
     webhooks = WebhookService(settings, db)
     runner.end_hooks.append(webhooks.enqueue)
+    batches = BatchService(settings, db, runner)
     svc = Services(
         settings=settings,
         db=db,
         storage=storage,
         files=files,
-        batches=BatchService(settings, db, runner),
+        batches=batches,
         runner=runner,
         uploads=uploads,
         webhooks=webhooks,
+        sheets=SheetService(settings, db, storage, files, batches),
     )
     if engine is not None:
         svc.attach_engine(engine, start=False)

@@ -1,6 +1,7 @@
 """Tables: File (bytes on disk), Batch, Request (one line of a batch), Upload and UploadPart
 (a file sent in parts), WebhookDelivery (one event to one endpoint), Node and NodeModel (the
-nodes on one database and the model names each serves).
+nodes on one database and the model names each serves), SheetBatch (what a batch made from
+a sheet was made of).
 
 A change here needs an Alembic revision too (app/migrations/README.md); a test fails
 when the two disagree.
@@ -243,3 +244,17 @@ class NodeModel(SQLModel, table=True):
     node_id: str = Field(primary_key=True, foreign_key="node.id", ondelete="CASCADE")
     name: str = Field(primary_key=True)
     model_id: str
+
+
+class SheetBatch(SQLModel, table=True):
+    """A batch made from a sheet (app/sheets/): the stored sheet and the spec (template,
+    output columns, model) that its download joins the answers back with."""
+
+    batch_id: str = Field(primary_key=True, foreign_key="batch.id", ondelete="CASCADE")
+    owner: str = Field(default="", index=True)
+    #: The uploaded sheet, as a File of purpose user_data.
+    sheet_file_id: str
+    filename: str
+    #: app.sheets.requests.SheetSpec as JSON.
+    spec_json: str = Field(sa_column=Column("spec", Text, nullable=False))
+    created_at: int = Field(default_factory=now, sa_type=BigInteger)

@@ -1,0 +1,264 @@
+"""Sheet batches: a stored sheet and a spec in, an ordinary batch out; its results back as
+a sheet.
+
+`start` reads the sheet row by row, writes the standard JSONL input file through
+`FileService` and creates the batch through `BatchService`, the same calls as
+`POST /v1/files` and `POST /v1/batches`; the sheet and its spec are kept in `sheetbatch`
+for `export`, which joins the batch's output and error files back to the rows.
+"""
+
+from __future__ import annotations
+
+import secrets
+import shutil
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+from app.batches.service import BatchService
+from app.config import Settings
+from app.db import Database
+from app.errors import APIError, invalid
+from app.files.service import FileService
+from app.files.storage import Storage
+from app.sheets.reading import SheetError, is_sheet, open_sheet
+from app.sheets.requests import (
+    ENDPOINT,
+    RowTemplate,
+    SheetSpec,
+    check_output_columns,
+    estimate_tokens,
+    request_lines,
+)
+from app.sheets.writing import FORMATS, added_columns, joined_rows, write_csv, write_xlsx
+from app.tables import Batch, BatchStatus, File, SheetBatch
+
+#: Rows the form shows of a sheet.
+LOOK_ROWS = 5
+#: Requests the form renders as a preview.
+PREVIEW_REQUESTS = 3
+#: The batch metadata key that names the sheet a batch was made from (as /v1/batches shows).
+SHEET_METADATA_KEY = "sheet"
+
+
+@dataclass
+class SheetLook:
+    """What the form shows of a stored sheet."""
+
+    file: File
+    columns: list[str]
+    rows: list[tuple[int, list[str]]]
+    sheet_names: list[str]
+    sheet_name: str | None
+
+
+@dataclass
+class RequestPreview:
+    row: int
+    messages: list[dict[str, str]]
+    body: dict[str, object]
+
+
+class SheetService:
+    def __init__(
+        self,
+        settings: Settings,
+        db: Database,
+        storage: Storage,
+        files: FileService,
+        batches: BatchService,
+    ) -> None:
+        self.settings = settings
+        self.db = db
+        self.storage = storage
+        self.files = files
+        self.batches = batches
+
+    # -- the stored sheet -------------------------------------------------------------
+
+    def store(self, source: BinaryIO, filename: str, owner: str) -> File:
+        """Store a sheet (from `batchyard run`) as the dashboard's upload does: a File of
+        purpose user_data."""
+        if not is_sheet(filename):
+            raise SheetError(f"'{filename}' is not a .csv, .tsv or .xlsx file.")
+        partial = self.storage.begin_write(limit=self.files.limit_for("user_data") + 1)
+        try:
+            while chunk := source.read(1 << 20):
+                partial.write(chunk)
+        except BaseException:
+            partial.discard()
+            raise
+        return self.files.create(
+            partial=partial, filename=filename, purpose="user_data", owner=owner
+        )
+
+    def _sheet_file(self, file_id: str, owner: str) -> File:
+        row = self.files.get(file_id, owner)
+        if not is_sheet(row.filename):
+            raise invalid(
+                f"The file '{file_id}' ({row.filename}) is not a .csv, .tsv or .xlsx sheet.",
+                param="file_id",
+            )
+        return row
+
+    @contextmanager
+    def _local(self, file_id: str) -> Iterator[Path]:
+        """The file's bytes as a local path (a copy in tmp/ when they live in a bucket)."""
+        path = self.storage.local_path(file_id)
+        if path is not None:
+            yield path
+            return
+        copy = self.storage.tmp_dir / f"sheet-{secrets.token_hex(8)}"
+        try:
+            with self.storage.open_file(file_id) as src, open(copy, "wb") as dst:
+                shutil.copyfileobj(src, dst, 1 << 20)
+            yield copy
+        finally:
+            copy.unlink(missing_ok=True)
+
+    def look(self, file_id: str, owner: str, sheet: str | None = None) -> SheetLook:
+        """The sheet's columns and first rows, for the form."""
+        row = self._sheet_file(file_id, owner)
+        with self._local(file_id) as path, open_sheet(path, row.filename, sheet=sheet) as opened:
+            rows = []
+            for item in opened.rows:
+                rows.append(item)
+                if len(rows) >= LOOK_ROWS:
+                    break
+            return SheetLook(row, opened.columns, rows, opened.sheet_names, opened.sheet_name)
+
+    def preview(
+        self, file_id: str, owner: str, spec: SheetSpec
+    ) -> tuple[list[RequestPreview], int]:
+        """The first requests as they will be sent, and an estimate of the input tokens of
+        the whole sheet (the rows are read, not kept)."""
+        row = self._sheet_file(file_id, owner)
+        with (
+            self._local(file_id) as path,
+            open_sheet(
+                path, row.filename, sheet=spec.sheet, max_rows=self.settings.max_requests_per_batch
+            ) as opened,
+        ):
+            check_output_columns(spec.output_columns, opened.columns)
+            template = RowTemplate(spec, opened.columns)
+            shown: list[RequestPreview] = []
+            tokens = 0
+            for number, cells in opened.rows:
+                messages = template.messages(cells)
+                tokens += sum(estimate_tokens(m["content"]) for m in messages)
+                if len(shown) < PREVIEW_REQUESTS:
+                    shown.append(RequestPreview(number, messages, template.body(cells)))
+            return shown, tokens
+
+    # -- start --------------------------------------------------------------------------
+
+    def start(self, owner: str, file_id: str, spec: SheetSpec) -> Batch:
+        """Write the sheet's input file and create its batch; refused (nothing made) when
+        the template names a missing column or a row breaks a limit."""
+        sheet_file = self._sheet_file(file_id, owner)
+        if spec.model.strip() == "":
+            raise invalid("Choose the model that answers the rows.", param="model")
+        with ExitStack() as stack:
+            path = stack.enter_context(self._local(file_id))
+            opened = stack.enter_context(
+                open_sheet(
+                    path,
+                    sheet_file.filename,
+                    sheet=spec.sheet,
+                    max_rows=self.settings.max_requests_per_batch,
+                )
+            )
+            check_output_columns(spec.output_columns, opened.columns)
+            template = RowTemplate(spec, opened.columns)
+            spec.sheet = opened.sheet_name
+            partial = self.storage.begin_write(limit=self.files.limit_for("batch") + 1)
+            count = 0
+            try:
+                for line in request_lines(template, opened.rows):
+                    partial.write(line)
+                    count += 1
+            except BaseException:
+                partial.discard()
+                raise
+            if count == 0:
+                partial.discard()
+                raise SheetError("The sheet has no rows of data under its header.")
+            stored = self.files.create(
+                partial=partial,
+                filename=Path(sheet_file.filename).stem + ".jsonl",
+                purpose="batch",
+                owner=owner,
+            )
+        batch = self.batches.create(
+            owner,
+            stored.id,
+            ENDPOINT,
+            "24h",
+            metadata={SHEET_METADATA_KEY: sheet_file.filename[:512]},
+        )
+        with self.db.write() as s:
+            s.add(
+                SheetBatch(
+                    batch_id=batch.id,
+                    owner=owner,
+                    sheet_file_id=sheet_file.id,
+                    filename=sheet_file.filename,
+                    spec_json=spec.to_json(),
+                )
+            )
+        return batch
+
+    # -- the results as a sheet -------------------------------------------------------
+
+    def sheet_of(self, batch_id: str, owner: str) -> SheetBatch | None:
+        """The sheet a batch was made from, or None for a batch made some other way."""
+        with self.db.read() as s:
+            row = s.get(SheetBatch, batch_id)
+        return row if row is not None and row.owner == owner else None
+
+    def export(self, batch_id: str, owner: str, fmt: str, dest: BinaryIO) -> str:
+        """Write the finished batch's sheet (`fmt` csv or xlsx) to `dest`: every row in its
+        order with the answer's columns, the error, finish_reason and token counts. Returns
+        the file name to give it."""
+        if fmt not in FORMATS:
+            raise invalid(
+                f"Invalid format '{fmt}'. Expected one of: {', '.join(FORMATS)}.", param="format"
+            )
+        batch = self.batches.get(batch_id, owner)
+        sheet = self.sheet_of(batch_id, owner)
+        if sheet is None:
+            raise APIError(
+                404, f"The batch '{batch_id}' was not made from a sheet.", code="not_a_sheet_batch"
+            )
+        if batch.status not in BatchStatus.FINISHED:
+            raise invalid(
+                f"The batch '{batch_id}' is {batch.status}; its sheet is ready once it ends.",
+                param="batch_id",
+            )
+        if not self.storage.exists(sheet.sheet_file_id):
+            raise APIError(
+                404,
+                f"The sheet '{sheet.filename}' ({sheet.sheet_file_id}) was deleted, so the "
+                "results have no rows to join with; download the output file instead.",
+                code="file_not_found",
+            )
+        spec = SheetSpec.from_json(sheet.spec_json)
+        with ExitStack() as stack:
+            output = self._lines(stack, batch.output_file_id)
+            errors = self._lines(stack, batch.error_file_id)
+            path = stack.enter_context(self._local(sheet.sheet_file_id))
+            opened = stack.enter_context(open_sheet(path, sheet.filename, sheet=spec.sheet))
+            header = [*opened.columns, *added_columns(spec.output_columns)]
+            rows = joined_rows(opened.rows, output, errors, spec.output_columns)
+            if fmt == "csv":
+                write_csv(dest, header, rows)
+            else:
+                write_xlsx(dest, header, rows, opened.sheet_name or Path(sheet.filename).stem)
+        return f"{Path(sheet.filename).stem}.{batch_id}.{fmt}"
+
+    def _lines(self, stack: ExitStack, file_id: str | None) -> Iterator[bytes]:
+        if not file_id or not self.storage.exists(file_id):
+            return iter(())
+        return iter(stack.enter_context(self.storage.open_file(file_id)))
