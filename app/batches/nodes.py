@@ -9,8 +9,9 @@ one stopped cleanly withdraws at once, and the next node to publish deletes the 
 nodes whose lease ran out. A node found gone by its own renewal (a pause past its lease, or
 another node deleted it) publishes again.
 
-The claims and validation ask `names_elsewhere(session, node_id)`: the names other live
-nodes serve, so that a node's default model leaves their lines to them.
+The claims and validation ask `NodeNames.elsewhere()`: the names other live nodes serve
+(`names_elsewhere(session, node_id)`, read again at most every ELSEWHERE_LOOK seconds), so
+that a node's default model leaves their lines to them.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ log = logging.getLogger("batchyard.nodes")
 #: Seconds between two looks at the catalog for a change (it reads its stores again at most
 #: every ~2 s itself).
 CATALOG_LOOK = 2.0
+#: Seconds between two reads of the names other nodes serve: the claims ask on every step.
+ELSEWHERE_LOOK = 1.0
 
 
 def names_elsewhere(s: Session, node_id: str, *, at: float | None = None) -> frozenset[str]:
@@ -64,8 +67,9 @@ class NodeNames:
     id, read again every CATALOG_LOOK seconds).
 
     `beat()` is called on every step of the runner's thread and keeps its own pace: it
-    publishes when the names changed (or were never published) and renews the lease every
-    third of `lease_seconds`. `withdraw()` deletes this node's rows on a clean stop.
+    publishes when the names changed (or were never published), renews the lease every
+    third of `lease_seconds` and reads the names other nodes serve (`elsewhere()`) every
+    ELSEWHERE_LOOK seconds. `withdraw()` deletes this node's rows on a clean stop.
     """
 
     def __init__(
@@ -86,9 +90,20 @@ class NodeNames:
         self.published: dict[str, str] | None = None
         self._renewed = 0.0
         self._looked = float("-inf")
+        self._elsewhere: frozenset[str] = frozenset()
+        self._read = float("-inf")
+
+    def elsewhere(self) -> frozenset[str]:
+        """The names other live nodes serve, as last read (at most ELSEWHERE_LOOK old while
+        the runner steps)."""
+        return self._elsewhere
 
     def beat(self) -> None:
         t = self._clock()
+        if t - self._read >= ELSEWHERE_LOOK:
+            self._read = t
+            with self.db.read() as s:
+                self._elsewhere = names_elsewhere(s, self.node_id, at=t)
         if self.published is None or t - self._looked >= CATALOG_LOOK:
             self._looked = t
             names = dict(self._names())
@@ -158,4 +173,4 @@ class NodeNames:
         self.published = None
 
 
-__all__ = ["CATALOG_LOOK", "NodeNames", "names_elsewhere", "served_names"]
+__all__ = ["CATALOG_LOOK", "ELSEWHERE_LOOK", "NodeNames", "names_elsewhere", "served_names"]

@@ -36,6 +36,7 @@ from app.batches import lifecycle
 from app.batches.claims import Claim, claim
 from app.batches.finalize import FINALIZE_RETRY_DELAYS, Finalizer
 from app.batches.lifecycle import failure, lock_batches, record
+from app.batches.nodes import NodeNames
 from app.batches.output import sweep_orphans
 from app.batches.validate import ModelRules
 from app.config import Settings
@@ -120,10 +121,9 @@ class Runner:
         self._batch_ended = False
         #: Run every sweep interval, after the files' sweep (the services add theirs).
         self.sweeps: list[Callable[[], object]] = []
-        #: Run on every step, each keeping its own pace (the node's published model names,
-        #: nodes.py), and on the thread's way out after a clean stop.
-        self.beats: list[Callable[[], object]] = []
-        self.exits: list[Callable[[], object]] = []
+        #: This node's published model names and the other nodes' (nodes.py), set by the
+        #: services: it beats on every step at its own pace and withdraws at a clean stop.
+        self.nodes: NodeNames | None = None
         #: How validation judges a batch's model (the services set it; None: any model runs).
         self.models: ModelRules | None = None
         #: Called with the transaction and the batch each time a batch reaches a final
@@ -200,11 +200,11 @@ class Runner:
             self._release_claims()
         except Exception:
             log.exception("claims not handed back; their leases will lapse")
-        for hook in self.exits:
+        if self.nodes is not None:
             try:
-                hook()
+                self.nodes.withdraw()
             except Exception:
-                log.exception("a stop hook failed; what it held lapses with its lease")
+                log.exception("model names not withdrawn; they lapse with the node's lease")
 
     def _release_claims(self) -> None:
         """On a clean stop, hand this node's running lines back to the queue at once
@@ -254,8 +254,8 @@ class Runner:
             if recorded - running:
                 self._finalizer.finalize_ready(recorded - running)
         self._notice_other_nodes()
-        for beat in self.beats:
-            beat()
+        if self.nodes is not None:
+            self.nodes.beat()
         if time.monotonic() - self._last_sweep > self._sweep_interval:
             self._last_sweep = time.monotonic()
             self._batch_ended = False

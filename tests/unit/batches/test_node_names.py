@@ -13,7 +13,13 @@ from pathlib import Path
 import pytest
 from sqlmodel import delete, select
 
-from app.batches.nodes import CATALOG_LOOK, NodeNames, names_elsewhere, served_names
+from app.batches.nodes import (
+    CATALOG_LOOK,
+    ELSEWHERE_LOOK,
+    NodeNames,
+    names_elsewhere,
+    served_names,
+)
 from app.catalog import Entry, Estimate, LoadProfile
 from app.db import Database
 from app.tables import Node, NodeModel
@@ -81,6 +87,22 @@ def test_each_node_sees_the_names_the_others_serve(db: Database) -> None:
     with db.read() as s:
         rows = s.exec(select(NodeModel.name, NodeModel.model_id).where(NodeModel.node_id == "a"))
         assert sorted(rows.all()) == [("gemma3", "gemma3:270m"), ("gemma3:270m", "gemma3:270m")]
+
+
+def test_the_claims_read_the_other_nodes_names_at_most_a_look_old(db: Database) -> None:
+    clock = Clock()
+    a = node(db, "a", {"smol": "smol"}, clock)
+    b = node(db, "b", {"gemma3:270m": "gemma3:270m"}, clock)
+    a.beat()
+    b.beat()
+    assert b.elsewhere() == {"smol"}
+    assert a.elsewhere() == frozenset()  # read before b published
+    clock.t += ELSEWHERE_LOOK / 2
+    a.beat()
+    assert a.elsewhere() == frozenset()
+    clock.t += ELSEWHERE_LOOK / 2
+    a.beat()
+    assert a.elsewhere() == {"gemma3:270m"}
 
 
 def test_a_catalog_change_is_published_at_the_next_look(db: Database) -> None:
