@@ -382,6 +382,7 @@ def build_parser() -> argparse.ArgumentParser:
     listing = sub.add_parser("models", help="list the models this install can serve")
     _add_engine_flags(listing, CATALOG_FLAGS)
     _add_catalog_flags(listing)
+    listing.add_argument("--json", action="store_true", help="print the list as JSON")
     sub.add_parser("version", help="print the version")
     return parser
 
@@ -550,14 +551,72 @@ def retry(settings: Settings, batch_id: str) -> int:
     return 0
 
 
-def models(settings: Settings) -> int:
-    from app.model_files import available_models
+def models(settings: Settings, *, as_json: bool = False) -> int:
+    """Every model the catalog finds: its id, source, size, quantization, architecture,
+    trained context and the memory it is estimated to take at its load profile."""
+    import json
 
-    found = available_models(settings)
-    print(f"{'NAME':<40} {'QUANT':<8} {'SIZE':>9}  {'SOURCE':<8} PATH")
-    for m in found:
-        size = f"{m.size_bytes / 1e6:.1f} MB" if m.size_bytes else "missing"
-        print(f"{m.name:<40} {m.quantization:<8} {size:>9}  {m.source:<8} {m.path}")
+    from app.catalog import Catalog
+    from app.catalog.estimate import human_size
+
+    try:
+        entries = Catalog(settings).entries()
+    except ValueError as exc:  # a bad models.toml, an unknown --default-model
+        print(f"batchyard: {exc}", file=sys.stderr)
+        return 1
+    if as_json:
+        rows = [
+            {
+                "id": e.id,
+                "names": sorted(e.names),
+                "source": e.source,
+                "path": str(e.path),
+                "size_bytes": e.size_bytes,
+                "quantization": e.quantization,
+                "architecture": e.architecture,
+                "context_length": e.context_length,
+                "estimated_bytes": e.estimate.total if e.estimate else None,
+                "ctx_size": e.profile.ctx_size,
+                "parallel": e.profile.parallel,
+                "kv_cache_type": e.profile.kv_cache_type,
+                "default": e.is_default,
+                "error": e.error,
+            }
+            for e in entries
+        ]
+        print(json.dumps(rows, indent=2))
+        return 0
+    header = ("ID", "SOURCE", "SIZE", "QUANT", "ARCH", "CONTEXT", "MEMORY")
+    table = [header]
+    for e in entries:
+        memory = human_size(e.estimate.total) if e.estimate else "-"
+        table.append(
+            (
+                e.id + (" *" if e.is_default else ""),
+                e.source,
+                human_size(e.size_bytes) if e.size_bytes else "missing",
+                e.quantization,
+                e.architecture or "-",
+                str(e.context_length) if e.context_length else "-",
+                memory,
+            )
+        )
+    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
+    right = {2, 5, 6}  # numbers line up on the right
+    for row in table:
+        cells = [
+            c.rjust(w) if i in right else c.ljust(w)
+            for i, (c, w) in enumerate(zip(row, widths, strict=True))
+        ]
+        print("  ".join(cells).rstrip())
+    for e in entries:
+        if e.error:
+            print(f"{e.id}: {e.error} ({e.path})", file=sys.stderr)
+    print(
+        "* the default model. MEMORY: weights + KV cache + compute buffers, estimated at "
+        "each model's context x parallel (the server's flags, or models.toml's).",
+        file=sys.stderr,
+    )
     return 0
 
 
@@ -584,7 +643,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "retry":
         return retry(_settings(args), args.batch_id)
     if args.command == "models":
-        return models(_settings(args))
+        return models(_settings(args), as_json=args.json)
     if args.command == "version":
         print(f"batchyard {__version__}")
         return 0

@@ -17,6 +17,17 @@ The `Catalog` class (catalog.py) answers:
 
 from __future__ import annotations
 
+from app.catalog.catalog import Catalog
 from app.catalog.entry import SOURCES, Entry, Estimate, HeaderFacts, LoadProfile
+from app.catalog.header import FILE_TYPES, quantization
 
-__all__ = ["SOURCES", "Entry", "Estimate", "HeaderFacts", "LoadProfile"]
+__all__ = [
+    "FILE_TYPES",
+    "SOURCES",
+    "Catalog",
+    "Entry",
+    "Estimate",
+    "HeaderFacts",
+    "LoadProfile",
+    "quantization",
+]

@@ -42,6 +42,8 @@ class HeaderFacts:
     file_type: int | None
     tensor_bytes: int  # all tensors' data, every shard
     has_chat_template: bool
+    n_vocab: int = 0  # tokens; sizes the logits in the compute estimate
+    n_ff: int = 0  # feed-forward width (the largest layer's)
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -11,12 +12,14 @@ import sys
 from pathlib import Path
 
 import httpx
-from gguf import GGUFReader
 
+from app.catalog import Catalog
+from app.catalog.estimate import human_size
 from app.cli import build_parser
 from app.config import Settings, default_model_path
-from app.model_files import FILE_TYPES, describe, read_gguf_metadata
 from tests.live import ROOT, batchyard, start_server, stop_process
+from tests.models import gemma
+from tests.stores import Home
 
 
 def serve_options() -> list[tuple[str, str]]:
@@ -80,37 +83,57 @@ def test_libgomp_settings_come_before_llama_cpp_and_the_user_wins() -> None:
     assert r.stdout.split() == ["5", "ACTIVE", "False"]
 
 
-def test_gguf_header_reader_agrees_with_the_gguf_package() -> None:
-    path = default_model_path()
-    ours = read_gguf_metadata(path)
-    theirs = GGUFReader(path)
-    ftype = theirs.fields["general.file_type"]
-    assert ours["general.file_type"] == int(ftype.parts[ftype.data[0]][0])
-    arch = theirs.fields["general.architecture"]
-    assert ours["general.architecture"] == bytes(arch.parts[arch.data[0]]).decode()
-    assert FILE_TYPES[ours["general.file_type"]] == "Q4_1"
-
-
-def test_models_lists_the_default_the_model_flag_and_the_data_dirs_models(tmp_path: Path) -> None:
+def test_models_lists_every_store_with_size_quantization_context_and_memory(
+    tmp_path: Path,
+) -> None:
+    home = Home(tmp_path / "home")
+    home.ollama("gemma3:270m", gemma())
     data = tmp_path / "data"
     (data / "models").mkdir(parents=True)
     # A copy under another name: its quantisation must come from the header, not the name.
-    shutil.copyfile(default_model_path(), data / "models" / "tiny-chat.gguf")
+    shutil.copyfile(default_model_path(), data / "models" / "tiny-chat-Q8_0.gguf")
     other = tmp_path / "elsewhere-Q8_0.gguf"
     other.write_bytes(b"not a gguf file at all")
 
-    r = batchyard("models", "--data-dir", str(data), "--model", str(other))
+    r = batchyard("models", "--data-dir", str(data), "--model", str(other), env=home.environ)
 
     assert r.returncode == 0, r.stderr
-    rows = [line.split() for line in r.stdout.splitlines()[1:]]
-    by_name = {row[0]: row for row in rows}
-    assert set(by_name) == {"SmolLM2-135M-Instruct.Q4_1", "tiny-chat", "elsewhere-Q8_0"}
-    size_mb = f"{default_model_path().stat().st_size / 1e6:.1f}"
-    assert by_name["SmolLM2-135M-Instruct.Q4_1"][1:5] == ["Q4_1", size_mb, "MB", "default"]
-    assert by_name["tiny-chat"][1:5] == ["Q4_1", size_mb, "MB", "data-dir"]
-    # Not a GGUF: the name's quantisation, and its real size.
-    assert by_name["elsewhere-Q8_0"][1:5] == ["Q8_0", "0.0", "MB", "--model"]
-    assert describe(tmp_path / "gone.gguf", "--model").error == "missing"
+    header, *lines = r.stdout.splitlines()
+    assert header.split() == ["ID", "SOURCE", "SIZE", "QUANT", "ARCH", "CONTEXT", "MEMORY"]
+    rows = {line.split()[0]: line.split()[1:] for line in lines}
+    assert list(rows) == [
+        "elsewhere-Q8_0",  # --model: the default, marked *
+        "SmolLM2-135M-Instruct.Q4_1",
+        "tiny-chat-Q8_0",
+        "gemma3:270m",
+    ]
+    smol = Catalog(Settings.load({"data_dir": str(data)}, environ={})).default()
+    assert smol.estimate is not None
+    memory = human_size(smol.estimate.total).split()
+    size = human_size(smol.size_bytes).split()
+    assert rows["SmolLM2-135M-Instruct.Q4_1"] == [
+        "default",
+        *size,
+        "Q4_1",
+        "llama",
+        "8192",
+        *memory,
+    ]
+    assert rows["tiny-chat-Q8_0"] == ["models-dir", *size, "Q4_1", "llama", "8192", *memory]
+    assert rows["gemma3:270m"][:6] == ["ollama", "241.4", "MiB", "Q4_K_M", "gemma3", "32768"]
+    # Not a GGUF: listed, with the name's quantisation, its real size and why.
+    assert rows["elsewhere-Q8_0"] == ["*", "model", "22", "B", "Q8_0", "-", "-", "-"]
+    assert f"elsewhere-Q8_0: not a GGUF file (it does not start with GGUF) ({other})" in r.stderr
+
+    r = batchyard("models", "--data-dir", str(data), "--json", env=home.environ)
+    listed = {m["id"]: m for m in json.loads(r.stdout)}
+    assert listed["gemma3:270m"]["size_bytes"] == gemma().stat().st_size
+    assert listed["SmolLM2-135M-Instruct.Q4_1"]["default"] is True
+    assert listed["SmolLM2-135M-Instruct.Q4_1"]["estimated_bytes"] == smol.estimate.total
+
+    r = batchyard("models", "--data-dir", str(data), "--default-model", "llama3", env=home.environ)
+    assert r.returncode == 1
+    assert "--default-model 'llama3' names no model this server has; the models are: " in r.stderr
 
 
 def test_version() -> None:

@@ -17,9 +17,9 @@ from typing import Any
 import llama_cpp as lc
 import numpy as np
 
+from app.catalog import quantization
 from app.config import Settings
 from app.engine.base import ModelInfo
-from app.model_files import quantization
 from app.toolchain.cpu_check import extra_buffers
 from app.toolchain.facts import (
     advice,

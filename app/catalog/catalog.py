@@ -1,0 +1,311 @@
+"""The Catalog: every model in every store, by every name that means it.
+
+Stores are read at start and again when their folders change (looked at no more than
+every RECHECK_SECONDS), so a model pulled into Ollama or copied into --models-dir shows up
+without a restart. Headers are read once per file (header.FACTS). Nothing here loads a
+model or touches the network.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import replace
+from pathlib import Path
+
+from app.catalog import presets
+from app.catalog.entry import Entry, LoadProfile
+from app.catalog.estimate import estimate
+from app.catalog.header import FACTS, NotAModel, quantization
+from app.catalog.stores import FilesStore, FoldersStore, Found, Signature, Store, home_stores
+from app.config import Settings, default_model_path
+
+log = logging.getLogger("batchyard.catalog")
+
+#: How often, at most, entries() looks whether a store changed.
+RECHECK_SECONDS = 2.0
+LATEST = ":latest"
+#: Sources that name a file by its path alone.
+_PLAIN = ("model", "default", "models-dir")
+
+
+class Catalog:
+    """The models this install can serve (see app/catalog/__init__.py)."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        home: Path | None = None,
+        environ: Mapping[str, str] | None = None,
+    ) -> None:
+        self._settings = settings
+        environ = os.environ if environ is None else environ
+        home = home if home is not None else Path(environ.get("HOME") or Path.home())
+        # In the order their entries are listed and win a contested id.
+        self._stores: list[Store] = []
+        if settings.model:
+            self._stores.append(FilesStore("model", [settings.model_path]))
+        self._stores.append(FilesStore("default", [default_model_path()]))
+        self._stores.append(FoldersStore(settings.models_dirs))
+        if not settings.no_discover:
+            self._stores += home_stores(home, environ)
+        self._config_path = settings.models_config_path
+        self._lock = threading.RLock()
+        self._checked = float("-inf")
+        self._signatures: list[Signature | None] = [None] * len(self._stores)
+        self._found: list[list[Found]] = [[] for _ in self._stores]
+        self._config_mtime: int | None = None
+        self._config = presets.ModelsConfig()
+        self._entries: list[Entry] = []
+        self._by_name: dict[str, Entry] = {}
+        self._by_folded: dict[str, Entry] = {}
+        self._refresh(force=True)
+        if settings.default_model and self.resolve(settings.default_model) is None:
+            known = ", ".join(e.id for e in self._entries) or "none"
+            raise ValueError(
+                f"--default-model {settings.default_model!r} names no model this server "
+                f"has; the models are: {known}"
+            )
+
+    # -- the API ----------------------------------------------------------------------
+
+    def entries(self) -> list[Entry]:
+        """Every model, the default first, then by store (--model, the embedded default,
+        --models-dir, Ollama, LM Studio, the hub cache) and id."""
+        self._refresh()
+        return list(self._entries)
+
+    def resolve(self, name: str | None) -> Entry | None:
+        """The entry `name` means: an id, an alias or another name; `name` alone for
+        `name:latest`; letter case aside when nothing matches exactly. None when nothing
+        known is meant."""
+        if not name:
+            return None
+        self._refresh()
+        name = name.strip()
+        tries = [name]
+        if ":" not in name.rsplit("/", 1)[-1]:
+            tries.append(name + LATEST)
+        with self._lock:
+            for key in tries:
+                if key in self._by_name:
+                    return self._by_name[key]
+            for key in tries:
+                if key.casefold() in self._by_folded:
+                    return self._by_folded[key.casefold()]
+        return None
+
+    def default(self) -> Entry:
+        """The model of lines whose name means nothing known: --default-model, else
+        --model, else the embedded SmolLM2."""
+        self._refresh()
+        with self._lock:
+            return self._entries[0]
+
+    def route(self, name: str | None) -> Entry:
+        return self.resolve(name) or self.default()
+
+    def get(self, id: str) -> Entry | None:
+        self._refresh()
+        with self._lock:
+            return next((e for e in self._entries if e.id == id), None)
+
+    def names(self) -> frozenset[str]:
+        """Every name of every entry."""
+        self._refresh()
+        with self._lock:
+            return frozenset(self._by_name)
+
+    @property
+    def config(self) -> presets.ModelsConfig:
+        return self._config
+
+    # -- reading the stores ---------------------------------------------------------------
+
+    def _refresh(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self._checked < RECHECK_SECONDS:
+            return
+        with self._lock:
+            if not force and now - self._checked < RECHECK_SECONDS:
+                return
+            self._checked = now
+            changed = force
+            for i, store in enumerate(self._stores):
+                signature = store.signature()
+                if signature != self._signatures[i]:
+                    self._signatures[i] = signature
+                    self._found[i] = store.scan()
+                    changed = True
+            config_mtime = _mtime(self._config_path)
+            if force or config_mtime != self._config_mtime:
+                # A bad models.toml is a start-up error; edited badly later, the last good
+                # one stays in force and the mistake is logged.
+                try:
+                    self._config = presets.load(self._config_path)
+                except ValueError:
+                    if force:
+                        raise
+                    log.exception("models config not reloaded")
+                self._config_mtime = config_mtime
+                changed = True
+            if changed:
+                self._build()
+
+    def _build(self) -> None:
+        base = LoadProfile(
+            ctx_size=self._settings.ctx_size,
+            parallel=self._settings.parallel,
+            n_gpu_layers=self._settings.n_gpu_layers,
+            kv_cache_type=self._settings.kv_cache_type,
+        )
+        base = self._config.every.apply(base)
+        entries: list[Entry] = []
+        by_path: dict[Path, int] = {}
+        taken: set[str] = set()
+        for found in (f for store in self._found for f in store):
+            entry = _entry(found, base)
+            if entry is None:
+                continue
+            # One file given twice (--model inside --models-dir, the embedded default linked
+            # there) is one entry. Names a tool gives one file (`ollama cp`) stay entries of
+            # their own, as that tool lists them; the pool keys engines by file, so they
+            # share one engine.
+            same = by_path.get(_real(entry.path)) if entry.source in _PLAIN else None
+            if same is not None:
+                entries[same] = _with_names(entries[same], {entry.id, *entry.names} - taken)
+                taken |= entries[same].names
+                continue
+            ident = _free_id(entry, taken)
+            names = {n for n in {ident, *entry.names} if n not in taken}
+            entry = replace(entry, id=ident, names=frozenset(names))
+            taken |= names
+            if entry.source in _PLAIN:
+                by_path.setdefault(_real(entry.path), len(entries))
+            entries.append(entry)
+        by_name = {n: i for i, e in enumerate(entries) for n in e.names}
+        # Aliases, then per-model sections, each found by the names they use.
+        for alias, target in self._config.aliases.items():
+            i = _lookup(by_name, target)
+            if i is None:
+                log.warning("models config: alias %r names no model (%r)", alias, target)
+            elif alias in by_name and by_name[alias] != i:
+                log.warning("models config: alias %r is already a model's name", alias)
+            else:
+                entries[i] = _with_names(entries[i], {alias})
+                by_name[alias] = i
+        for section, preset in self._config.models.items():
+            i = _lookup(by_name, section)
+            if i is None:
+                log.warning("models config: [%r] names no model", section)
+                continue
+            entries[i] = _with_profile(entries[i], preset.apply(entries[i].profile))
+        default = self._default_index(entries, by_name)
+        if default is not None:
+            entries.insert(0, replace(entries.pop(default), is_default=True))
+        self._entries = entries
+        self._by_name = {n: e for e in entries for n in e.names}
+        self._by_folded = {}
+        for e in reversed(entries):  # the first entry wins a name that differs by case only
+            for n in e.names:
+                self._by_folded[n.casefold()] = e
+
+    def _default_index(self, entries: list[Entry], by_name: dict[str, int]) -> int | None:
+        wanted = self._settings.default_model
+        if wanted:
+            i = _lookup(by_name, wanted)
+            if i is not None:
+                return i
+        for source in ("model", "default"):
+            for i, e in enumerate(entries):
+                if e.source == source:
+                    return i
+        return 0 if entries else None
+
+
+def _mtime(path: Path | None) -> int | None:
+    if path is None:
+        return None
+    try:
+        return path.stat().st_mtime_ns
+    except OSError:
+        return None
+
+
+def _real(path: Path) -> Path:
+    try:
+        return path.resolve()
+    except OSError:
+        return path
+
+
+def _lookup(by_name: dict[str, int], name: str) -> int | None:
+    tries = [name] if ":" in name.rsplit("/", 1)[-1] else [name, name + LATEST]
+    for key in tries:
+        if key in by_name:
+            return by_name[key]
+    folded = {n.casefold(): i for n, i in by_name.items()}
+    for key in tries:
+        if key.casefold() in folded:
+            return folded[key.casefold()]
+    return None
+
+
+def _free_id(entry: Entry, taken: set[str]) -> str:
+    """The entry's id, or where another store's model has it, `SOURCE:ID` (then `#2`...)."""
+    if entry.id not in taken:
+        return entry.id
+    ident = f"{entry.source}:{entry.id}"
+    n = 2
+    while ident in taken:
+        ident = f"{entry.source}:{entry.id}#{n}"
+        n += 1
+    return ident
+
+
+def _with_names(entry: Entry, names: set[str]) -> Entry:
+    return replace(entry, names=entry.names | names)
+
+
+def _with_profile(entry: Entry, profile: LoadProfile) -> Entry:
+    est = estimate(entry.facts, profile) if entry.facts else None
+    return replace(entry, profile=profile, estimate=est)
+
+
+def _entry(found: Found, profile: LoadProfile) -> Entry | None:
+    """An Entry for what a store found: its header read (from the cache), its estimate for
+    `profile`; None for a GGUF that is not a language model (a projector)."""
+    size, mtime = 0, 0.0
+    for part in found.paths:
+        try:
+            st = part.stat()
+        except OSError:
+            continue
+        size += st.st_size
+        mtime = max(mtime, st.st_mtime)
+    facts, error = None, found.error
+    if not error:
+        try:
+            facts = FACTS.facts(found.paths)
+        except NotAModel:
+            return None
+        except (OSError, ValueError) as exc:
+            error = str(exc) if isinstance(exc, ValueError) else f"unreadable ({exc.strerror})"
+    return Entry(
+        id=found.id,
+        names=frozenset({found.id, *found.names}),
+        source=found.source,
+        path=found.paths[0],
+        size_bytes=size,
+        mtime=mtime,
+        quantization=quantization(facts.file_type if facts else None, found.paths[0]),
+        profile=profile,
+        facts=facts,
+        estimate=estimate(facts, profile) if facts else None,
+        paths=found.paths,
+        error=error,
+    )

@@ -1,0 +1,77 @@
+"""What a model will hold once loaded, from its header and load profile, before loading it.
+
+Three terms, each the size of a buffer llama.cpp allocates when the embedded engine loads
+a model as `app/engine/llama/native.py` does (one KV stream per sequence, n_ubatch 512):
+
+- weights: every tensor's bytes, as the header lists them (all parts of a split model);
+- KV cache: n_layer x n_head_kv x (key_length + value_length) x bytes per element of the
+  cache type x ctx_size x parallel. llama.cpp's `llama_kv_cache: size = ...` line. Models
+  with sliding-window layers (Gemma 3) get the full-size cache for those layers too when
+  each sequence has its own stream, so the same formula holds for them;
+- compute: the scheduler's compute buffer plus the output buffer. On a CPU the compute
+  buffer is dominated by one micro-batch's logits and feed-forward activations, in f32:
+  n_ubatch x (n_vocab + n_ff) x 4; the output buffer holds one row of logits per
+  sequence: parallel x n_vocab x 4.
+
+Checked against llama.cpp 0.3.36's own figures (llama-cpp-python, CPU, flash attention):
+SmolLM2-135M at ctx 2048 x 32: KV 765.0 MiB (formula 765.0), compute 99.4 + output 6.0 MiB
+(formula 99.0 + 6.0); Gemma 3 270M: KV 612.0 MiB (612.0), compute 514.5 + output 32.0 MiB
+(516.0 + 32.0). A GPU build adds its own buffers per device; what the pool measures after
+a load replaces the estimate.
+"""
+
+from __future__ import annotations
+
+import gguf
+
+from app.catalog.entry import Estimate, HeaderFacts, LoadProfile
+
+#: Rows of a micro-batch: native.py's N_UBATCH (a test keeps the two equal).
+N_UBATCH = 512
+#: Sequences when a profile's parallel is 0, as the engine picks on a CPU
+#: (native.default_parallel); a GPU build picks more, and the pool estimates again then.
+DEFAULT_PARALLEL = 32
+#: Bytes per element of each KV cache type (blocks of 32 elements for the quantized ones).
+KV_BYTES_PER_ELEMENT = {
+    "f16": 2.0,
+    "bf16": 2.0,
+    "q8_0": gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType.Q8_0][1] / 32,
+    "q4_0": gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType.Q4_0][1] / 32,
+}
+_F32 = 4
+
+
+def sequences(profile: LoadProfile) -> int:
+    return profile.parallel if profile.parallel > 0 else DEFAULT_PARALLEL
+
+
+def kv_cache_bytes(facts: HeaderFacts, profile: LoadProfile) -> int:
+    per_token = facts.n_layer * facts.n_head_kv * (facts.key_length + facts.value_length)
+    cells = profile.ctx_size * sequences(profile)
+    return int(per_token * KV_BYTES_PER_ELEMENT[profile.kv_cache_type] * cells)
+
+
+def compute_bytes(facts: HeaderFacts, profile: LoadProfile) -> int:
+    n_ff = facts.n_ff or 4 * facts.n_embd  # the usual width when a header does not say
+    scratch = N_UBATCH * (facts.n_vocab + n_ff) * _F32
+    output = sequences(profile) * facts.n_vocab * _F32
+    return scratch + output
+
+
+def estimate(facts: HeaderFacts, profile: LoadProfile) -> Estimate:
+    """The bytes a model loaded with `profile` is expected to hold (see the module's note)."""
+    return Estimate(
+        weights=facts.tensor_bytes,
+        kv_cache=kv_cache_bytes(facts, profile),
+        compute=compute_bytes(facts, profile),
+    )
+
+
+def human_size(n: int) -> str:
+    """Bytes as a person reads them, in powers of 1024: 812.3 MiB, 1.4 GiB."""
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} GiB"  # pragma: no cover - the loop returns

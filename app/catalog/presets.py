@@ -1,0 +1,138 @@
+"""models.toml: per-model settings and aliases, laid out as llama.cpp's --models-preset
+and llama-swap lay theirs, one section per model:
+
+    ["*"]                       # every model (the server's flags stay below this)
+    ctx_size = 4096
+
+    ["gemma3:270m"]             # any name that means the model: its id, an alias, `gemma3`
+    ctx_size = 8192
+    parallel = 4
+    n_gpu_layers = -1           # -1 all, 0 none
+    kv_cache_type = "f16"       # f16, bf16, q8_0, q4_0
+    chat_template = "gemma.jinja"   # a file (relative to models.toml) or a template itself
+    aliases = ["gemma"]
+
+    [aliases]
+    gpt-4o-mini = "gemma3:270m"
+
+A setting applies in this order: the server's flags, then `["*"]`, then the model's own
+section. `chat_template` is read as a file when such a file exists, else taken as the
+template itself if it looks like one (holds `{{` or `{%`). Every mistake is a ValueError
+that names the file and the key.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from app.catalog.entry import LoadProfile
+from app.config.settings import KV_CACHE_TYPES
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+ALL_MODELS = "*"
+ALIASES = "aliases"
+SETTINGS = ("ctx_size", "parallel", "n_gpu_layers", "kv_cache_type", "chat_template")
+
+
+@dataclass(frozen=True)
+class Preset:
+    """One section: the settings it gives (only those it names) and its aliases."""
+
+    settings: dict[str, Any] = field(default_factory=dict)
+    aliases: tuple[str, ...] = ()
+
+    def apply(self, profile: LoadProfile) -> LoadProfile:
+        return replace(profile, **self.settings) if self.settings else profile
+
+
+@dataclass(frozen=True)
+class ModelsConfig:
+    path: Path | None = None
+    every: Preset = field(default_factory=Preset)
+    models: dict[str, Preset] = field(default_factory=dict)  # by the name the section uses
+    aliases: dict[str, str] = field(default_factory=dict)  # alias -> the name it means
+
+
+def load(path: Path | None) -> ModelsConfig:
+    """models.toml at `path`, or an empty config when there is none."""
+    if path is None:
+        return ModelsConfig()
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ValueError(f"{path}: cannot read the models config ({exc.strerror or exc})") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"{path}: not valid TOML: {exc}") from None
+    every, models, aliases = Preset(), {}, {}
+    for section, body in data.items():
+        if not isinstance(body, dict):
+            raise ValueError(
+                f'{path}: {section} = ... must be inside a section: ["MODEL"], ["*"] or [aliases]'
+            )
+        if section == ALIASES:
+            for alias, target in body.items():
+                if not isinstance(target, str) or not target.strip():
+                    raise ValueError(
+                        f"{path}: [aliases] {alias}: must be a model's name (a string)"
+                    )
+                aliases[alias] = target.strip()
+        elif section == ALL_MODELS:
+            every = _preset(path, section, body)
+            if every.aliases:
+                raise ValueError(f'{path}: ["*"] aliases: an alias names one model')
+        else:
+            models[section] = preset = _preset(path, section, body)
+            for alias in preset.aliases:
+                aliases[alias] = section
+    return ModelsConfig(path, every, models, aliases)
+
+
+def _preset(path: Path, section: str, body: dict[str, Any]) -> Preset:
+    where = f'{path}: ["{section}"]'
+    settings: dict[str, Any] = {}
+    aliases: tuple[str, ...] = ()
+    for key, value in body.items():
+        if key == "aliases":
+            if not isinstance(value, list) or not all(isinstance(a, str) and a for a in value):
+                raise ValueError(f"{where} aliases: must be a list of names")
+            aliases = tuple(value)
+        elif key in ("ctx_size", "parallel", "n_gpu_layers"):
+            low = {"ctx_size": 1, "parallel": 0, "n_gpu_layers": -1}[key]
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"{where} {key}: must be a whole number, {low} or more")
+            settings[key] = value
+        elif key == "kv_cache_type":
+            kind = str(value).strip().lower()
+            if not isinstance(value, str) or kind not in KV_CACHE_TYPES:
+                raise ValueError(f"{where} {key}: must be one of {', '.join(KV_CACHE_TYPES)}")
+            settings[key] = kind
+        elif key == "chat_template":
+            settings[key] = _template(path, where, value)
+        else:
+            raise ValueError(
+                f"{where} {key}: unknown setting; the settings are "
+                f"{', '.join(SETTINGS)} and aliases"
+            )
+    return Preset(settings, aliases)
+
+
+def _template(path: Path, where: str, value: Any) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"{where} chat_template: must be a file or a Jinja template (a string)")
+    if "{{" in value or "{%" in value:
+        return value
+    file = (path.parent / Path(value).expanduser()).resolve()
+    try:
+        return file.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ValueError(
+            f"{where} chat_template: {file} cannot be read ({exc.strerror or exc}); give a "
+            "template file or the template itself"
+        ) from None
