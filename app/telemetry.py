@@ -11,7 +11,7 @@ from __future__ import annotations
 import bisect
 import threading
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import func
@@ -117,6 +117,10 @@ class Figures:
     stats: EngineStats | None
     views: list[EngineView]
     health: QueueHealth
+    #: The model pool's views (app/engine/pool's ModelView) and (reserved, budget) bytes;
+    #: empty and None on a node without one.
+    models: list[Any] = field(default_factory=list)
+    memory: tuple[int, int] | None = None
 
     @property
     def state(self) -> str:
@@ -168,6 +172,19 @@ def _each_engine(value: Callable[[EngineView], Any]) -> Callable[[Figures], Samp
 def _each_upstream(value: Callable[[UpstreamStatus], Any]) -> Callable[[Figures], Samples]:
     """A family of one sample per upstream engine, labelled by its name."""
     return lambda f: [(_labels(engine=v.name), value(v.upstream)) for v in f.views if v.upstream]
+
+
+def _each_model(value: Callable[[Any], Any]) -> Callable[[Figures], Samples]:
+    """A family of one sample per model of the pool, labelled by its id; a model whose
+    `value` is None (never loaded) has no sample."""
+    return lambda f: [
+        (_labels(model=v.entry.id), x) for v in f.models if (x := value(v)) is not None
+    ]
+
+
+def _memory(part: int) -> Callable[[Figures], Samples]:
+    """The pool's reserved bytes (0) or budget (1); no sample without a pool."""
+    return lambda f: [("", f.memory[part])] if f.memory is not None else []
 
 
 def _by(label: str, counts: Callable[[Figures], dict[str, Any]]) -> Callable[[Figures], Samples]:
@@ -315,6 +332,37 @@ FAMILIES: tuple[Family, ...] = (
         "Answers of 429 or 503 from an upstream (each halves its window at most once per round trip).",
         _each_upstream(lambda u: u.throttled_total),
     ),
+    # -- the embedded models (the pool), labelled by catalog id --------------------------
+    Family(
+        "batchyard_model_loads_total",
+        "counter",
+        "Times the model was loaded since start.",
+        _each_model(lambda v: v.loads),
+    ),
+    Family(
+        "batchyard_model_loaded",
+        "gauge",
+        "1 while the model is loaded (serving or idle), else 0 (on disk, loading, failed).",
+        _each_model(lambda v: 1 if v.state in ("loaded", "idle") else 0),
+    ),
+    Family(
+        "batchyard_model_load_seconds",
+        "gauge",
+        "Seconds the model's last load took.",
+        _each_model(lambda v: v.load_seconds),
+    ),
+    Family(
+        "batchyard_models_memory_bytes",
+        "gauge",
+        "Bytes reserved by the models loaded or loading (measured once loaded, else estimated).",
+        _memory(0),
+    ),
+    Family(
+        "batchyard_models_memory_budget_bytes",
+        "gauge",
+        "Bytes the models may take together (--models-memory, else the free memory less a margin).",
+        _memory(1),
+    ),
     # -- the queue's health (all nodes): lines waiting to be claimed --------------------
     Family(
         "batchyard_engine_pending_lines",
@@ -342,6 +390,7 @@ def figures(
 ) -> Figures:
     """Read what one /metrics page reports."""
     batches, lines = count_by_status(db)
+    pool = getattr(engine, "pool", None)  # the registry's model pool, when it has one
     return Figures(
         node=node,
         engine=engine,
@@ -353,6 +402,8 @@ def figures(
         stats=engine.stats() if engine is not None else None,
         views=members(engine),
         health=queue_health(db, lanes(engine) if engine is not None else []),
+        models=pool.views() if pool is not None else [],
+        memory=pool.budget() if pool is not None else None,
     )
 
 

@@ -23,6 +23,7 @@ from app.services import Services
 from app.tables import BatchStatus
 from app.web import views
 from app.web.explorer import chart_context
+from app.web.models import batch_model
 from app.web.pages import PAGE_SIZE, engines_context, summary_context
 
 #: Seconds between two looks at the database in a live stream.
@@ -111,7 +112,8 @@ async def batch_events(
         now = time.time()
         engine = services.engine
         tracker.add(batch, now, engine.stats().tokens_per_second if engine else None)
-        context = summary_context(batch, tracker, now)
+        model = await anyio.to_thread.run_sync(batch_model, services, batch.model)
+        context = summary_context(batch, tracker, now, model)
         over = batch.status in BatchStatus.FINISHED
         frame = {"summary": render(request, "partials/batch_summary.html", **context)}
         done = batch.completed + batch.failed

@@ -12,7 +12,7 @@ from litestar import Request, get
 from litestar.di import NamedDependency
 from litestar.params import FromPath, FromQuery
 from litestar.response import File as FileResponse
-from litestar.response import Redirect, Template
+from litestar.response import Template
 
 from app.batches.health import queue_health
 from app.batches.service import BatchService
@@ -24,6 +24,7 @@ from app.services import Services
 from app.tables import Batch, BatchStatus
 from app.web import views
 from app.web.explorer import chart_context, explorer_context
+from app.web.models import batch_model
 from app.wire.batches import batch_object
 from app.wire.common import to_builtins
 
@@ -54,11 +55,15 @@ def batch_list_context(
 
 
 def summary_context(
-    batch: Batch, tracker: views.Throughput, now: float | None = None
+    batch: Batch,
+    tracker: views.Throughput,
+    now: float | None = None,
+    model: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """What batch_summary.html needs."""
+    """What batch_summary.html needs; `model` is models.batch_model's."""
     wire = to_builtins(batch_object(batch))
     return {
+        "model": model,
         "row": views.batch_row(batch, tracker, now),
         "batch": wire,
         "timeline": views.timeline(wire, now),
@@ -104,7 +109,7 @@ def batch_page_context(
         except APIError:
             opened = None
     return {
-        **summary_context(batch, tracker),
+        **summary_context(batch, tracker, model=batch_model(services, batch.model)),
         **chart_context(services.batches, batch),
         "explorer": explorer,
         "opened": opened,
@@ -187,12 +192,6 @@ def engines_context(services: Services, owner: str) -> dict[str, Any]:
     }
 
 
-@get("/models", name="web:models")
-async def models_page() -> Redirect:
-    """The page's old address."""
-    return Redirect("/engines")
-
-
 @get(
     "/files/{file_id:str}/download",
     name="web:download",
@@ -205,4 +204,4 @@ def download(
     return file_download(files, owner, file_id)
 
 
-ROUTES = [home, batch_page, files_page, engines_page, models_page, download]
+ROUTES = [home, batch_page, files_page, engines_page, download]

@@ -15,12 +15,14 @@ from litestar.enums import RequestEncodingType
 from litestar.params import Body, FromPath, FromQuery
 from litestar.response import Response, Template
 
+from app.batches.run_with import with_model
 from app.batches.service import BatchService
 from app.errors import APIError
 from app.files.multipart import receive_upload
 from app.files.service import FileService
 from app.services import Services
 from app.web import views
+from app.web.models import model_choices
 from app.web.pages import batch_list_context, batch_page_context, deliveries_context
 from app.web.preview import preview_file
 
@@ -55,6 +57,7 @@ async def upload_form() -> Template:
 async def upload(
     request: Request[Any, Any, Any],
     files: NamedDependency[FileService],
+    services: NamedDependency[Services],
     owner: NamedDependency[str],
 ) -> Template:
     """Store the dropped file through the same path as POST /v1/files, then preview it."""
@@ -64,7 +67,8 @@ async def upload(
     except APIError as exc:
         return Template(template_name="partials/upload_error.html", context={"error": exc})
     return Template(
-        template_name="partials/preview.html", context={"preview": preview, "error": None}
+        template_name="partials/preview.html",
+        context={"preview": preview, "error": None, "models": model_choices(services)},
     )
 
 
@@ -77,12 +81,26 @@ def create_batch(
 ) -> Template:
     """Start a batch from a previewed file; the upload zone resets and the list shows it."""
     files, batches = services.files, services.batches
-    file_id = data.get("file_id", "")
+    file_id, model = data.get("file_id", ""), data.get("model", "")
+    choices = model_choices(services)
     try:
         metadata = parse_metadata(data.get("metadata", ""))
-        batch = batches.create(
-            owner, file_id, data.get("endpoint", ""), completion_window="24h", metadata=metadata
-        )
+        if model and model not in choices:
+            raise APIError(400, f"The model '{model}' is not one this node has.", param="model")
+        # "Run with": the batch runs on a copy of the file naming that model on every line.
+        run_file = with_model(files, file_id, owner, model).id if model else file_id
+        try:
+            batch = batches.create(
+                owner,
+                run_file,
+                data.get("endpoint", ""),
+                completion_window="24h",
+                metadata=metadata,
+            )
+        except APIError:
+            if run_file != file_id:
+                files.delete(run_file, owner)
+            raise
     except APIError as exc:
         try:
             preview = preview_file(files, file_id, owner)
@@ -90,7 +108,13 @@ def create_batch(
             return Template(template_name="partials/upload_error.html", context={"error": exc})
         return Template(
             template_name="partials/preview.html",
-            context={"preview": preview, "error": exc, "metadata": data.get("metadata", "")},
+            context={
+                "preview": preview,
+                "error": exc,
+                "metadata": data.get("metadata", ""),
+                "models": choices,
+                "model": model,
+            },
         )
     return Template(
         template_name="partials/started.html",

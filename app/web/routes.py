@@ -16,7 +16,7 @@ from litestar import Request, Router
 from litestar.response import Template
 
 from app.errors import APIError
-from app.web import events, explorer, pages, partials
+from app.web import events, explorer, models, pages, partials
 from app.web.login import AUTH_ROUTES
 
 
@@ -29,14 +29,20 @@ def inline_error(request: Request[Any, Any, Any], exc: APIError) -> Template:
 
 FRAGMENTS = Router(
     path="/",
-    route_handlers=[*partials.ROUTES, *explorer.FRAGMENTS],
+    route_handlers=[*partials.ROUTES, *explorer.FRAGMENTS, *models.FRAGMENTS],
     include_in_schema=False,
     exception_handlers={APIError: inline_error},
 )
 
 PAGES = Router(
     path="/",
-    route_handlers=[*pages.ROUTES, *events.ROUTES, *explorer.DOWNLOADS, *AUTH_ROUTES],
+    route_handlers=[
+        *pages.ROUTES,
+        *models.PAGES,
+        *events.ROUTES,
+        *explorer.DOWNLOADS,
+        *AUTH_ROUTES,
+    ],
     include_in_schema=False,
 )
 

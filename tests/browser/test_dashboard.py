@@ -203,7 +203,7 @@ def test_files_and_model_pages(page: Page, base: str) -> None:
     page.reload()
     expect(page.locator("table.files")).not_to_contain_text("broken.jsonl")
 
-    page.goto(base + "/models")  # the old address leads to the engines page
+    page.goto(base + "/engines")
     expect(page).to_have_title(re.compile("Engines"))
     facts = page.locator("dl.facts").first
     expect(facts).to_contain_text("Quantisation")

@@ -1,0 +1,192 @@
+"""The dashboard's Models page: every model the catalog lists, its state in the engine pool,
+and the buttons that load and unload it.
+
+It reads the pool's `views()` and `budget()` (app/engine/pool) and calls its `load(id)` and
+`unload(id)`, the same calls the pool's own planner answers to; nothing here loads a model.
+The table is a fragment, fetched again every few seconds and after each button, so a
+model's state moves from "on disk" through "loading" to "loaded" without a reload. A
+button's answer is a sentence in its own region, so the next refresh of the table leaves
+it in place: an unload refused because lines are in flight says so until the next button.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated, Any
+
+from litestar import get, post
+from litestar.di import NamedDependency
+from litestar.enums import RequestEncodingType
+from litestar.params import Body
+from litestar.response import Template
+
+from app.engine.base import EngineError
+from app.engine.registry import EMBEDDED, members
+from app.services import Services
+from app.web import views
+
+#: The tone of each state's badge (macros.html).
+STATE_TONE = {
+    "loaded": "ok",
+    "idle": "ok",
+    "loading": "info",
+    "on disk": "muted",
+    "failed": "bad",
+}
+#: The htmx event a button's answer raises: the table is fetched again at once.
+CHANGED = "models-changed"
+
+
+def model_pool(services: Services) -> Any:
+    """The engine's model pool (the registry's `pool`), or None: no embedded engine on this
+    node (--no-embedded), a model still loading at start, or an engine with no pool."""
+    return getattr(services.engine, "pool", None)
+
+
+def model_row(view: Any, now: float | None = None) -> dict[str, Any]:
+    """One ModelView as the table shows it."""
+    entry = view.entry
+    estimate = entry.estimate.total if entry.estimate is not None else None
+    measured = view.measured_bytes
+    return {
+        "id": entry.id,
+        "default": entry.is_default,
+        "aliases": sorted(n for n in entry.names if n != entry.id and not n.endswith(":latest")),
+        "source": entry.source,
+        "path": str(entry.path),
+        "architecture": entry.architecture,
+        "size": views.size(entry.size_bytes),
+        "quantization": entry.quantization,
+        "ctx_size": entry.profile.ctx_size,
+        "context_length": entry.context_length,
+        "estimate": views.size(estimate) if estimate is not None else None,
+        "measured": views.size(measured) if measured is not None else None,
+        # How far the estimate was off once the model was loaded (issue 32: "report it").
+        "off_pct": round(100 * (measured - estimate) / estimate)
+        if measured is not None and estimate
+        else None,
+        "state": view.state,
+        "tone": STATE_TONE.get(view.state, "muted"),
+        "in_flight": view.in_flight,
+        "waiting": view.waiting,
+        "loads": view.loads,
+        "load_seconds": view.load_seconds,
+        "last_used": views.when(view.last_used, now),
+        "error": entry.error or view.error,
+        "can_load": view.state in ("on disk", "failed") and not entry.error,
+        "can_unload": view.state in ("loaded", "idle"),
+    }
+
+
+def models_context(services: Services, now: float | None = None) -> dict[str, Any]:
+    """What the Models page and its table show; `pool` None when this node has none."""
+    pool = model_pool(services)
+    if pool is None:
+        return {"pool": False, "rows": [], "failure": services.engine_failure}
+    reserved, budget = pool.budget()
+    rows = [model_row(v, now) for v in pool.views()]
+    return {
+        "pool": True,
+        "rows": rows,
+        "reserved": views.size(reserved),
+        "budget": views.size(budget),
+        "reserved_pct": min(100.0, 100 * reserved / budget) if budget else 0.0,
+        "reserved_bytes": reserved,
+        "budget_bytes": budget,
+        "loaded": sum(1 for r in rows if r["state"] in ("loaded", "idle")),
+    }
+
+
+def model_choices(services: Services) -> list[str]:
+    """The ids the New batch card's "Run with" offers: every model of the pool's catalog
+    that can load, the default first; none without a pool."""
+    pool = model_pool(services)
+    if pool is None:
+        return []
+    return [v.entry.id for v in pool.views() if not v.entry.error]
+
+
+def batch_model(services: Services, name: str | None) -> dict[str, Any] | None:
+    """The pool's model that runs lines naming `name` (a batch page's "Model"), with its
+    state and loads now; None without a pool, or when an upstream engine serves the name."""
+    pool = model_pool(services)
+    if pool is None:
+        return None
+    if name and any(name in e.models for e in members(services.engine) if e.kind != EMBEDDED):
+        return None
+    found = pool.views()
+    view = next((v for v in found if name and name in v.entry.names), None)
+    named = view is not None
+    view = view or next((v for v in found if v.entry.is_default), None)
+    if view is None:
+        return None
+    return {
+        "id": view.entry.id,
+        "named": named,  # False: no model has that name, so the default model runs it
+        "state": view.state,
+        "tone": STATE_TONE.get(view.state, "muted"),
+        "loads": view.loads,
+    }
+
+
+@get("/models", name="web:models", sync_to_thread=True)
+def models_page(services: NamedDependency[Services]) -> Template:
+    """Every model, its state, its demand and its load and unload buttons."""
+    return Template(template_name="models.html", context=models_context(services, time.time()))
+
+
+@get("/web/models", name="web:models_table", sync_to_thread=True)
+def models_table(services: NamedDependency[Services]) -> Template:
+    return Template(
+        template_name="partials/models_table.html", context=models_context(services, time.time())
+    )
+
+
+def _act(services: Services, model: str, unload: bool) -> Template:
+    """Ask the pool to load or unload `model`; the answer is the sentence that says what
+    happens next, or why not (a model with lines in flight is not unloaded)."""
+    pool = model_pool(services)
+    error: str | None = None
+    done = ""
+    if pool is None:
+        error = (
+            "This node has no embedded models to load or unload: it runs with "
+            "--no-embedded, or its engine is still starting."
+        )
+    elif not model:
+        error = "Choose a model."
+    else:
+        try:
+            if unload:
+                pool.unload(model)
+                done = f"Unloading {model}: its memory is free once its state says on disk."
+            else:
+                pool.load(model)
+                done = f"Loading {model}: it serves lines once its state says loaded."
+        except EngineError as exc:
+            error = exc.message
+    return Template(
+        template_name="partials/models_message.html",
+        context={"message": done, "error": error},
+        headers={"HX-Trigger": CHANGED},
+    )
+
+
+@post("/web/models/load", name="web:models_load", sync_to_thread=True, status_code=200)
+def load_model(
+    data: Annotated[dict[str, str], Body(media_type=RequestEncodingType.URL_ENCODED)],
+    services: NamedDependency[Services],
+) -> Template:
+    return _act(services, data.get("model", "").strip(), unload=False)
+
+
+@post("/web/models/unload", name="web:models_unload", sync_to_thread=True, status_code=200)
+def unload_model(
+    data: Annotated[dict[str, str], Body(media_type=RequestEncodingType.URL_ENCODED)],
+    services: NamedDependency[Services],
+) -> Template:
+    return _act(services, data.get("model", "").strip(), unload=True)
+
+
+PAGES = [models_page]
+FRAGMENTS = [models_table, load_model, unload_model]

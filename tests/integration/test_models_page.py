@@ -1,0 +1,239 @@
+"""The Models page, its load and unload buttons, "Run with" on the New batch card, a batch
+page naming its model, and the models' lines in /metrics: over the real app and SQLite,
+with a stand-in for the pool's dashboard surface (tests/pool_double.py)."""
+
+from __future__ import annotations
+
+import json
+import re
+
+from litestar.testing import TestClient
+
+from tests.factories import batch_line, jsonl
+from tests.fakes import FakeEngine, HangingEngine
+from tests.http_helpers import MakeClient, upload
+from tests.metrics import parse, value
+from tests.pool_double import MiB, PoolDouble, View, entry, with_pool
+from tests.waiting import until
+
+SMOL = "smollm2-135m-instruct"
+GEMMA = "gemma3:270m"
+
+
+def pool() -> PoolDouble:
+    return PoolDouble(
+        [
+            View(
+                entry(SMOL, is_default=True, source="default"),
+                "loaded",
+                in_flight=2,
+                waiting=5,
+                loads=1,
+                last_used=1.0,
+                measured_bytes=150 * MiB,
+                load_seconds=1.25,
+            ),
+            View(
+                entry(GEMMA, names=("gemma3:270m:latest", "gpt-4o-mini"), source="ollama"),
+                "on disk",
+            ),
+            View(entry("broken", error="not a GGUF file: bad magic"), "on disk"),
+        ],
+        budget=2048 * MiB,
+    )
+
+
+def row(html: str, model: str) -> str:
+    found = re.search(rf'<tr data-model="{re.escape(model)}">(.*?)</tr>', html, re.S)
+    assert found, f"no row for {model}"
+    return found.group(1)
+
+
+def cell(html: str, model: str, col: str) -> str:
+    found = re.search(rf'data-col="{col}">(.*?)</td>', row(html, model), re.S)
+    assert found, f"no {col} for {model}"
+    return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", found.group(1))).strip()
+
+
+def test_the_models_page_lists_every_model_with_its_facts_and_state(
+    make_client: MakeClient,
+) -> None:
+    client = with_pool(make_client(FakeEngine()), pool())
+    page = client.get("/models")
+    assert page.status_code == 200
+    html = page.text
+    assert '<a href="/models" aria-current="page">Models</a>' in html
+
+    smol = row(html, SMOL)
+    assert "default" in smol and "100.0 MB" in smol and "Q4_K_M" in smol
+    assert cell(html, SMOL, "context") == "2,048 / 8,192"
+    assert cell(html, SMOL, "memory") == "~160.0 MB measured 150.0 MB (-6%)"
+    assert cell(html, SMOL, "state") == "loaded 2 in flight"
+    assert cell(html, SMOL, "waiting") == "5"
+    assert cell(html, SMOL, "loads") == "1 · 1.2 s"
+    assert "<time" in smol  # last used
+    assert 'aria-label="Unload smollm2-135m-instruct"' in smol and ">Load<" not in smol
+
+    gemma = row(html, GEMMA)
+    assert "ollama" in gemma and "gpt-4o-mini" in gemma  # its aliases
+    assert cell(html, GEMMA, "state") == "on disk"
+    assert cell(html, GEMMA, "loads") == "0"
+    assert 'aria-label="Load gemma3:270m"' in gemma and "Unload" not in gemma
+
+    broken = row(html, "broken")
+    assert "not a GGUF file: bad magic" in broken and "Load" not in broken
+    # What the loaded models reserve against the budget.
+    assert re.search(r'id="models-reserved">150.0 MB<.*id="models-budget">2.0 GB<', html, re.S)
+
+
+def test_the_buttons_load_and_unload_and_an_unload_with_lines_in_flight_is_refused(
+    make_client: MakeClient,
+) -> None:
+    models = pool()
+    client = with_pool(make_client(FakeEngine()), models)
+
+    loaded = client.post("/web/models/load", data={"model": GEMMA})
+    assert loaded.status_code == 200
+    assert loaded.headers["hx-trigger"] == "models-changed"
+    assert f"Loading {GEMMA}" in loaded.text and "alert" not in loaded.text
+    table = client.get("/web/models").text
+    assert cell(table, GEMMA, "state") == "idle" and cell(table, GEMMA, "loads") == "1 · 0.5 s"
+    assert 'aria-label="Unload gemma3:270m"' in row(table, GEMMA)
+
+    busy = client.post("/web/models/unload", data={"model": SMOL})
+    assert busy.status_code == 200
+    assert 'role="alert"' in busy.text
+    assert f"The model &#39;{SMOL}&#39; has 2 requests in flight" in busy.text
+    assert cell(client.get("/web/models").text, SMOL, "state") == "loaded 2 in flight"
+
+    client.post("/web/models/unload", data={"model": GEMMA})
+    assert cell(client.get("/web/models").text, GEMMA, "state") == "on disk"
+    assert models.calls == [("load", GEMMA), ("unload", SMOL), ("unload", GEMMA)]
+
+    unknown = client.post("/web/models/load", data={"model": "no-such-model"})
+    assert "The model &#39;no-such-model&#39; does not exist." in unknown.text
+
+
+def test_a_node_without_a_model_pool_says_so(make_client: MakeClient) -> None:
+    client = make_client(FakeEngine())
+    assert "This node has no embedded models" in client.get("/models").text
+    refused = client.post("/web/models/load", data={"model": SMOL})
+    assert 'role="alert"' in refused.text and "no embedded models" in refused.text
+
+
+def model_said(html: str) -> str:
+    """What a batch page says of its model, as text."""
+    found = re.search(r"<dt>Model</dt><dd>(.*?)</dd>", html, re.S)
+    return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", "", found.group(1) if found else "")).strip()
+
+
+def start_with(client: TestClient, file_id: str, model: str) -> str:
+    """POST the New batch card's form; the started batch's id."""
+    r = client.post(
+        "/web/batches",
+        data={"file_id": file_id, "endpoint": "/v1/chat/completions", "model": model},
+    )
+    assert r.status_code == 200
+    found = re.search(r"(batch_[A-Za-z0-9]+)", r.text)
+    assert found, r.text
+    return found.group(1)
+
+
+def test_run_with_writes_the_model_into_every_line_of_a_stored_file(
+    make_client: MakeClient,
+) -> None:
+    client = with_pool(make_client(HangingEngine()), pool())
+    lines = [batch_line(f"r{i}", "HANG", model="whatever", max_tokens=2) for i in range(3)]
+    original = upload(client, jsonl(*lines), name="eval.jsonl")
+
+    preview = client.post(
+        "/web/upload",
+        files={"file": ("eval.jsonl", jsonl(*lines), "application/jsonl")},
+        data={"purpose": "batch"},
+    ).text
+    select = re.search(r'<select id="run-with" name="model">(.*?)</select>', preview, re.S)
+    assert select, preview
+    assert re.findall(r'<option value="([^"]*)"', select.group(1)) == ["", SMOL, GEMMA]
+
+    batch_id = start_with(client, original["id"], GEMMA)
+    batch = client.get(f"/v1/batches/{batch_id}").json()
+    assert batch["input_file_id"] != original["id"]
+    stored = client.get(f"/v1/files/{batch['input_file_id']}").json()
+    assert stored["purpose"] == "batch" and stored["filename"] == "eval (gemma3:270m).jsonl"
+    listed = [f["id"] for f in client.get("/v1/files").json()["data"]]
+    assert batch["input_file_id"] in listed and original["id"] in listed
+    content = client.get(f"/v1/files/{batch['input_file_id']}/content").content
+    rewritten = [json.loads(line) for line in content.splitlines()]
+    assert [r["body"]["model"] for r in rewritten] == [GEMMA] * 3
+    assert [r["custom_id"] for r in rewritten] == ["r0", "r1", "r2"]
+    # The upload is left as it was.
+    before = client.get(f"/v1/files/{original['id']}/content").content
+    assert {json.loads(line)["body"]["model"] for line in before.splitlines()} == {"whatever"}
+    client.post(f"/v1/batches/{batch_id}/cancel")
+
+    refused = client.post(
+        "/web/batches",
+        data={"file_id": original["id"], "endpoint": "/v1/chat/completions", "model": "nope"},
+    )
+    assert "The model &#39;nope&#39; is not one this node has." in refused.text
+    assert len(client.get("/v1/batches").json()["data"]) == 1
+
+
+def test_a_batch_page_names_the_model_that_runs_it_and_its_state(
+    make_client: MakeClient,
+) -> None:
+    client = with_pool(make_client(HangingEngine()), pool())
+    by_alias = upload(client, jsonl(batch_line("a", "HANG", model="gpt-4o-mini", max_tokens=2)))
+    unknown = upload(client, jsonl(batch_line("u", "HANG", model="gpt-9", max_tokens=2)))
+    for f, says in (
+        (by_alias, f"is {GEMMA} on disk"),
+        (unknown, f"runs on the default model {SMOL} loaded"),
+    ):
+        b = client.post(
+            "/v1/batches",
+            json={
+                "input_file_id": f["id"],
+                "endpoint": "/v1/chat/completions",
+                "completion_window": "24h",
+            },
+        ).json()
+        # The batch's model is known once validation has read its file.
+        text = until(
+            lambda b=b: model_said(client.get(f"/batches/{b['id']}").text),
+            10,
+            f"the batch page saying {says!r}",
+            accept=lambda t, says=says: says in t,
+        )
+        assert says in text
+        client.post(f"/v1/batches/{b['id']}/cancel")
+
+
+def test_metrics_report_each_model_and_the_memory_budget(make_client: MakeClient) -> None:
+    models = pool()
+    client = with_pool(make_client(FakeEngine()), models)
+    client.post("/web/models/load", data={"model": GEMMA})
+    types, samples = parse(client.get("/metrics").text)
+    assert types["batchyard_model_loads_total"] == "counter"
+    assert types["batchyard_model_loaded"] == "gauge"
+    assert value(samples, "batchyard_model_loads_total", model=SMOL) == 1
+    assert value(samples, "batchyard_model_loads_total", model=GEMMA) == 1
+    assert value(samples, "batchyard_model_loads_total", model="broken") == 0
+    assert value(samples, "batchyard_model_loaded", model=SMOL) == 1
+    assert value(samples, "batchyard_model_loaded", model=GEMMA) == 1
+    assert value(samples, "batchyard_model_loaded", model="broken") == 0
+    assert value(samples, "batchyard_model_load_seconds", model=SMOL) == 1.25
+    assert value(samples, "batchyard_model_load_seconds", model=GEMMA) == 0.5
+    assert not any(
+        n == "batchyard_model_load_seconds" and labels.get("model") == "broken"
+        for n, labels, _ in samples
+    )
+    reserved, budget = models.budget()
+    assert reserved == (150 + 140) * MiB
+    assert value(samples, "batchyard_models_memory_bytes") == reserved
+    assert value(samples, "batchyard_models_memory_budget_bytes") == 2048 * MiB
+
+
+def test_metrics_without_a_model_pool_have_no_model_samples(client: TestClient) -> None:
+    types, samples = parse(client.get("/metrics").text)
+    assert types["batchyard_models_memory_bytes"] == "gauge"
+    assert not [n for n, _, _ in samples if n.startswith(("batchyard_model_", "batchyard_models_"))]

@@ -1,0 +1,134 @@
+"""A stand-in for the engine pool's dashboard surface (`views()`, `budget()`, `load(id)`,
+`unload(id)`, as app/engine/pool defines them), for integration tests of the Models page,
+"Run with" and /metrics over a fake engine. It keeps the pool's bookkeeping rules the page
+relies on (unknown ids are 404, an unload with requests in flight is refused with 409) and
+nothing else; the real pool is tested with real models (tests/browser/test_models_page.py).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from app.catalog import Entry, Estimate, HeaderFacts, LoadProfile
+from app.engine.base import EngineError
+
+MiB = 1024 * 1024
+
+
+@dataclass
+class View:
+    """The fields of app/engine/pool's ModelView."""
+
+    entry: Entry
+    state: str
+    in_flight: int = 0
+    waiting: int = 0
+    loads: int = 0
+    last_used: float | None = None
+    measured_bytes: int | None = None
+    load_seconds: float | None = None
+    error: str = ""
+
+
+def entry(
+    id: str,
+    *,
+    names: tuple[str, ...] = (),
+    source: str = "models-dir",
+    size: int = 100 * MiB,
+    estimate: int = 160 * MiB,
+    is_default: bool = False,
+    error: str = "",
+) -> Entry:
+    """A catalog entry with the facts the page shows (its file need not exist)."""
+    facts = HeaderFacts(
+        architecture="llama",
+        n_layer=30,
+        n_head_kv=3,
+        key_length=64,
+        value_length=64,
+        n_embd=576,
+        context_length=8192,
+        file_type=15,
+        tensor_bytes=size,
+        has_chat_template=True,
+    )
+    return Entry(
+        id=id,
+        names=frozenset({id, *names}),
+        source=source,
+        path=Path(f"/models/{id.replace(':', '-').replace('/', '_')}.gguf"),
+        size_bytes=size,
+        mtime=0.0,
+        quantization="Q4_K_M",
+        profile=LoadProfile(ctx_size=2048, parallel=4, n_gpu_layers=0, kv_cache_type="f16"),
+        facts=facts,
+        estimate=Estimate(weights=size, kv_cache=estimate - size - 10 * MiB, compute=10 * MiB),
+        error=error,
+        is_default=is_default,
+    )
+
+
+class PoolDouble:
+    """Views a test sets; load/unload move a model's state as the pool's buttons would."""
+
+    def __init__(self, views: list[View], budget: int = 1024 * MiB) -> None:
+        self._views = {v.entry.id: v for v in views}
+        self._budget = budget
+        self._lock = threading.Lock()
+        self.calls: list[tuple[str, str]] = []
+
+    def views(self) -> list[View]:
+        with self._lock:
+            return [View(**vars(v)) for v in self._views.values()]
+
+    def budget(self) -> tuple[int, int]:
+        with self._lock:
+            loaded = [v for v in self._views.values() if v.state in ("loaded", "idle", "loading")]
+            used = sum(
+                v.measured_bytes or (v.entry.estimate.total if v.entry.estimate else 0)
+                for v in loaded
+            )
+            return used, self._budget
+
+    def view(self, id: str) -> View:
+        with self._lock:
+            found = self._views.get(id)
+        if found is None:
+            raise EngineError(
+                f"The model '{id}' does not exist.",
+                status_code=404,
+                param="model",
+                code="model_not_found",
+            )
+        return found
+
+    def load(self, id: str) -> None:
+        v = self.view(id)
+        with self._lock:
+            self.calls.append(("load", id))
+            if v.state in ("on disk", "failed"):
+                v.state, v.loads, v.load_seconds = "idle", v.loads + 1, 0.5
+                v.measured_bytes = v.entry.size_bytes + 40 * MiB
+
+    def unload(self, id: str) -> None:
+        v = self.view(id)
+        with self._lock:
+            self.calls.append(("unload", id))
+            if v.in_flight:
+                raise EngineError(
+                    f"The model '{id}' has {v.in_flight} requests in flight; "
+                    "it is unloaded only when they are done.",
+                    status_code=409,
+                    code="model_busy",
+                )
+            v.state, v.measured_bytes = "on disk", None
+
+
+def with_pool(client: Any, pool: PoolDouble) -> Any:
+    """`client`'s app with `pool` where its engine registry keeps the model pool."""
+    client.app.state.services.engine.pool = pool
+    return client
