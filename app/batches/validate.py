@@ -12,10 +12,10 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, BinaryIO, Protocol
+from typing import Any, BinaryIO
 
 from app import jsoncodec
-from app.catalog import Entry
+from app.catalog import Catalog, Entry
 from app.catalog.budget import gib
 from app.wire.endpoints import CHAT, ENDPOINTS
 
@@ -336,14 +336,6 @@ def _stream_error(body: dict[str, Any], number: int) -> LineError | None:
 # -- the batch's model ------------------------------------------------------------------
 
 
-class ModelNames(Protocol):
-    """What validation asks of the node's model catalog (app.catalog's Catalog)."""
-
-    def resolve(self, name: str | None) -> Entry | None: ...
-
-    def default(self) -> Entry: ...
-
-
 @dataclass
 class ModelRules:
     """How validation judges the model a batch names, as the node knows models now.
@@ -356,7 +348,7 @@ class ModelRules:
     a model another node publishes fits that node's budget (it publishes only those).
     """
 
-    catalog: ModelNames
+    catalog: Catalog
     elsewhere: Callable[[], frozenset[str]]
     budget: Callable[[], int]
     strict: bool = False
@@ -369,17 +361,19 @@ class ModelRules:
         budget = self.budget()
         if (entry is None or _needs_more(entry, budget)) and model in self.elsewhere():
             return []  # another node or an upstream serves it
+        what = f"The model '{model}'"
         if entry is None:
             if self.strict:
                 return [_not_found(model, line.number) for line in lines]
             entry = self.catalog.default()
+            what += f" names no model here and runs on the default model '{entry.id}', which"
         if entry.estimate is not None and _needs_more(entry, budget):
             return [
                 LineError(
                     "model_too_large",
-                    f"The model '{entry.id}' needs {gib(entry.estimate.total)}, the budget is "
-                    f"{gib(budget)} (--models-memory, by default the free memory less "
-                    "1 GiB): it cannot be loaded.",
+                    f"{what} needs {gib(entry.estimate.total)}, the budget is {gib(budget)} "
+                    "(--models-memory, by default the free memory less 1 GiB): it cannot be "
+                    "loaded.",
                     param="body.model",
                 )
             ]
