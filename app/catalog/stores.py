@@ -304,8 +304,10 @@ class HubStore(Store):
         self.roots = roots
 
     def signature(self) -> Signature:
-        # refs/ changes when a revision is fetched; snapshots/REV/... when a file is.
-        return dir_signature(self.roots, 5)
+        # The root changes when a repo is added; refs/ when a revision is fetched;
+        # snapshots/REV/... when a file is. Datasets and spaces beside them are not walked.
+        repos = [r for root in self.roots for r in _subdirs(root) if r.name.startswith("models--")]
+        return dir_signature(self.roots, 0) + dir_signature(repos, 4)
 
     def scan(self) -> list[Found]:
         found = []

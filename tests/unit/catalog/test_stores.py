@@ -5,17 +5,16 @@ from __future__ import annotations
 
 import os
 import shutil
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from app.catalog import Catalog
+from app.catalog import Catalog, header
 from app.catalog import catalog as catalog_module
 from app.config import Settings
 from tests.models import gemma, header_model, smollm2
-from tests.stores import Home
+from tests.stores import Home, sha256
 
 SMOLLM2_ID = "SmolLM2-135M-Instruct.Q4_1"
 MakeCatalog = Callable[..., Catalog]
@@ -215,9 +214,156 @@ def test_one_file_found_twice_is_one_entry(make_catalog: MakeCatalog, data_dir: 
     assert catalog.resolve(SMOLLM2_ID) == entry  # the embedded default's name joins it
 
 
-def test_listing_reads_each_header_once(make_catalog: MakeCatalog, home: Home) -> None:
+def test_listing_reads_each_header_once(
+    make_catalog: MakeCatalog, home: Home, monkeypatch: pytest.MonkeyPatch
+) -> None:
     home.ollama("gemma3:270m", gemma())
-    make_catalog()
-    start = time.perf_counter()
+    home.lmstudio("lmstudio-community/gemma-3-270m-it-GGUF", gemma())  # the same file, linked
+    reads: list[Path] = []
+    monkeypatch.setattr(catalog_module, "FACTS", header.FactsCache())
+    real = header.read_facts
+
+    def counted(paths: list[Path]) -> object:
+        reads.append(paths[0])
+        return real(paths)
+
+    monkeypatch.setattr(header, "read_facts", counted)
     make_catalog().entries()
-    assert time.perf_counter() - start < 1.0  # cached facts: no header read again
+    make_catalog().entries()
+    assert sorted(p.name for p in reads) == sorted(
+        ["SmolLM2-135M-Instruct.Q4_1.gguf", "sha256-" + sha256(gemma())]
+    )
+
+
+def test_lm_studio_ids_are_publisher_repo_or_the_file_where_a_folder_holds_several(
+    make_catalog: MakeCatalog, home: Home, tmp_path: Path
+) -> None:
+    home.lmstudio("lmstudio-community/gemma-3-270m-it-GGUF", gemma())
+    other = header_model(tmp_path / "src" / "SmolLM2-135M-Instruct-Q8_0.gguf")
+    home.lmstudio("bartowski/SmolLM2-GGUF", smollm2(), *other)
+    projector = header_model(tmp_path / "src" / "mmproj-model-f16.gguf", arch="clip")
+    home.lmstudio("ggml-org/tiny-vision-GGUF", *header_model(tmp_path / "v" / "tiny-Q4_0.gguf"))
+    home.lmstudio("ggml-org/tiny-vision-GGUF", *projector)
+    home.lmstudio("old/layout-GGUF", *header_model(tmp_path / "o" / "old-Q4_0.gguf"), legacy=True)
+
+    catalog = make_catalog()
+
+    assert ids(catalog) == {
+        SMOLLM2_ID: "default",
+        "bartowski/SmolLM2-GGUF/SmolLM2-135M-Instruct-Q8_0.gguf": "lmstudio",
+        "bartowski/SmolLM2-GGUF/SmolLM2-135M-Instruct.Q4_1.gguf": "lmstudio",
+        "ggml-org/tiny-vision-GGUF": "lmstudio",  # the projector beside it is no model
+        "lmstudio-community/gemma-3-270m-it-GGUF": "lmstudio",
+        "old/layout-GGUF": "lmstudio",
+    }
+    gemma_entry = catalog.get("lmstudio-community/gemma-3-270m-it-GGUF")
+    assert gemma_entry is not None and gemma_entry.path.samefile(gemma())
+    by_file = "lmstudio-community/gemma-3-270m-it-GGUF/gemma-3-270m-q4_k_m.gguf"
+    assert catalog.resolve(by_file) == gemma_entry
+
+
+def test_hub_cache_ids_as_llama_cpp_hf_names_them(
+    make_catalog: MakeCatalog, home: Home, tmp_path: Path
+) -> None:
+    q8 = header_model(tmp_path / "src" / "g-q8.gguf")[0]
+    projector = header_model(tmp_path / "src" / "mm.gguf", general_type="mmproj")[0]
+    snapshot = home.hub(
+        "unsloth/gemma-3-270m-it-GGUF",
+        {
+            "gemma-3-270m-it-Q8_0.gguf": q8,
+            "gemma-3-270m-it-Q4_K_M.gguf": gemma(),
+            "mmproj-F16.gguf": projector,
+        },
+    )
+    split = header_model(tmp_path / "src" / "Big-Q6_K.gguf", split_max_tensors=2)
+    home.hub(
+        "bartowski/Big-GGUF",
+        {f"Big-Q6_K/{p.name}": p for p in split} | {"Big-Q8_0.gguf": q8},
+    )
+    # A name with no tag at its end: the file names it. (llama.cpp reads a tag after the
+    # last - or ., so "smollm2-135m-instruct.gguf" would be ...:INSTRUCT, as it lists it.)
+    home.hub("HuggingFaceTB/SmolLM2-135M-Instruct-GGUF", {"model.gguf": smollm2()})
+    # A repo of safetensors (no GGUF) is no model of the catalog's.
+    (home.hub_root / "models--google--gemma-3-270m" / "snapshots").mkdir(parents=True)
+
+    catalog = make_catalog()
+
+    assert ids(catalog) == {
+        SMOLLM2_ID: "default",
+        "HuggingFaceTB/SmolLM2-135M-Instruct-GGUF/model.gguf": "hf",
+        "bartowski/Big-GGUF:Q6_K": "hf",
+        "bartowski/Big-GGUF:Q8_0": "hf",
+        "unsloth/gemma-3-270m-it-GGUF:Q4_K_M": "hf",
+        "unsloth/gemma-3-270m-it-GGUF:Q8_0": "hf",
+    }
+    q4 = catalog.get("unsloth/gemma-3-270m-it-GGUF:Q4_K_M")
+    assert q4 is not None and q4.path == snapshot / "gemma-3-270m-it-Q4_K_M.gguf"
+    assert q4.path.is_symlink() and q4.path.samefile(gemma())
+    # ORG/REPO alone: Q4_K_M, else Q8_0, else the only (first) file, as -hf picks.
+    assert catalog.resolve("unsloth/gemma-3-270m-it-GGUF") == q4
+    assert catalog.resolve("unsloth/gemma-3-270m-it-gguf:q4_k_m") == q4
+    assert catalog.resolve("bartowski/Big-GGUF") == catalog.get("bartowski/Big-GGUF:Q8_0")
+    smol = catalog.get("HuggingFaceTB/SmolLM2-135M-Instruct-GGUF/model.gguf")
+    assert catalog.resolve("HuggingFaceTB/SmolLM2-135M-Instruct-GGUF") == smol
+    big = catalog.get("bartowski/Big-GGUF:Q6_K")
+    assert big is not None and len(big.paths) == 3
+    assert big.size_bytes == sum(p.stat().st_size for p in split)
+
+
+def test_a_hub_repo_follows_refs_main_to_its_snapshot(
+    make_catalog: MakeCatalog, home: Home, tmp_path: Path
+) -> None:
+    old = header_model(tmp_path / "src" / "old.gguf", context_length=1024)[0]
+    new = header_model(tmp_path / "src" / "new.gguf", context_length=2048)[0]
+    repo = "someone/tiny-GGUF"
+    home.hub(repo, {"tiny-Q4_K_M.gguf": old}, revision="a" * 40)
+    catalog = make_catalog()
+    assert catalog.route(repo).context_length == 1024
+    home.hub(repo, {"tiny-Q4_K_M.gguf": new}, revision="b" * 40)  # refs/main moves on
+    assert catalog.route(repo).context_length == 2048
+
+
+def test_hub_cache_from_hf_hub_cache_hf_home_and_llama_cache(
+    make_catalog: MakeCatalog, home: Home, tmp_path: Path
+) -> None:
+    home.environ["HF_HOME"] = str(tmp_path / "hf-home")
+    home.hub("a/one-GGUF", {"one-Q4_K_M.gguf": smollm2()})
+    assert "a/one-GGUF:Q4_K_M" in ids(make_catalog())
+    home.environ["HF_HUB_CACHE"] = str(tmp_path / "hub")  # wins over HF_HOME
+    home.hub("b/two-GGUF", {"two-Q4_K_M.gguf": smollm2()})
+    assert {"a/one-GGUF:Q4_K_M", "b/two-GGUF:Q4_K_M"} & set(ids(make_catalog())) == {
+        "b/two-GGUF:Q4_K_M"
+    }
+    # llama.cpp's own cache: the hub layout in LLAMA_CACHE, and its older flat files.
+    llama_cache = tmp_path / "llama-cache"
+    home.environ["LLAMA_CACHE"] = str(llama_cache)
+    home.hub("c/three-GGUF", {"three-Q8_0.gguf": smollm2()}, root=llama_cache)
+    home.llama_flat("d/four-GGUF", "Q4_1", "four.Q4_1.gguf", smollm2(), root=llama_cache)
+    found = ids(make_catalog())
+    assert {k: v for k, v in found.items() if v == "hf"} == {
+        "b/two-GGUF:Q4_K_M": "hf",
+        "c/three-GGUF:Q8_0": "hf",
+        "d/four-GGUF:Q4_1": "hf",
+    }
+    # Without LLAMA_CACHE, llama.cpp's older files sit in ~/.cache/llama.cpp.
+    del home.environ["LLAMA_CACHE"]
+    home.llama_flat(
+        "e/five-GGUF", "Q4_1", "five.Q4_1.gguf", smollm2(), root=home.root / ".cache/llama.cpp"
+    )
+    assert "e/five-GGUF:Q4_1" in ids(make_catalog())
+
+
+def test_an_id_two_stores_give_goes_to_the_first_and_the_other_is_prefixed(
+    make_catalog: MakeCatalog, home: Home, tmp_path: Path
+) -> None:
+    home.hub("a/one-GGUF", {"one-Q4_K_M.gguf": smollm2()})
+    home.llama_flat(
+        "a/one-GGUF", "Q4_K_M", "one-Q4_K_M.gguf", gemma(), root=home.root / ".cache/llama.cpp"
+    )
+    catalog = make_catalog()
+    assert {k: v for k, v in ids(catalog).items() if v == "hf"} == {
+        "a/one-GGUF:Q4_K_M": "hf",
+        "hf:a/one-GGUF:Q4_K_M": "hf",
+    }
+    assert catalog.route("a/one-GGUF:Q4_K_M").architecture == "llama"  # the hub cache's
+    assert catalog.route("hf:a/one-GGUF:Q4_K_M").architecture == "gemma3"

@@ -1,0 +1,70 @@
+"""The memory estimate against a hand computation from each model's shape, and the
+fixtures' random-weight models against the shapes asked for."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from app.catalog import LoadProfile
+from app.catalog.estimate import DEFAULT_PARALLEL, N_UBATCH, estimate, human_size
+from app.catalog.header import read_facts
+from app.engine.llama import native
+from tests.models import gemma, random_model, smollm2
+
+MiB = 1 << 20
+
+
+def test_smollm2_at_the_servers_defaults() -> None:
+    facts = read_facts([smollm2()])
+    est = estimate(
+        facts, LoadProfile(ctx_size=2048, parallel=0, n_gpu_layers=0, kv_cache_type="q8_0")
+    )
+    # 30 layers x 3 KV heads x (64 + 64) x 34/32 bytes (q8_0) x 2048 tokens x 32 sequences.
+    assert est.kv_cache == 30 * 3 * 128 * 34 * 2048 * 32 // 32 == 765 * MiB
+    # One micro-batch's logits and FFN activations in f32, plus a row of logits a sequence.
+    assert est.compute == 512 * (49152 + 1536) * 4 + 32 * 49152 * 4
+    assert est.weights == 96_576_768  # the tensors; the file is 98,362,432 bytes
+    assert est.total == 96_576_768 + 802_160_640 + 110_100_480
+
+
+def test_gemma_3_at_ctx_4096_by_one_in_f16() -> None:
+    facts = read_facts([gemma()])
+    est = estimate(
+        facts, LoadProfile(ctx_size=4096, parallel=1, n_gpu_layers=0, kv_cache_type="f16")
+    )
+    # 18 layers x 1 KV head x (256 + 256) x 2 bytes x 4096 tokens.
+    assert est.kv_cache == 18 * 1 * 512 * 2 * 4096 == 72 * MiB
+    assert est.compute == 512 * (262144 + 2048) * 4 + 1 * 262144 * 4
+    assert est.weights == 246_587_904
+
+
+def test_the_estimate_uses_the_engines_micro_batch_and_parallel() -> None:
+    assert N_UBATCH == native.N_UBATCH
+    assert DEFAULT_PARALLEL == native.default_parallel(0)
+
+
+def test_sizes_read_as_a_person_reads_them() -> None:
+    assert [human_size(n) for n in (0, 1023, 1536, 98_362_432, 3 << 30)] == [
+        "0 B",
+        "1023 B",
+        "1.5 KiB",
+        "93.8 MiB",
+        "3.0 GiB",
+    ]
+
+
+def test_a_random_weight_model_has_the_shape_asked_for(tmp_path: Path) -> None:
+    from bench.gpu_models import Shapes
+
+    shapes = Shapes(
+        "tiny-random", n_layer=2, n_embd=64, n_ff=128, n_head=4, n_head_kv=2, rope_theta=1e4
+    )
+    path = random_model(tmp_path / "tiny-random.gguf", shapes)
+    facts = read_facts([path])
+    assert (facts.architecture, facts.n_layer, facts.n_embd, facts.n_ff) == ("llama", 2, 64, 128)
+    assert (facts.n_head_kv, facts.key_length, facts.n_vocab) == (2, 16, 49152)
+    assert facts.has_chat_template  # SmolLM2's, so the model answers chat requests
+    # Q8_0 embeddings (34 bytes a 32) and Q4_1 layers (20 bytes a 32), f32 norms.
+    q8 = 49152 * 64 * 34 // 32
+    q4 = 2 * (64 * 64 * 2 + 32 * 64 * 2 + 128 * 64 * 3) * 20 // 32
+    assert facts.tensor_bytes == q8 + q4 + 4 * 64 * (1 + 2 * 2)
