@@ -28,6 +28,8 @@ log = logging.getLogger("batchyard.catalog")
 #: How often, at most, entries() looks whether a store changed.
 RECHECK_SECONDS = 2.0
 LATEST = ":latest"
+#: The clock of the recheck interval (a test steps it).
+clock = time.monotonic
 #: Sources that name a file by its path alone.
 _PLAIN = ("model", "default", "models-dir")
 
@@ -127,7 +129,7 @@ class Catalog:
     # -- reading the stores ---------------------------------------------------------------
 
     def _refresh(self, force: bool = False) -> None:
-        now = time.monotonic()
+        now = clock()
         if not force and now - self._checked < RECHECK_SECONDS:
             return
         with self._lock:
@@ -136,11 +138,14 @@ class Catalog:
             self._checked = now
             changed = force
             for i, store in enumerate(self._stores):
-                signature = store.signature()
-                if signature != self._signatures[i]:
-                    self._signatures[i] = signature
-                    self._found[i] = store.scan()
-                    changed = True
+                try:
+                    signature = store.signature()
+                    if signature != self._signatures[i]:
+                        self._found[i] = store.scan()
+                        self._signatures[i] = signature
+                        changed = True
+                except Exception:  # a store that cannot be read keeps what it last listed
+                    log.exception("model store %s not read", store.source)
             config_mtime = _mtime(self._config_path)
             if force or config_mtime != self._config_mtime:
                 # A bad models.toml is a start-up error; edited badly later, the last good

@@ -18,7 +18,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import gguf
 import numpy as np
@@ -126,8 +126,12 @@ class _Reader(gguf.GGUFReader):
             from_bytes = int.from_bytes
             host_order = self.byte_order == "I"
             little = host_order == (sys.byteorder == "little")
+            order: Literal["little", "big"] = "little" if little else "big"
+            end = len(raw)
             for _ in range(count):
-                offs += 8 + from_bytes(raw[offs : offs + 8], "little" if little else "big")
+                offs += 8 + from_bytes(raw[offs : offs + 8], order)
+                if offs > end:  # a corrupt count or length: stop at the file's end
+                    raise ValueError("an array runs past the end of the file")
         elif kind in self.gguf_scalar_to_np:
             offs += count * np.dtype(self.gguf_scalar_to_np[kind]).itemsize
         else:  # arrays of arrays: the package's own walk
@@ -171,7 +175,9 @@ def _open(path: Path) -> _Reader:
         raise ValueError("not a GGUF file (it does not start with GGUF)")
     try:
         return _Reader(path)
-    except (ValueError, IndexError, KeyError, OverflowError) as exc:
+    except OSError:
+        raise
+    except Exception as exc:  # whatever a corrupt header makes the reader raise
         raise ValueError(f"unreadable GGUF header ({exc or type(exc).__name__})") from None
 
 

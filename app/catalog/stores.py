@@ -51,24 +51,27 @@ def _mtime_ns(path: Path) -> int:
 
 
 def dir_signature(roots: list[Path], depth: int) -> Signature:
-    """The mtimes of every folder under `roots`, `depth` levels down: a file added, removed
-    or renamed changes its folder's mtime."""
+    """The mtimes of every folder under `roots`, `depth` levels down, and of the files in
+    them: a file added, removed or renamed changes its folder's mtime; one rewritten in
+    place (an Ollama manifest, a hub ref, a model copied over another) its own."""
     seen: list[tuple[str, int]] = []
 
     def walk(path: Path, level: int) -> None:
         seen.append((str(path), _mtime_ns(path)))
-        if level >= depth:
-            return
         try:
             children = sorted(os.scandir(path), key=lambda e: e.name)
         except OSError:
             return
         for child in children:
-            if child.name.startswith(".") and child.name != ".":
+            if child.name.startswith("."):
                 continue
             try:
                 if child.is_dir():
-                    walk(Path(child.path), level + 1)
+                    if level < depth:
+                        walk(Path(child.path), level + 1)
+                else:
+                    st = child.stat()
+                    seen.append((child.path, st.st_mtime_ns ^ st.st_size))
             except OSError:
                 continue
 
@@ -376,7 +379,7 @@ class LlamaFlatStore(Store):
         self.root = root
 
     def signature(self) -> Signature:
-        return dir_signature([self.root], 0)
+        return dir_signature([self.root], 0)  # its files too: a manifest rewritten in place
 
     def scan(self) -> list[Found]:
         found = []

@@ -122,3 +122,15 @@ def test_one_rule_names_a_file_from_its_header_else_its_name(
     name: str, file_type: int | None, expected: str
 ) -> None:
     assert quantization(file_type, Path(name)) == expected
+
+
+def test_a_corrupt_array_length_is_an_error_not_a_hang(tmp_path: Path) -> None:
+    [path] = header_model(tmp_path / "m.gguf", n_vocab=2000)
+    data = bytearray(path.read_bytes())
+    key = b"tokenizer.ggml.tokens"
+    at = data.index(key) + len(key) + 4 + 4  # past the value type (array) and item type
+    assert int.from_bytes(data[at : at + 8], "little") == 2000
+    data[at : at + 8] = (1 << 40).to_bytes(8, "little")
+    path.write_bytes(data)
+    with pytest.raises(ValueError, match="an array runs past the end of the file"):
+        read_facts([path])

@@ -158,6 +158,8 @@ def test_a_model_added_to_a_store_shows_up_without_a_restart(
     header_model(data_dir / "models" / "tiny.gguf")
     assert catalog.resolve("gemma3:270m") is not None
     assert catalog.resolve("tiny") is not None
+    header_model(data_dir / "models" / "tiny.gguf", context_length=1234)  # rewritten in place
+    assert catalog.route("tiny").context_length == 1234
     (data_dir / "models" / "tiny.gguf").unlink()
     assert catalog.resolve("tiny") is None
 
@@ -166,7 +168,7 @@ def test_stores_are_looked_at_no_more_than_every_two_seconds(
     home: Home, data_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     clock = [1000.0]
-    monkeypatch.setattr(catalog_module.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(catalog_module, "clock", lambda: clock[0])
     settings = Settings.load({"data_dir": str(data_dir)}, environ={})
     catalog = Catalog(settings, home=home.root, environ=home.environ)
     home.ollama("gemma3:270m", gemma())
