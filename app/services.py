@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from app.batches.nodes import node_models
 from app.batches.runner import Runner
 from app.batches.service import BatchService
 from app.config import Settings
@@ -42,6 +43,10 @@ class Services:
         """Use `engine` from now on; the runner starts unless a test steps it by hand."""
         self.engine = engine
         self.runner.engine = engine
+        # The node's model names for the other nodes, and what validation knows of models.
+        self.runner.nodes, self.runner.models = node_models(
+            self.settings, self.db, self.runner.worker_id, engine
+        )
         if start:
             self.runner.start()
 

@@ -23,9 +23,15 @@ from collections.abc import Callable, Iterable, Mapping
 from sqlalchemy import delete, insert, update
 from sqlmodel import Session, col, select
 
-from app.catalog import Entry
+from app.batches.validate import ModelRules
+from app.catalog import Catalog, Entry
+from app.catalog.budget import memory_budget
+from app.config import Settings
 from app.db import Database
+from app.engine.base import Engine
+from app.engine.registry import EngineRegistry
 from app.tables import Node, NodeModel, now
+from app.toolchain.facts import free_vram_bytes
 
 log = logging.getLogger("batchyard.nodes")
 
@@ -60,6 +66,43 @@ def served_names(entries: Iterable[Entry], budget: int) -> dict[str, str]:
         for name in sorted(entry.names | {entry.id}):
             names.setdefault(name, entry.id)
     return names
+
+
+def upstream_names(engine: Engine | None) -> frozenset[str]:
+    """The model names the upstream engines behind `engine` serve now."""
+    if not isinstance(engine, EngineRegistry):
+        return frozenset()
+    return frozenset(m for upstream in engine.upstreams for m in upstream.models())
+
+
+def node_models(
+    settings: Settings, db: Database, node_id: str, engine: Engine
+) -> tuple[NodeNames, ModelRules]:
+    """This node's published names and its validation's model rules, over its catalog and
+    memory budget and the upstreams of `engine`."""
+    catalog = Catalog(settings)
+    measured: list[int] = []
+
+    def budget() -> int:
+        # Measured once, on first use: the budget is what the machine had free for models.
+        if not measured:
+            measured.append(memory_budget(settings, free_vram=free_vram_bytes()))
+        return measured[0]
+
+    def served() -> dict[str, str]:
+        names = served_names(catalog.entries(), budget())
+        for name in sorted(upstream_names(engine)):
+            names.setdefault(name, name)
+        return names
+
+    nodes = NodeNames(db, node_id, served, lease_seconds=settings.lease_seconds)
+    rules = ModelRules(
+        catalog,
+        elsewhere=lambda: nodes.elsewhere() | upstream_names(engine),
+        budget=budget,
+        strict=settings.strict_models,
+    )
+    return nodes, rules
 
 
 class NodeNames:
@@ -173,4 +216,12 @@ class NodeNames:
         self.published = None
 
 
-__all__ = ["CATALOG_LOOK", "ELSEWHERE_LOOK", "NodeNames", "names_elsewhere", "served_names"]
+__all__ = [
+    "CATALOG_LOOK",
+    "ELSEWHERE_LOOK",
+    "NodeNames",
+    "names_elsewhere",
+    "node_models",
+    "served_names",
+    "upstream_names",
+]

@@ -7,6 +7,7 @@ while the lease holds, withdrawn at a clean stop, published again after a lapse.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,9 +22,15 @@ from app.batches.nodes import (
     served_names,
 )
 from app.catalog import Entry, Estimate, LoadProfile
+from app.config import Settings
 from app.db import Database
-from app.tables import Node, NodeModel
+from app.services import build_services
+from app.tables import BatchStatus, Node, NodeModel
 from tests import pg
+from tests.factories import batch_line
+from tests.fakes import FakeEngine
+from tests.models import header_model
+from tests.unit.helpers import batch, make_batch
 
 LEASE = 30.0
 T0 = 1_800_000_000.0
@@ -184,3 +191,48 @@ def test_a_node_serves_every_name_of_the_models_that_fit_its_budget() -> None:
         "gpt-4o-mini": "smol",
         "broken": "broken",
     }
+
+
+def test_two_nodes_services_publish_and_validate_by_each_others_models(
+    tmp_path: Path, postgres_url: str
+) -> None:
+    """The services' wiring: each node's runner publishes its catalog at its first step,
+    and validation on one node knows the other's models (--strict-models)."""
+    nodes = []
+    for name in ("a", "b"):
+        models = tmp_path / f"models-{name}"
+        header_model(models / f"only-{name}.gguf")
+        settings = Settings(
+            data_dir=str(tmp_path / "shared"),
+            database_url=postgres_url,
+            node_name=name,
+            models_dir=[str(models)],
+            no_discover=True,
+            strict_models=True,
+        )
+        nodes.append(build_services(settings, FakeEngine()))
+    a, b = nodes
+    try:
+        for svc in (a, b, a):  # a looks again once b has published
+            assert svc.runner.nodes is not None
+            svc.runner.nodes._read = float("-inf")
+            svc.runner.step()
+        assert a.runner.nodes is not None and b.runner.nodes is not None
+        assert "only-b" in a.runner.nodes.elsewhere() and "only-a" not in a.runner.nodes.elsewhere()
+        # Both know the embedded default: its name is served by the other node too.
+        assert "SmolLM2-135M-Instruct.Q4_1" in a.runner.nodes.elsewhere()
+        made = {
+            model: make_batch(a, [batch_line("c0", "hi", model=model)])
+            for model in ("only-a", "only-b", "nowhere")
+        }
+        for _ in range(3):
+            a.runner.step()
+        assert batch(a, made["only-a"]).status != BatchStatus.FAILED
+        assert batch(a, made["only-b"]).status != BatchStatus.FAILED
+        failed = batch(a, made["nowhere"])
+        assert failed.status == BatchStatus.FAILED
+        assert [e["code"] for e in json.loads(failed.errors_json or "[]")] == ["model_not_found"]
+    finally:
+        for svc in nodes:
+            svc.runner.stop()
+            svc.db.close()
