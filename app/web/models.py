@@ -51,7 +51,12 @@ def model_row(view: Any, now: float | None = None) -> dict[str, Any]:
     return {
         "id": entry.id,
         "default": entry.is_default,
-        "aliases": sorted(n for n in entry.names if n != entry.id and not n.endswith(":latest")),
+        # Its other names, but for the spellings every id has (`:latest`, the file's name).
+        "aliases": sorted(
+            n
+            for n in entry.names
+            if n not in (entry.id, f"{entry.id}.gguf") and not n.endswith(":latest")
+        ),
         "source": entry.source,
         "path": str(entry.path),
         "architecture": entry.architecture,
@@ -162,7 +167,7 @@ def _act(services: Services, model: str, unload: bool) -> Template:
                 done = f"Unloading {model}: its memory is free once its state says on disk."
             else:
                 pool.load(model)
-                done = f"Loading {model}: it serves lines once its state says loaded."
+                done = f"Loading {model}: it is ready once its state says idle or loaded."
         except EngineError as exc:
             error = exc.message
     return Template(
