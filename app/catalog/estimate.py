@@ -18,6 +18,16 @@ SmolLM2-135M at ctx 2048 x 32: KV 765.0 MiB (formula 765.0), compute 99.4 + outp
 (formula 99.0 + 6.0); Gemma 3 270M: KV 612.0 MiB (612.0), compute 514.5 + output 32.0 MiB
 (516.0 + 32.0). A GPU build adds its own buffers per device; what the pool measures after
 a load replaces the estimate.
+
+What a process then holds differs from what llama.cpp reserves, both ways. Measured on
+this project's machine (RSS after the load, the context and one 512-token decode, q8_0,
+ctx 2048 x 32): SmolLM2 holds 901.6 MiB anonymous + 93.9 MiB of its mapped file against
+962.1 estimated (3.5% more: with llama.cpp's extra CPU buffer types the repacked layers are
+an anonymous copy while the file stays mapped); Gemma 3 holds 930.6 + 236.9 MiB against
+1395.2 (16% less: the compute buffer is reserved for a whole micro-batch of logits, and on
+a CPU its pages are touched only when every row asks for logits). The estimate stays
+llama.cpp's reservation: it is what a GPU allocates, and it never admits a load that the
+worst micro-batch would not fit.
 """
 
 from __future__ import annotations
