@@ -12,6 +12,13 @@
 
   function uploadForm() { return document.getElementById("upload-form"); }
 
+  // A sheet (.csv, .tsv, .xlsx) is stored as user_data and opens the sheet form; anything
+  // else is a batch input file.
+  function setPurpose(form, file) {
+    var sheet = /\.(csv|tsv|xlsx)$/i.test(file.name);
+    form.querySelector("input[name=purpose]").value = sheet ? "user_data" : "batch";
+  }
+
   // Put the file into the form's input and let htmx send it (one path for drop and button).
   function submitFile(file) {
     var form = uploadForm();
@@ -20,6 +27,7 @@
     var dt = new DataTransfer();
     dt.items.add(file);
     input.files = dt.files;
+    setPurpose(form, file);
     htmx.trigger(form, "submit");
   }
 
@@ -81,6 +89,7 @@
 
   document.addEventListener("change", function (e) {
     if (e.target.matches("#upload-form input[type=file]") && e.target.files.length) {
+      setPurpose(e.target.form, e.target.files[0]);
       htmx.trigger(e.target.form, "submit");
     }
   });

@@ -61,6 +61,16 @@ class RequestPreview:
     body: dict[str, object]
 
 
+@dataclass
+class SheetPreview:
+    """The first requests as they will be sent, and the whole sheet's rows and tokens."""
+
+    requests: list[RequestPreview]
+    rows: int
+    #: Input tokens of every row's messages, estimated (about four characters a token).
+    tokens: int
+
+
 class SheetService:
     def __init__(
         self,
@@ -129,9 +139,7 @@ class SheetService:
                     break
             return SheetLook(row, opened.columns, rows, opened.sheet_names, opened.sheet_name)
 
-    def preview(
-        self, file_id: str, owner: str, spec: SheetSpec
-    ) -> tuple[list[RequestPreview], int]:
+    def preview(self, file_id: str, owner: str, spec: SheetSpec) -> SheetPreview:
         """The first requests as they will be sent, and an estimate of the input tokens of
         the whole sheet (the rows are read, not kept)."""
         row = self._sheet_file(file_id, owner)
@@ -143,14 +151,15 @@ class SheetService:
         ):
             check_output_columns(spec.output_columns, opened.columns)
             template = RowTemplate(spec, opened.columns)
-            shown: list[RequestPreview] = []
-            tokens = 0
+            preview = SheetPreview([], 0, 0)
             for number, cells in opened.rows:
                 messages = template.messages(cells)
-                tokens += sum(estimate_tokens(m["content"]) for m in messages)
-                if len(shown) < PREVIEW_REQUESTS:
-                    shown.append(RequestPreview(number, messages, template.body(cells)))
-            return shown, tokens
+                preview.tokens += sum(estimate_tokens(m["content"]) for m in messages)
+                preview.rows += 1
+                if len(preview.requests) < PREVIEW_REQUESTS:
+                    body = template.body(cells)
+                    preview.requests.append(RequestPreview(number, messages, body))
+            return preview
 
     # -- start --------------------------------------------------------------------------
 

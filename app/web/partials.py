@@ -21,10 +21,12 @@ from app.errors import APIError
 from app.files.multipart import receive_upload
 from app.files.service import FileService
 from app.services import Services
+from app.sheets.reading import is_sheet
 from app.web import views
 from app.web.models import model_choices
 from app.web.pages import batch_list_context, batch_page_context, deliveries_context
 from app.web.preview import preview_file
+from app.web.sheets import sheet_form_context
 
 
 def parse_metadata(text: str) -> dict[str, str] | None:
@@ -56,13 +58,17 @@ async def upload_form() -> Template:
 @post("/web/upload", name="web:upload", request_max_body_size=None)
 async def upload(
     request: Request[Any, Any, Any],
-    files: NamedDependency[FileService],
     services: NamedDependency[Services],
     owner: NamedDependency[str],
 ) -> Template:
-    """Store the dropped file through the same path as POST /v1/files, then preview it."""
+    """Store the dropped file through the same path as POST /v1/files, then preview it (a
+    sheet opens the sheet form: app/web/sheets.py)."""
+    files = services.files
     try:
         row = await receive_upload(request, files, owner)
+        if is_sheet(row.filename):
+            context = await anyio.to_thread.run_sync(sheet_form_context, services, row.id, owner)
+            return Template(template_name="partials/sheet_form.html", context=context)
         preview = await anyio.to_thread.run_sync(preview_file, files, row.id, owner)
     except APIError as exc:
         return Template(template_name="partials/upload_error.html", context={"error": exc})

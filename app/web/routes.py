@@ -16,7 +16,7 @@ from litestar import Request, Router
 from litestar.response import Template
 
 from app.errors import APIError
-from app.web import events, explorer, models, pages, partials
+from app.web import events, explorer, models, pages, partials, sheets
 from app.web.login import AUTH_ROUTES
 
 
@@ -29,7 +29,7 @@ def inline_error(request: Request[Any, Any, Any], exc: APIError) -> Template:
 
 FRAGMENTS = Router(
     path="/",
-    route_handlers=[*partials.ROUTES, *explorer.FRAGMENTS, *models.FRAGMENTS],
+    route_handlers=[*partials.ROUTES, *explorer.FRAGMENTS, *models.FRAGMENTS, *sheets.FRAGMENTS],
     include_in_schema=False,
     exception_handlers={APIError: inline_error},
 )
@@ -41,6 +41,7 @@ PAGES = Router(
         *models.PAGES,
         *events.ROUTES,
         *explorer.DOWNLOADS,
+        *sheets.PAGES,
         *AUTH_ROUTES,
     ],
     include_in_schema=False,

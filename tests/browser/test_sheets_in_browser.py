@@ -1,0 +1,158 @@
+"""A sheet on the dashboard in a real browser: drop a CSV (then an XLSX), write the template
+and two output columns, start, wait, download the sheet back and read its rows."""
+
+from __future__ import annotations
+
+import base64
+import csv
+import datetime as dt
+import io
+import re
+from pathlib import Path
+
+import openpyxl
+from playwright.sync_api import Page, expect
+
+from tests.browser.pages import shoot
+
+#: Three short rows on two CPU cores take seconds, but the model may still be warming.
+RUN_TIMEOUT = 180_000
+LABELS = {"positive", "negative", "neutral"}
+REVIEWS = [
+    ("1", "Great phone, I love it"),
+    ("2", "Broke after a day.\nTerrible."),
+    ("3", "=1+1 is all it can count"),
+]
+ADDED = ["label", "helpful", "error", "finish_reason", "prompt_tokens", "completion_tokens"]
+
+
+def drop_bytes(page: Page, name: str, data: bytes) -> None:
+    """A real drop of a binary file: a DataTransfer holding a File, as a person's drop."""
+    page.evaluate(
+        """([name, b64]) => {
+            const bytes = Uint8Array.from(atob(b64), c => c.charCodeAt(0));
+            const dt = new DataTransfer();
+            dt.items.add(new File([bytes], name));
+            const target = document.querySelector("main");
+            for (const type of ["dragenter", "dragover", "drop"]) {
+                target.dispatchEvent(new DragEvent(type, {dataTransfer: dt, bubbles: true, cancelable: true}));
+            }
+        }""",
+        [name, base64.b64encode(data).decode()],
+    )
+
+
+def fill_form(page: Page) -> None:
+    page.fill("#sheet-template", "Classify this review: {{ review }}")
+    page.fill("#sheet-system", "You label product reviews.")
+    page.fill("#sheet-max-tokens", "40")
+    page.fill("#sheet-temperature", "0")
+    rows = page.locator("#output-columns .output-column")
+    rows.nth(0).locator("[name=col_name]").fill("label")
+    rows.nth(0).locator("[name=col_type]").select_option("one of")
+    rows.nth(0).locator("[name=col_choices]").fill("positive, negative, neutral")
+    rows.nth(1).locator("[name=col_name]").fill("helpful")
+    rows.nth(1).locator("[name=col_type]").select_option("boolean")
+    preview = page.locator("#sheet-preview")
+    expect(preview).to_contain_text("Classify this review: Great phone, I love it")
+    expect(preview).to_contain_text("You label product reviews.")
+    expect(page.locator("#sheet-estimate")).to_contain_text("3 rows")
+    expect(preview).to_contain_text('"enum": ["positive", "negative", "neutral"]')
+    expect(page.locator("#sheet-start-result")).to_be_empty()  # an earlier refusal is gone
+
+
+def start_and_wait(page: Page, base: str) -> str:
+    page.click("#sheet-start")
+    link = page.locator(".notice a")
+    expect(link).to_be_visible()
+    batch_id = link.inner_text().strip()
+    page.goto(f"{base}/batches/{batch_id}")
+    expect(page.locator("#sheet-downloads")).to_contain_text("reviews.")
+    expect(page.locator("#download-sheet-csv")).to_be_visible(timeout=RUN_TIMEOUT)
+    expect(page.locator("#batch-status")).to_have_text("completed")
+    return batch_id
+
+
+def download(page: Page, selector: str, tmp_path: Path) -> Path:
+    with page.expect_download() as info:
+        page.click(selector)
+    path = tmp_path / info.value.suggested_filename
+    info.value.save_as(path)
+    return path
+
+
+def check_rows(rows: list[list[object]], first: list[str]) -> None:
+    header, *body = rows
+    assert header == [*first, *ADDED]
+    assert [str(r[0]) for r in body] == ["1", "2", "3"]
+    for row, (_, review) in zip(body, REVIEWS, strict=True):
+        assert str(row[1]).lstrip("'") == review
+        label, helpful, error, finish, prompt_tokens, completion_tokens = row[-6:]
+        assert label in LABELS, row
+        assert helpful in (True, False, "TRUE", "FALSE"), row
+        assert error in ("", None) and finish == "stop", row
+        assert int(str(prompt_tokens)) > 0 and int(str(completion_tokens)) > 0
+
+
+def test_drop_a_csv_write_the_template_and_download_the_sheet(
+    page: Page, base: str, tmp_path: Path
+) -> None:
+    buf = io.StringIO()
+    csv.writer(buf).writerows([("id", "review"), *REVIEWS])
+    page.goto(base + "/")
+    drop_bytes(page, "reviews.csv", buf.getvalue().encode("utf-8-sig"))
+
+    columns = page.locator("#sheet-columns")
+    expect(columns.locator("thead")).to_contain_text("review")
+    expect(columns.locator("tbody tr")).to_have_count(3)
+    # A column the sheet lacks is refused, by name, in the preview and at Start.
+    page.fill("#sheet-template", "{{ reveiw }}")
+    expect(page.locator("#sheet-preview")).to_contain_text("'reveiw'")
+    page.click("#sheet-start")
+    expect(page.locator("#sheet-start-result")).to_contain_text("Its columns: id, review")
+
+    fill_form(page)
+    shoot(page, "sheet-form")
+    batch_id = start_and_wait(page, base)
+    shoot(page, "sheet-batch")
+
+    path = download(page, "#download-sheet-csv", tmp_path)
+    assert path.name == f"reviews.{batch_id}.csv"
+    rows = list(csv.reader(io.StringIO(path.read_text(encoding="utf-8-sig"))))
+    assert rows[3][1] == "'=1+1 is all it can count"  # a formula, written as text
+    check_rows(rows, ["id", "review"])  # type: ignore[arg-type]
+
+
+def test_drop_an_xlsx_choose_its_sheet_and_download_xlsx(
+    page: Page, base: str, tmp_path: Path
+) -> None:
+    book = openpyxl.Workbook()
+    book.active.title = "Notes"
+    book.active.append(["nothing here"])
+    ws = book.create_sheet("Reviews")
+    ws.append(["id", "review", "when"])
+    for i, review in REVIEWS:
+        ws.append([int(i), review, dt.datetime(2026, 1, int(i))])
+        ws.cell(row=ws.max_row, column=2).data_type = "s"
+        ws.cell(row=ws.max_row, column=3).number_format = "yyyy-mm-dd"
+    data = io.BytesIO()
+    book.save(data)
+    page.goto(base + "/")
+    drop_bytes(page, "reviews.xlsx", data.getvalue())
+
+    expect(page.locator("#sheet-columns thead")).to_contain_text("nothing here")
+    page.select_option("#sheet-name", "Reviews")
+    expect(page.locator("#sheet-columns thead")).to_contain_text("when")
+    expect(page.locator("#sheet-columns tbody")).to_contain_text("2026-01-02")
+
+    fill_form(page)
+    batch_id = start_and_wait(page, base)
+
+    path = download(page, "#download-sheet-xlsx", tmp_path)
+    assert re.fullmatch(rf"reviews\.{batch_id}\.xlsx", path.name)
+    sheet = openpyxl.load_workbook(path).active
+    assert sheet.title == "Reviews"
+    assert all(c.data_type != "f" for row in sheet.iter_rows() for c in row)
+    rows = [[c.value for c in row] for row in sheet.iter_rows()]
+    assert [r[2] for r in rows[1:]] == ["2026-01-01", "2026-01-02", "2026-01-03"]
+    check_rows([[*r[:2], *r[3:]] for r in rows], ["id", "review"])
