@@ -62,15 +62,21 @@ def gemma() -> Path:
     return _atomic(target, lambda tmp: package.assemble(tmp, overwrite=True))
 
 
+def _gpu_models() -> Any:
+    """bench/gpu_models.py, which writes random-weight models (one way to write them)."""
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    import bench.gpu_models
+
+    return bench.gpu_models
+
+
 def tokenizer() -> dict[str, Any]:
     """SmolLM2's tokenizer and chat template, extracted once into CACHE (4 s the first time:
     the gguf package reads 49k tokens one by one)."""
-    sys.path.insert(0, str(ROOT))
-    from bench.gpu_models import extract_tokenizer
-
     target = CACHE / "smollm2-tokenizer.json.gz"
     if not target.is_file():
-        _atomic(target, extract_tokenizer)
+        _atomic(target, _gpu_models().extract_tokenizer)
     data: dict[str, Any] = json.loads(gzip.decompress(target.read_bytes()))
     return data
 
@@ -78,10 +84,7 @@ def tokenizer() -> dict[str, Any]:
 def random_model(path: Path, shapes: Any) -> Path:
     """A loadable random-weight llama model of `shapes` (bench.gpu_models.Shapes) at `path`:
     Q4_1 layers, Q8_0 embeddings, SmolLM2's tokenizer."""
-    from bench.gpu_models import write_model
-
-    tok = tokenizer()
-    write_model(shapes, tok, path)
+    _gpu_models().write_model(shapes, tokenizer(), path)
     return path
 
 

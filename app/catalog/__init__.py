@@ -12,7 +12,13 @@ The `Catalog` class (catalog.py) answers:
   None for a name nothing known means;
 - `default()`: the model of lines whose name means nothing known (--default-model, else
   --model, else the embedded SmolLM2);
-- `route(name)`: `resolve(name)` or else `default()`.
+- `route(name)`: `resolve(name)` or else `default()`;
+- `get(id)`: the entry of that id; `names()`: every name of every entry.
+
+Inside: `stores.py` (where each tool keeps its models, and the names it gives them),
+`header.py` (a GGUF's facts, read with the `gguf` package and cached per file),
+`presets.py` (models.toml), `estimate.py` (the memory a load takes, and why),
+`catalog.py` (the Catalog), `budget.py` (the memory the loaded models may hold).
 """
 
 from __future__ import annotations
