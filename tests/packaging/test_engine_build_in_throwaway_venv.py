@@ -18,8 +18,9 @@ from tests.packaging.helpers import assert_llama_cpp_from
 
 pytestmark = pytest.mark.slow
 
-#: What `batchyard engine ...` imports besides llama_cpp (no server parts).
-ENGINE_DEPS = ["numpy", "typing-extensions", "diskcache", "jinja2", "platformdirs"]
+#: What `batchyard engine ...` imports besides llama_cpp (no server parts): the engine names
+#: a model's quantization through the catalog, which reads headers with `gguf`.
+ENGINE_DEPS = ["numpy", "typing-extensions", "diskcache", "jinja2", "platformdirs", "gguf"]
 
 
 def engine(python: Path, cache: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
