@@ -3,7 +3,9 @@
 Every BATCHYARD_* variable is read here and nowhere else. Two environment reads live
 elsewhere on purpose: app/__init__.py sets libgomp's GOMP_SPINCOUNT and OMP_WAIT_POLICY
 defaults before llama_cpp loads, and toolchain/cpu_check.py honours LLAMA_CPP_LIB_PATH,
-llama-cpp-python's own variable. Nothing here imports llama_cpp.
+llama-cpp-python's own variable. The catalog (app/catalog/stores.py) reads the other tools'
+own variables for where their models live: OLLAMA_MODELS, HF_HUB_CACHE, HF_HOME,
+LLAMA_CACHE and XDG_CACHE_HOME. Nothing here imports llama_cpp.
 """
 
 from __future__ import annotations
