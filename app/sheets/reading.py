@@ -28,8 +28,6 @@ MAX_COLUMNS = 200
 MAX_CELL_CHARS = 32_767
 #: Bytes read to guess a CSV's delimiter.
 SNIFF_BYTES = 64 * 1024
-#: The XLSX reader: "openpyxl" (read-only mode) or "calamine" (bench/sheets.py compares them).
-XLSX_READER = "openpyxl"
 
 
 class SheetError(APIError):
@@ -60,19 +58,17 @@ def open_sheet(
     *,
     sheet: str | None = None,
     max_rows: int | None = None,
-    reader: str | None = None,
 ) -> Iterator[SheetRows]:
     """Open the sheet at `path` (named `filename`, whose ending says its type); its `rows`
     yield (row number, cells) for each row of data that is not blank, every cell a string
     as the sheet shows it, as many cells as there are columns. Blank rows are skipped."""
     name = filename.lower()
     if name.endswith(".xlsx"):
-        if (reader or XLSX_READER) == "calamine":
-            with _calamine(path, sheet) as opened:
-                yield _checked(opened, max_rows)
-        else:
-            with _openpyxl(path, sheet) as opened:
-                yield _checked(opened, max_rows)
+        # openpyxl's read-only mode streams the sheet's XML and gives each cell's number
+        # format; python-calamine reads 3x faster but holds the whole sheet, and its Python
+        # binding has no formats (bench/sheets.py: the figures in bench/README.md).
+        with _openpyxl(path, sheet) as opened:
+            yield _checked(opened, max_rows)
     elif name.endswith((".csv", ".tsv")):
         with open(path, "rb") as fh:
             yield _checked(_csv(fh, tab=name.endswith(".tsv")), max_rows)
@@ -291,36 +287,3 @@ def _openpyxl(path: Path, sheet: str | None) -> Iterator[SheetRows]:
     finally:
         book.close()
         fh.close()
-
-
-@contextmanager
-def _calamine(path: Path, sheet: str | None) -> Iterator[SheetRows]:
-    from python_calamine import CalamineWorkbook
-
-    try:
-        book = CalamineWorkbook.from_path(str(path))
-    except Exception as exc:
-        raise SheetError(f"The file cannot be read as an XLSX workbook: {exc}.") from None
-    try:
-        name = _pick(list(book.sheet_names), sheet)
-        ws = book.get_sheet_by_name(name)
-        it = iter(ws.iter_rows())
-        start = ws.start[0] + 1 if ws.start else 1
-        number = start - 1
-        header: list[str] = []
-        for row in it:
-            number += 1
-            header = [shown(v) for v in row]
-            if any(h.strip() for h in header):
-                break
-        columns = _header(header)
-
-        def rows() -> Iterator[tuple[int, list[str]]]:
-            n = number
-            for row in it:
-                n += 1
-                yield n, [shown(v) for v in row]
-
-        yield SheetRows(columns, rows(), list(book.sheet_names), name)
-    finally:
-        book.close()
