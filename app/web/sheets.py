@@ -61,8 +61,9 @@ def sheet_form_context(
 
 def spec_from_form(form: FormMultiDict) -> SheetSpec:
     """The form's fields as a SheetSpec (output-column rows with no name are left out)."""
-    names, kinds = form.getall("col_name"), form.getall("col_type")
-    choices = form.getall("col_choices")
+    # A form posted by hand may leave any of the three out.
+    names, kinds = form.getall("col_name", []), form.getall("col_type", [])
+    choices = form.getall("col_choices", [])
     columns = []
     for i, name in enumerate(names):
         if not str(name).strip():
