@@ -8,8 +8,12 @@ part 7), run side by side in alternating rounds on
   (b)  llama-server's router mode, built from the same llama.cpp sources
        (bench/build_llama_server.sh): `llama-server --models-dir D --models-max M`, the same
        slots and KV settings handed to each model's instance; the same lines sent as three
-       clients would send them, one client per model, each with `--client-concurrency`
-       requests in flight, so the models' lines arrive interleaved.
+       clients would send them, one client per model, each with C requests in flight
+       (`--client-concurrency`, a run for each C), so the models' lines arrive interleaved.
+       The router keeps a model while requests for it keep coming and evicts the least
+       recently used idle one for a queued request: clients that send one request at a time
+       (C=1) leave the loaded model idle between their requests, and it swaps on almost
+       every one; clients that keep its slots busy (C = the slots) get one load per model.
 For each side: the wall time from the first request to the last answer, and the loads. The
 router spawns a child `llama-server` per load and logs "spawning server instance with
 name=..." each time; batchyard counts `batchyard_model_loads_total{model}` on /metrics (its
@@ -71,7 +75,7 @@ LOADS_METRIC = re.compile(
     r'^batchyard_model_loads_total\{[^}]*model="([^"]+)"[^}]*\}\s+(\S+)', re.M
 )
 #: batchyard's log line for a load, where /metrics has no series yet.
-BATCHYARD_LOAD = re.compile(r"\bloaded model (\S+)")
+BATCHYARD_LOAD = re.compile(r"\bmodel=(\S+) loaded in ")
 FINISHED = ("completed", "failed", "expired", "cancelled")
 
 
@@ -312,6 +316,7 @@ def run_router(
     lines: dict[str, list[dict[str, Any]]],
     max_loaded: int,
     preload: list[str],
+    concurrency: int,
     args: argparse.Namespace,
 ) -> Result:
     """(b): llama-server's router on the same models dir, fed by one client per model."""
@@ -371,7 +376,7 @@ def run_router(
                     return
 
             def client(bodies: list[dict[str, Any]]) -> None:
-                with ThreadPoolExecutor(args.client_concurrency) as pool:
+                with ThreadPoolExecutor(concurrency) as pool:
                     list(pool.map(send, bodies))
 
             start, cpu = time.perf_counter(), cpu_seconds(server.pid)
@@ -421,8 +426,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=0, help="CPU threads, 0 = all cores")
     parser.add_argument("--n-gpu-layers", type=int, default=0, help="-1: all (default 0)")
     parser.add_argument("--kv-cache-type", default=Settings.kv_cache_type)
-    parser.add_argument("--client-concurrency", type=int, default=8,
-                        help="router: requests in flight per client (default 8, the slots)")  # fmt: skip
+    parser.add_argument("--client-concurrency", default="2,8",
+                        help="router: requests in flight per client, comma-separated runs "
+                        "(default 2,8; 8 = the slots)")  # fmt: skip
     parser.add_argument("--retries", type=int, default=8, help="router: retries of an error")
     parser.add_argument("--batchyard-arg", action="append", default=[],
                         help="one more argument for batchyard serve (repeatable)")  # fmt: skip
@@ -444,10 +450,14 @@ def describe(r: Result) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
-    sides = [s.strip() for s in args.only.split(",") if s.strip()]
+    only = [s.strip() for s in args.only.split(",") if s.strip()]
+    concurrencies = [int(c) for c in args.client_concurrency.split(",")]
+    # "router C=n": the router fed by clients with n requests in flight each.
+    sides = [s for s in only if s != "router"]
+    sides += [f"router C={c}" for c in concurrencies] if "router" in only else []
     models = small_models() if args.models == "small" else big_models()
     lines = lines_for(models, args.lines, args.max_tokens)
-    bin_dir = binaries(args) if "router" in sides else None
+    bin_dir = binaries(args) if "router" in only else None
     print(
         f"models={args.models} ({', '.join(models)}) lines={args.lines} x {len(models)} "
         f"max_tokens={args.max_tokens} slots={args.parallel} ctx/slot={args.ctx_size} "
@@ -470,9 +480,10 @@ def main(argv: list[str] | None = None) -> int:
                         preload = [m for m, n in res.at_start.items() if n and m in lines]
                     else:
                         assert bin_dir is not None
-                        res = run_router(bin_dir, folder, lines, max_loaded, preload, args)
+                        c = int(side.rsplit("=", 1)[1])
+                        res = run_router(bin_dir, folder, lines, max_loaded, preload, c, args)
                     results[side].append(res)
-                    print(f"max {max_loaded} round {r + 1}: {side:<9} {describe(res)}", flush=True)
+                    print(f"max {max_loaded} round {r + 1}: {side:<12} {describe(res)}", flush=True)
                     for note in res.notes:
                         print(f"    {note}", flush=True)
             table.append((max_loaded, results))
