@@ -103,7 +103,9 @@ def small_models() -> dict[str, Path]:
     twin = cache_dir() / "smollm2-135m-twin.gguf"
     if not twin.is_file() or twin.stat().st_size != smollm2.stat().st_size:
         shutil.copyfile(smollm2, twin)
-    return {"smollm2-135m": smollm2, "gemma-3-270m": gemma, "smollm2-twin": twin}
+    # SmolLM2 by its own stem: batchyard's catalog names the embedded model so, and a second
+    # name for the same file would be the same model to it (one engine, the default's id).
+    return {smollm2.stem: smollm2, "gemma-3-270m": gemma, "smollm2-twin": twin}
 
 
 def big_models() -> dict[str, Path]:
@@ -211,7 +213,9 @@ def run_batchyard(
                "--ctx-size", str(args.ctx_size), "--kv-cache-type", args.kv_cache_type,
                "--threads", str(args.threads), "--n-gpu-layers", str(args.n_gpu_layers),
                # llama-server runs at normal priority; batchyard's CPU default is SCHED_IDLE.
-               "--engine-priority", "normal", *args.batchyard_arg]  # fmt: skip
+               "--engine-priority", "normal",
+               # The first model is the default, loaded at start, as the router gets it too.
+               "--default-model", next(iter(lines)), *args.batchyard_arg]  # fmt: skip
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         with open(log, "wb") as logf:
             server = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=logf, stderr=logf)
@@ -283,12 +287,19 @@ def run_batchyard(
                     notes.append(f"{name}: first error line {first}")
             return Result(elapsed, loads, at_start, answers, wrong, failed, 0, cpu, notes)
         finally:
-            server.terminate()
-            try:
-                server.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                server.kill()
-                server.wait()
+            stop(server, log, f"batchyard-max{max_loaded}", args)
+
+
+def stop(server: subprocess.Popen[bytes], log: Path, what: str, args: argparse.Namespace) -> None:
+    server.terminate()
+    try:
+        server.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        server.kill()
+        server.wait()
+    if args.log_dir:  # kept for a look at where the time went
+        Path(args.log_dir).mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(log, Path(args.log_dir) / f"{what}-{time.strftime('%H%M%S')}.log")
 
 
 # -------------------------------------------------------------------------- llama-server
@@ -395,12 +406,7 @@ def run_router(
                 cpu,
             )
         finally:
-            server.terminate()
-            try:
-                server.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                server.kill()
-                server.wait()
+            stop(server, log, f"router-max{max_loaded}-c{concurrency}", args)
 
 
 # ---------------------------------------------------------------------------------- main
@@ -432,6 +438,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--retries", type=int, default=8, help="router: retries of an error")
     parser.add_argument("--batchyard-arg", action="append", default=[],
                         help="one more argument for batchyard serve (repeatable)")  # fmt: skip
+    parser.add_argument("--log-dir", default="", help="keep each server's log here")
     parser.add_argument("--server-bin", default="", help="llama-server's dir (default: build)")
     args = parser.parse_args(argv)
     args.threads = args.threads or max(1, len(os.sched_getaffinity(0)))
