@@ -150,6 +150,8 @@ class RowTemplate:
             )
         env = SandboxedEnvironment(undefined=StrictUndefined, autoescape=False)
         self.columns = columns
+        #: The columns the templates name (every column when they take the whole `row`).
+        self.names: set[str] = set()
         self.user = self._compile(env, spec.template, "template")
         self.system = self._compile(env, spec.system, "system") if spec.system.strip() else None
         self.spec = spec
@@ -163,6 +165,7 @@ class RowTemplate:
             raise invalid(
                 f"The {param} cannot be read: {exc.message} (line {exc.lineno}).", param=param
             ) from None
+        self.names |= set(self.columns) if ROW_NAME in names else names
         unknown = sorted(n for n in names if n not in self.columns and n != ROW_NAME)
         if unknown:
             raise APIError(
@@ -219,3 +222,15 @@ def request_lines(template: RowTemplate, rows: Iterable[tuple[int, list[str]]]) 
 def estimate_tokens(text: str) -> int:
     """About four characters a token: the estimate when no tokenizer is at hand."""
     return math.ceil(len(text) / 4)
+
+
+def estimate_sheet_tokens(template: RowTemplate, rows: int, chars: dict[str, int]) -> int:
+    """The input tokens of a whole sheet from its row count and each column's characters:
+    the template's own text once a row, and each column it names once (about four
+    characters a token), without rendering every row again."""
+    try:
+        fixed = sum(len(m["content"]) for m in template.messages([""] * len(template.columns)))
+    except Exception:  # a filter that needs a value (int, a loop over it): text alone
+        fixed = len(template.spec.template) + len(template.spec.system)
+    named = sum(chars.get(name, 0) for name in template.names)
+    return math.ceil((rows * fixed + named) / 4)

@@ -29,7 +29,7 @@ from app.sheets.requests import (
     RowTemplate,
     SheetSpec,
     check_output_columns,
-    estimate_tokens,
+    estimate_sheet_tokens,
     request_lines,
 )
 from app.sheets.writing import FORMATS, added_columns, joined_rows, write_csv, write_xlsx
@@ -41,6 +41,17 @@ LOOK_ROWS = 5
 PREVIEW_REQUESTS = 3
 #: The batch metadata key that names the sheet a batch was made from (as /v1/batches shows).
 SHEET_METADATA_KEY = "sheet"
+#: Sheets whose row count and column sizes are kept for the form's estimate.
+STATS_KEPT = 32
+
+
+@dataclass
+class SheetStats:
+    """A sheet's rows of data and the characters in each column: read once per sheet, so
+    that the form's preview reads only its first rows at every keystroke."""
+
+    rows: int
+    chars: dict[str, int]
 
 
 @dataclass
@@ -85,6 +96,8 @@ class SheetService:
         self.storage = storage
         self.files = files
         self.batches = batches
+        # (file id, sheet) -> stats; stored files never change, so nothing goes stale.
+        self._stats: dict[tuple[str, str | None], SheetStats] = {}
 
     # -- the stored sheet -------------------------------------------------------------
 
@@ -141,25 +154,49 @@ class SheetService:
 
     def preview(self, file_id: str, owner: str, spec: SheetSpec) -> SheetPreview:
         """The first requests as they will be sent, and an estimate of the input tokens of
-        the whole sheet (the rows are read, not kept)."""
+        the whole sheet (from `stats`, read once per sheet)."""
         row = self._sheet_file(file_id, owner)
+        stats = self.stats(row, spec.sheet)
         with (
             self._local(file_id) as path,
-            open_sheet(
-                path, row.filename, sheet=spec.sheet, max_rows=self.settings.max_requests_per_batch
-            ) as opened,
+            open_sheet(path, row.filename, sheet=spec.sheet) as opened,
         ):
             check_output_columns(spec.output_columns, opened.columns)
             template = RowTemplate(spec, opened.columns)
-            preview = SheetPreview([], 0, 0)
+            tokens = estimate_sheet_tokens(template, stats.rows, stats.chars)
+            preview = SheetPreview([], stats.rows, tokens)
             for number, cells in opened.rows:
-                messages = template.messages(cells)
-                preview.tokens += sum(estimate_tokens(m["content"]) for m in messages)
-                preview.rows += 1
-                if len(preview.requests) < PREVIEW_REQUESTS:
-                    body = template.body(cells)
-                    preview.requests.append(RequestPreview(number, messages, body))
+                body = template.body(cells)
+                preview.requests.append(RequestPreview(number, template.messages(cells), body))
+                if len(preview.requests) >= PREVIEW_REQUESTS:
+                    break
             return preview
+
+    def stats(self, sheet_file: File, sheet: str | None) -> SheetStats:
+        """The sheet's rows and column sizes (a limit broken on the way is refused here)."""
+        key = (sheet_file.id, sheet)
+        if key in self._stats:
+            return self._stats[key]
+        with (
+            self._local(sheet_file.id) as path,
+            open_sheet(
+                path,
+                sheet_file.filename,
+                sheet=sheet,
+                max_rows=self.settings.max_requests_per_batch,
+            ) as opened,
+        ):
+            stats = SheetStats(0, dict.fromkeys(opened.columns, 0))
+            sizes = [0] * len(opened.columns)
+            for _, cells in opened.rows:
+                stats.rows += 1
+                for i, cell in enumerate(cells):
+                    sizes[i] += len(cell)
+            stats.chars = dict(zip(opened.columns, sizes, strict=True))
+        while len(self._stats) >= STATS_KEPT:
+            self._stats.pop(next(iter(self._stats)), None)
+        self._stats[key] = stats
+        return stats
 
     # -- start --------------------------------------------------------------------------
 

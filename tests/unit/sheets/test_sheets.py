@@ -212,3 +212,21 @@ def test_export_is_refused_for_a_batch_not_made_from_a_sheet(tmp_path: Path) -> 
     drive(svc, batch_id)
     with pytest.raises(APIError, match="not made from a sheet"):
         svc.sheets.export(batch_id, "", "csv", io.BytesIO())
+
+
+def test_the_token_estimate_counts_every_row_without_rendering_them_again(
+    tmp_path: Path,
+) -> None:
+    svc = _sheet_services(tmp_path)
+    rows = [(f"question number {i} " * (i % 4 + 1), str(i)) for i in range(40)]
+    text = "q,n,unused\n" + "".join(f'"{q}",{n},{"x" * 50}\n' for q, n in rows)
+    stored = svc.sheets.store(io.BytesIO(text.encode()), "q.csv", "")
+    spec = SheetSpec(template="Q: {{ q }}!", system="Row {{ n }}.", model="m")
+
+    preview = svc.sheets.preview(stored.id, "", spec)
+
+    t = RowTemplate(spec, ["q", "n", "unused"])
+    rendered = sum(len(m["content"]) for q, n in rows for m in t.messages([q, n, "x" * 50]))
+    assert preview.rows == 40 and preview.tokens == -(-rendered // 4)
+    assert [r.row for r in preview.requests] == [2, 3, 4]
+    assert preview.requests[0].messages[1]["content"] == f"Q: {rows[0][0]}!"
