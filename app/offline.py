@@ -362,11 +362,12 @@ def offline_services(settings: Settings) -> Iterator[Services]:
 
 def _run_to_end(run: _Run, settings: Settings) -> Batch:
     """Load the engine, start the runner and show progress until the batch ends."""
-    from app.engine.llama.engine import load_engine
+    from app.engine.registry import EngineRegistry, start_pool
 
     assert run.batch is not None, "_start_or_resume first"
     opts, services, err = run.opts, run.services, run.err
-    engine = load_engine(settings)
+    # The embedded models alone, as `serve` runs them: a batch names one of the catalog's.
+    engine = EngineRegistry(start_pool(settings), [])
     services.attach_engine(engine)
     print(
         f"batchyard run: {opts.input} -> {opts.output}  "

@@ -28,6 +28,7 @@ from app.errors import APIError, error_body
 from app.services import Services
 from app.wire.endpoints import CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES
 from app.wire.inference import (
+    CatalogModel,
     ChatCompletion,
     ChatCompletionCreateParams,
     Completion,
@@ -242,7 +243,11 @@ async def embeddings(
 
 def _cards(engine: Engine) -> list[Model]:
     if isinstance(engine, EngineRegistry):
-        return [Model(**card) for card in engine.model_cards()]
+        # A catalog model's card says what loading it takes (its source, size, estimate).
+        return [
+            CatalogModel(**card) if "source" in card else Model(**card)
+            for card in engine.model_cards()
+        ]
     return [model_card(engine.info)]
 
 

@@ -79,10 +79,12 @@ def routed_to(lane: Lane, lanes: list[Lane]) -> Any:
 
 
 def _routing(lane: Lane, lanes: list[Lane]) -> tuple[frozenset[str] | None, frozenset[str]]:
-    """What a lane's lines depend on: its own models, else the models the other lanes take."""
+    """What a lane's lines depend on: its own models, else the models the other lanes take
+    and those the lane leaves to models not fed now or to other nodes (`Lane.excludes`)."""
     if lane.models is not None:
         return lane.models, frozenset()
-    return None, frozenset(m for other in lanes if other.models is not None for m in other.models)
+    taken = frozenset(m for other in lanes if other.models is not None for m in other.models)
+    return None, taken | lane.excludes
 
 
 def _routed(models: frozenset[str] | None, taken: frozenset[str]) -> Any:
@@ -91,6 +93,26 @@ def _routed(models: frozenset[str] | None, taken: frozenset[str]) -> Any:
     if not taken:
         return None
     return col(Batch.model).is_(None) | col(Batch.model).not_in(sorted(taken))
+
+
+def waiting_lines(s: Session) -> list[tuple[str | None, int, float]]:
+    """The pending lines of the batches in progress, by the batch's model: (model, lines,
+    when the oldest began to wait: its batch's start), for the model pool's plan. One
+    GROUP BY over the (batch_id, status, line) index."""
+    rows = s.connection().execute(
+        select_columns(
+            col(Batch.model),
+            func.count(col(Request.id)),
+            func.min(func.coalesce(col(Batch.in_progress_at), col(Batch.created_at))),
+        )
+        .join(Request, col(Request.batch_id) == col(Batch.id))
+        .where(
+            col(Batch.status) == BatchStatus.IN_PROGRESS,
+            col(Request.status) == RequestStatus.PENDING,
+        )
+        .group_by(col(Batch.model))
+    )
+    return [(model, int(n), float(oldest)) for model, n, oldest in rows]
 
 
 def claim(

@@ -33,7 +33,7 @@ from sqlmodel import Session, col, select
 
 from app import jsoncodec
 from app.batches import lifecycle
-from app.batches.claims import Claim, claim
+from app.batches.claims import Claim, claim, waiting_lines
 from app.batches.finalize import FINALIZE_RETRY_DELAYS, Finalizer
 from app.batches.lifecycle import failure, lock_batches, record
 from app.batches.nodes import NodeNames
@@ -42,7 +42,7 @@ from app.batches.validate import ModelRules
 from app.config import Settings
 from app.db import Database
 from app.engine.base import Engine, EngineError, EngineUnavailable, Priority, RequestCancelled
-from app.engine.registry import Lane, lanes
+from app.engine.registry import Lane, demand, lanes
 from app.files.service import FileService
 from app.files.storage import Storage
 from app.polling import PollingThread
@@ -58,6 +58,9 @@ POLL_INTERVAL = 0.25
 #: Seconds a step woken by a result waits for more (bench/fleet.py: steps of one or two
 #: results each cost more runner time than the lines they recorded).
 RESULT_GATHER_S = 0.01
+#: Seconds between two counts of the lines waiting for each model (the model pool's
+#: demand): a GROUP BY over the pending lines, so not every step.
+DEMAND_INTERVAL = 1.0
 #: Seconds between two sweeps of expired files.
 SWEEP_INTERVAL = 60.0
 #: Seconds a lane stays paused after its engine was found down, even if the engine says it
@@ -141,6 +144,7 @@ class Runner:
         #: Lanes whose engine was found down -> when (monotonic): they claim nothing until
         #: the engine's lane says it is up again (and LANE_PAUSE_MIN has passed).
         self._paused: dict[str, float] = {}
+        self._last_demand = 0.0
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -245,6 +249,7 @@ class Runner:
             self._cancel_requested()
             self._expire_due()
             self._claim_and_submit()
+            self._feed_demand()  # what still waits once this step has claimed
             self._finalizer.finalize_ready()
         else:
             # The hot path: the results and the claims into the room they left, one commit.
@@ -335,12 +340,27 @@ class Runner:
 
     # -- claims (claims.py) -------------------------------------------------------------
 
+    def names_elsewhere(self) -> frozenset[str]:
+        """The model names other live nodes serve: the default lane leaves their lines to
+        them. None yet: every node publishes its names once the nodes' table holds them."""
+        return frozenset()
+
+    def _feed_demand(self) -> None:
+        """Tell the engine's model pool which lines wait for which model (each second at
+        most), so that it plans loads for models nothing asked for online."""
+        if time.monotonic() - self._last_demand < DEMAND_INTERVAL:
+            return
+        self._last_demand = time.monotonic()
+        with self.db.read() as s:
+            lines = waiting_lines(s)
+        demand(self._engine, lines, self.names_elsewhere())
+
     def _open_lanes(self) -> list[Lane]:
         """The engine's lanes, those paused here (their engine was found down) marked down;
         a paused lane opens again once its engine says it is up."""
         now = time.monotonic()
         out = []
-        for lane in lanes(self._engine):
+        for lane in lanes(self._engine, self.names_elsewhere()):
             since = self._paused.get(lane.name)
             if since is not None:
                 if lane.up and now - since >= LANE_PAUSE_MIN:

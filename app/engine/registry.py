@@ -1,9 +1,9 @@
 """The engine registry: one `Engine` in front of the embedded engine and the upstreams.
 
-A request's `model` picks its engine: the upstream that serves that exact name (configured
-with `models=`, or listed by its `GET /v1/models`; the embedded model's own name stays with
-the embedded engine unless `models=` says otherwise), else the default engine (the embedded
-llama.cpp model), as a single engine did before. With no default engine (`--no-embedded`,
+A request's `model` picks its engine: the upstream configured with that exact name
+(`models=`), else the embedded engine for a name its catalog knows, else an upstream whose
+`GET /v1/models` lists it, else the default engine: the embedded pool of models
+(engine/pool/), whose default model runs names nothing knows, as a single engine did before. With no default engine (`--no-embedded`,
 or the embedded model failed to load), an unknown model is the request's 404.
 The runner and the API see only the Engine contract; the dashboard and /metrics also ask
 `members()` for each engine's own figures, and the runner's claims ask `lanes()` which
@@ -17,13 +17,16 @@ import logging
 import threading
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from app.engine.base import ChunkCallback, Engine, EngineError, EngineStats, ModelInfo, Priority
+from app.engine.pool.one_model import OneModel
+from app.engine.pool.pool import ModelPool, Models, memory_budget
 from app.engine.upstream.engine import UpstreamEngine, UpstreamStatus
 from app.engine.upstream.process import UpstreamProcess
 
 if TYPE_CHECKING:
+    from app.catalog import Entry
     from app.config import Settings
 
 log = logging.getLogger("batchyard")
@@ -54,6 +57,9 @@ class Lane:
     #: slots take seconds a line, so a queue as deep as its slots keeps them busy; an
     #: upstream answering in milliseconds needs more queued to cover the runner's steps.
     depth: int = 2
+    #: Names the default lane never takes though no other lane does now: every name the
+    #: catalog knows for another model (loaded or not) and the names other nodes serve.
+    excludes: frozenset[str] = frozenset()
 
 
 @dataclass
@@ -88,6 +94,8 @@ class EngineRegistry:
         if default is None and not upstreams:
             raise ValueError("a registry needs the embedded engine or at least one upstream")
         self.default = default
+        #: The embedded engine when it is a pool of models (dashboard, /metrics, claims).
+        self.pool = default if isinstance(default, ModelPool) else None
         self.upstreams = upstreams
         self.owns_default = owns_default
         #: Why the embedded model is missing, when it failed to load (upstreams still serve).
@@ -106,12 +114,14 @@ class EngineRegistry:
     def _engines(self) -> list[Engine]:
         return ([self.default] if self.default is not None else []) + list(self.upstreams)
 
-    def lanes(self) -> list[Lane]:
+    def lanes(self, elsewhere: frozenset[str] = frozenset()) -> list[Lane]:
         """Which lines each engine takes, as `route` would send them now (an upstream's
-        models change as its /v1/models does): each upstream's lane names its models, and
-        the default lane takes the rest. One engine alone takes every line."""
+        models change as its /v1/models does): each upstream's lane names its models, each
+        model the pool feeds now has a lane, and the default lane takes the rest (but the
+        names of other models and those other nodes serve, `elsewhere`). One engine alone
+        takes every line."""
         engines = self._engines()
-        if len(engines) == 1:
+        if len(engines) == 1 and self.pool is None:
             if self.default is not None:
                 return [Lane(EMBEDDED, engines[0].info.n_slots)]
             only = self.upstreams[0]
@@ -134,27 +144,63 @@ class EngineRegistry:
             for u in self.upstreams
             if routed[u.name]
         ]
-        if self.default is not None:
+        if self.pool is not None:
+            lanes += self._pool_lanes(self.pool, elsewhere)
+        elif self.default is not None:
             lanes.append(Lane(EMBEDDED, self.default.info.n_slots))
         else:
             lanes.append(Lane(UNROUTED, sum(e.info.n_slots for e in engines)))
         return lanes
 
+    def _pool_lanes(self, pool: ModelPool, elsewhere: frozenset[str]) -> list[Lane]:
+        """One lane per model the pool feeds now. The default model's takes the names
+        nothing knows too: never a name of another model of the catalog (its lines wait for
+        their own model) nor one another node serves."""
+        default = pool.catalog.default()
+        lanes = []
+        for entry, slots in pool.active():
+            if entry.key == default.key:
+                excludes = (pool.catalog.names() | elsewhere) - entry.names
+                lanes.append(Lane(EMBEDDED, slots, excludes=excludes))
+            else:
+                lanes.append(Lane(f"{EMBEDDED}:{entry.id}", slots, entry.names))
+        return lanes
+
     def route(self, model: Any) -> Engine | None:
         """The engine for a request's `model`: an upstream configured with that name
-        (`models=`), the embedded engine for its own model's name, an upstream whose
+        (`models=`), the embedded engine for a name its catalog knows, an upstream whose
         `/v1/models` lists it, else the default engine."""
         if not isinstance(model, str):
             return self.default
         for upstream in self.upstreams:
             if model in upstream.spec.models:
                 return upstream
-        if self.default is not None and model == self.default.info.id:
+        if self.pool is not None:
+            if self.pool.catalog.resolve(model) is not None:
+                return self.pool
+        elif self.default is not None and model == self.default.info.id:
             return self.default
         for upstream in self.upstreams:
             if upstream.serves(model):
                 return upstream
         return self.default
+
+    def demand(
+        self, lines: list[tuple[str | None, int, float]], elsewhere: frozenset[str] = frozenset()
+    ) -> None:
+        """Tell the pool the batch lines that wait for it: (the batch's model, lines, the
+        oldest's unix time), of every model this node would run on it (not an upstream's,
+        not a name only other nodes serve)."""
+        if self.pool is None:
+            return
+        mine: dict[str | None, tuple[int, float]] = {}
+        for model, count, oldest in lines:
+            if self.route(model) is not self.pool:
+                continue
+            if model in elsewhere and self.pool.catalog.resolve(model) is None:
+                continue
+            mine[model] = (count, oldest)
+        self.pool.demand(mine)
 
     def submit(
         self,
@@ -217,9 +263,14 @@ class EngineRegistry:
     # -- what the API, /metrics and the dashboard show -------------------------------------
 
     def model_cards(self) -> list[dict[str, Any]]:
-        """`/v1/models`: the default engine's model, then each upstream's, each name once."""
+        """`/v1/models`: every model of the embedded catalog (the default first, each with
+        what loading it takes), or the lone embedded model, then each upstream's, each
+        name once."""
         cards: dict[str, dict[str, Any]] = {}
-        if self.default is not None:
+        if self.pool is not None:
+            for entry in self.pool.catalog.entries():
+                cards.setdefault(entry.id, catalog_card(entry))
+        elif self.default is not None:
             info = self.default.info
             cards[info.id] = {"id": info.id, "created": info.created, "owned_by": "batchyard"}
         for upstream in self.upstreams:
@@ -233,12 +284,13 @@ class EngineRegistry:
     def members(self) -> list[EngineView]:
         views = []
         if self.default is not None:
+            loaded = [e.id for e, _ in self.pool.active()] if self.pool is not None else []
             views.append(
                 EngineView(
                     name=EMBEDDED,
                     kind="embedded",
                     url=None,
-                    models=[self.default.info.id],
+                    models=loaded or [self.default.info.id],
                     up=True,
                     info=self.default.info,
                     stats=self.default.stats(),
@@ -276,11 +328,7 @@ def load_engines(
     default = embedded
     if default is None and not settings.no_embedded:
         try:
-            # Imported here: llama_cpp loads its libraries on import, and a build that cannot
-            # (a CUDA build whose cuBLAS is gone) is a load failure like a bad model path.
-            from app.engine.llama.engine import load_engine
-
-            default = load_engine(settings)
+            default = start_pool(settings)
         except Exception as exc:  # a bad model path: the caller says so, upstreams still serve
             log.exception("the model could not be loaded")
             failure = f"{type(exc).__name__}: {exc}"
@@ -297,6 +345,44 @@ def load_engines(
             member.info.n_slots,
         )
     return registry, failure
+
+
+def start_pool(settings: Settings) -> ModelPool:
+    """The embedded engine: the catalog's models in a pool, the default loaded now."""
+    # Imported here: llama_cpp loads its libraries on import, and a build that cannot
+    # (a CUDA build whose cuBLAS is gone) is a load failure like a bad model path.
+    from app.engine.llama.engine import load_engine
+
+    pool = ModelPool(
+        settings, catalog_of(settings), budget=memory_budget(settings), loader=load_engine
+    )
+    pool.start()
+    return pool
+
+
+def catalog_of(settings: Settings) -> Models:
+    """The models this node knows: the catalog where it is built, else the one model."""
+    from app import catalog
+
+    make = getattr(catalog, "Catalog", None)
+    if make is not None:
+        return cast("Models", make(settings))
+    return OneModel(settings)
+
+
+def catalog_card(entry: Entry) -> dict[str, Any]:
+    """A catalog model's `/v1/models` card: OpenAI's fields, then what batchyard knows."""
+    return {
+        "id": entry.id,
+        "created": int(entry.mtime),
+        "owned_by": "batchyard",
+        "source": entry.source,
+        "size_bytes": entry.size_bytes,
+        "quantization": entry.quantization,
+        "architecture": entry.architecture,
+        "context_length": entry.context_length,
+        "estimated_memory_bytes": entry.estimate.total if entry.estimate else None,
+    }
 
 
 def members(engine: Engine | None) -> list[EngineView]:
@@ -318,11 +404,20 @@ def members(engine: Engine | None) -> list[EngineView]:
     ]
 
 
-def lanes(engine: Engine) -> list[Lane]:
-    """The lanes behind `engine`: a registry's, or one lane with every line for a lone engine."""
+def lanes(engine: Engine, elsewhere: frozenset[str] = frozenset()) -> list[Lane]:
+    """The lanes behind `engine`: a registry's, or one lane with every line for a lone
+    engine. `elsewhere`: the names other nodes serve (the default lane leaves them)."""
     if isinstance(engine, EngineRegistry):
-        return engine.lanes()
+        return engine.lanes(elsewhere)
     return [Lane(EMBEDDED, engine.info.n_slots)]
+
+
+def demand(
+    engine: Engine, lines: list[tuple[str | None, int, float]], elsewhere: frozenset[str]
+) -> None:
+    """Tell the engine's pool, if it has one, which batch lines wait for which model."""
+    if isinstance(engine, EngineRegistry):
+        engine.demand(lines, elsewhere)
 
 
 __all__ = [
@@ -331,6 +426,7 @@ __all__ = [
     "EngineRegistry",
     "EngineView",
     "Lane",
+    "demand",
     "lanes",
     "load_engines",
     "members",

@@ -19,6 +19,18 @@ class Model(Struct, kw_only=True):
     owned_by: str = "batchyard"
 
 
+class CatalogModel(Model, kw_only=True):
+    """A model of the embedded catalog: OpenAI's fields, then what loading it takes
+    (extra fields, which OpenAI's SDK keeps as they are on its `Model`)."""
+
+    source: str  # default, model, models-dir, ollama, lmstudio, hf
+    size_bytes: int
+    quantization: str
+    architecture: str
+    context_length: int
+    estimated_memory_bytes: int | None
+
+
 class ModelPage(Struct, kw_only=True):
     """`/v1/models`: OpenAI's plain page (`SyncPage[Model]` in the SDK), no cursor."""
 

@@ -11,6 +11,7 @@ import pytest
 from litestar.testing import TestClient
 
 import app.engine.llama.engine as llama
+from app.catalog import Entry
 from app.config import Settings
 from app.server import create_app
 from tests.factories import batch_line, jsonl
@@ -116,9 +117,9 @@ def slow_model_load(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
     go_on = threading.Event()
     real = llama.load_engine
 
-    def load(settings: Settings) -> llama.LlamaEngine:
+    def load(settings: Settings, entry: Entry | None = None) -> llama.LlamaEngine:
         assert go_on.wait(60)
-        return real(settings)
+        return real(settings, entry)
 
     monkeypatch.setattr(llama, "load_engine", load)
     return go_on

@@ -13,13 +13,15 @@ bodies, embed.py the embeddings. This module is the loop that ties them together
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import heapq
 import itertools
 import logging
 import threading
+import time
 from concurrent.futures import Future
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 # libgomp's spin settings come from app/__init__.py, which runs before llama_cpp loads.
 import llama_cpp as lc
@@ -46,6 +48,9 @@ from app.engine.llama.slots import BATCH_PROMPT_TOKENS_PER_STEP, Scheduler, Slot
 from app.engine.llama.thread_priority import effective, lower_this_thread
 from app.wire.endpoints import ENDPOINTS
 
+if TYPE_CHECKING:
+    from app.catalog import Entry
+
 log = logging.getLogger("batchyard.engine")
 
 #: Sliding window for the live tokens/s figure.
@@ -58,7 +63,14 @@ class LlamaEngine:
     owner thread (`start`).
     """
 
-    def __init__(self, settings: Settings, model: native.LoadedModel) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        model: native.LoadedModel,
+        *,
+        model_id: str | None = None,
+        chat_template: str | None = None,
+    ) -> None:
         self.settings = settings
         self._native = model
         self._ctx, self._mem, self._batch = model.ctx, model.mem, model.batch
@@ -67,7 +79,7 @@ class LlamaEngine:
         self.n_slots, self.n_batch = model.n_slots, model.n_batch
         self.ctx_per_slot = model.ctx_per_slot
         self.chat_template = ChatTemplate(
-            model.chat_template,
+            chat_template or model.chat_template,
             model.vocab.token_text(model.vocab.bos),
             model.vocab.token_text(model.vocab.eos),
         )
@@ -75,6 +87,12 @@ class LlamaEngine:
             has_chat_template=self.chat_template.has_template,
             n_gpu_layers=settings.n_gpu_layers,
         )
+        if model_id:
+            # Answers carry the name the catalog knows the model by, not the file's stem.
+            self.info = dataclasses.replace(self.info, id=model_id)
+        #: Bytes the load took (the process's resident set before and after), and seconds.
+        self.measured_bytes: int | None = None
+        self.load_seconds: float | None = None
         self._fingerprint = (
             "fp_"
             + hashlib.sha256(f"{self.info.id}/{model.library_version}".encode()).hexdigest()[:10]
@@ -486,13 +504,36 @@ class LlamaEngine:
                 self._counters.count("failed")
 
 
-def load_engine(settings: Settings) -> LlamaEngine:
-    """Load the configured model and start its owner thread."""
+def load_engine(settings: Settings, entry: Entry | None = None) -> LlamaEngine:
+    """Load the configured model (or a catalog entry with its load profile) and start its
+    owner thread. The engine says what the load took: `measured_bytes`, `load_seconds`."""
+    if entry is not None:
+        settings = entry_settings(settings, entry)
+    before, t = native.memory_in_use(), time.monotonic()
+    model = native.load(settings, prompt_tokens_per_step=BATCH_PROMPT_TOKENS_PER_STEP)
     engine = LlamaEngine(
-        settings, native.load(settings, prompt_tokens_per_step=BATCH_PROMPT_TOKENS_PER_STEP)
+        settings,
+        model,
+        model_id=entry.id if entry is not None else None,
+        chat_template=entry.profile.chat_template if entry is not None else None,
     )
+    engine.load_seconds = time.monotonic() - t
+    engine.measured_bytes = max(0, native.memory_in_use() - before)
     engine.start()
     return engine
 
 
-__all__ = ["LlamaEngine", "load_engine"]
+def entry_settings(settings: Settings, entry: Entry) -> Settings:
+    """The server's settings with the entry's file and load profile in place of its own."""
+    p = entry.profile
+    return dataclasses.replace(
+        settings,
+        model=str(entry.path),
+        ctx_size=p.ctx_size,
+        parallel=p.parallel,
+        n_gpu_layers=p.n_gpu_layers,
+        kv_cache_type=p.kv_cache_type,
+    )
+
+
+__all__ = ["LlamaEngine", "entry_settings", "load_engine"]

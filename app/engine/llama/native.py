@@ -8,7 +8,9 @@ CPU check share: `batch_add` (one row of a llama_batch) and `logits_row`.
 from __future__ import annotations
 
 import ctypes
+import functools
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -51,8 +53,9 @@ def default_parallel(n_gpu_layers: int) -> int:
     return 32
 
 
-def gpu_backend_name() -> str | None:
-    """The first GPU device's backend registry name (CUDA, Metal, Vulkan, ...) via ggml."""
+@functools.cache
+def _ggml() -> Any:
+    """ggml's library, for its device registry (ctypes: llama-cpp-python does not bind it)."""
     lib_dir = Path(lc.__file__).parent / "lib"
     for name in ("libggml.so", "libggml.dylib", "ggml.dll"):
         if (lib_dir / name).exists():
@@ -69,12 +72,62 @@ def gpu_backend_name() -> str | None:
     ggml.ggml_backend_dev_backend_reg.argtypes = [ctypes.c_void_p]
     ggml.ggml_backend_reg_name.restype = ctypes.c_char_p
     ggml.ggml_backend_reg_name.argtypes = [ctypes.c_void_p]
-    for i in range(ggml.ggml_backend_dev_count()):
-        dev = ggml.ggml_backend_dev_get(i)
-        if ggml.ggml_backend_dev_type(dev) != 0:  # 0 is GGML_BACKEND_DEVICE_TYPE_CPU
-            backend: bytes = ggml.ggml_backend_reg_name(ggml.ggml_backend_dev_backend_reg(dev))
-            return backend.decode()
+    ggml.ggml_backend_dev_memory.restype = None
+    ggml.ggml_backend_dev_memory.argtypes = [
+        ctypes.c_void_p,
+        ctypes.POINTER(ctypes.c_size_t),
+        ctypes.POINTER(ctypes.c_size_t),
+    ]
+    return ggml
+
+
+def _gpu_devices() -> list[Any]:
+    ggml = _ggml()
+    if ggml is None:
+        return []
+    devices = (ggml.ggml_backend_dev_get(i) for i in range(ggml.ggml_backend_dev_count()))
+    return [d for d in devices if ggml.ggml_backend_dev_type(d) != 0]  # 0: the CPU
+
+
+def gpu_backend_name() -> str | None:
+    """The first GPU device's backend registry name (CUDA, Metal, Vulkan, ...) via ggml."""
+    for dev in _gpu_devices():
+        ggml = _ggml()
+        backend: bytes = ggml.ggml_backend_reg_name(ggml.ggml_backend_dev_backend_reg(dev))
+        return backend.decode()
     return None
+
+
+def gpu_free_bytes() -> int | None:
+    """Free memory on the GPU devices together, as their backends report it; None without."""
+    devices = _gpu_devices()
+    if not devices:
+        return None
+    total = 0
+    for dev in devices:
+        free, size = ctypes.c_size_t(0), ctypes.c_size_t(0)
+        _ggml().ggml_backend_dev_memory(dev, ctypes.byref(free), ctypes.byref(size))
+        total += free.value
+    return total
+
+
+def memory_in_use() -> int:
+    """Bytes this process holds: its resident set plus what the GPU devices have in use.
+    The difference across a load is what that model took (the pool's measured size)."""
+    rss = 0
+    try:
+        with open("/proc/self/statm") as statm:
+            rss = int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:  # not Linux: the resource module's peak is the closest figure
+        import resource
+
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    gpu = 0
+    for dev in _gpu_devices():
+        free, size = ctypes.c_size_t(0), ctypes.c_size_t(0)
+        _ggml().ggml_backend_dev_memory(dev, ctypes.byref(free), ctypes.byref(size))
+        gpu += size.value - free.value
+    return rss + gpu
 
 
 def meta(model: Any, key: str) -> str | None:

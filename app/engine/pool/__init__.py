@@ -1,0 +1,30 @@
+"""The embedded engine for several models: loaded on demand, within a memory budget.
+
+`ModelPool` (pool.py) is one Engine over one llama.cpp engine per loaded model; `plan.py`
+decides which model to feed, load and unload next, and `placement.py` what fits in the
+budget. The dashboard and /metrics read `ModelPool.views()` and `ModelPool.budget()`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from app.catalog import Entry
+
+
+@dataclass
+class ModelView:
+    """One catalog model as the dashboard's Models page and /metrics show it."""
+
+    entry: Entry
+    state: str  # "loaded" | "loading" | "idle" | "on disk" | "failed"  (idle: loaded, nothing in flight)
+    in_flight: int
+    waiting: int  # batch lines pending for it (from the runner's demand) + online waiting
+    loads: int  # times loaded since start
+    last_used: float | None  # unix time
+    measured_bytes: int | None
+    load_seconds: float | None  # the last load's
+    error: str = ""
+
+
+__all__ = ["ModelView"]

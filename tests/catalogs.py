@@ -1,0 +1,52 @@
+"""A catalog over fixed entries (app.catalog's `Catalog` API), for tests of the model pool
+and the claims that need to say exactly which models a node knows."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from app.catalog import Entry
+from app.config import Settings
+from app.engine.pool.one_model import profile_of
+
+
+class DictCatalog:
+    """The catalog's API over fixed entries, the first the default."""
+
+    def __init__(self, entries: list[Entry]) -> None:
+        self._entries = entries
+
+    def entries(self) -> list[Entry]:
+        return list(self._entries)
+
+    def resolve(self, name: str | None) -> Entry | None:
+        return next((e for e in self._entries if name in e.names), None)
+
+    def default(self) -> Entry:
+        return self._entries[0]
+
+    def route(self, name: str | None) -> Entry:
+        return self.resolve(name) or self.default()
+
+    def get(self, id: str) -> Entry | None:
+        return next((e for e in self._entries if e.id == id), None)
+
+    def names(self) -> frozenset[str]:
+        return frozenset(n for e in self._entries for n in e.names)
+
+
+def entry(id: str, path: Path, settings: Settings, *aliases: str, default: bool = False) -> Entry:
+    """An entry for a model file, loaded with the server's own flags."""
+    stat = path.stat()
+    return Entry(
+        id=id,
+        names=frozenset({id, *aliases}),
+        source="models-dir",
+        path=path,
+        size_bytes=stat.st_size,
+        mtime=stat.st_mtime,
+        quantization="unknown",
+        profile=profile_of(settings),
+        paths=(path,),
+        is_default=default,
+    )

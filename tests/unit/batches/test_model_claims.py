@@ -1,0 +1,147 @@
+"""Claims for the model pool: lines are claimed only for the models the pool feeds, the
+runner tells the pool which models' lines wait, and the pool switches models when the
+loaded one's queue is empty. Fake engines (one per loaded model, answering when the test
+says) on a real SQLite file, the runner stepped by hand."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from app.batches import runner as runner_module
+from app.catalog import Entry
+from app.config import Settings, default_model_path
+from app.engine.base import EngineError
+from app.engine.pool.pool import ModelPool
+from app.engine.registry import EMBEDDED, EngineRegistry
+from app.services import Services
+from app.tables import BatchStatus, RequestStatus
+from app.wire.endpoints import CHAT
+from tests.catalogs import DictCatalog, entry
+from tests.factories import batch_line
+from tests.fakes import HangingEngine, finish
+from tests.unit.helpers import batch, file_lines, make_batch, request_rows, services
+from tests.waiting import until
+
+MODEL_SETTINGS = dict(max_loaded_models=1, model_ttl="0", model_switch_after="1h")
+
+
+class FakeLoads:
+    """Loads a HangingEngine (2 slots) for each entry, answering as that model."""
+
+    def __init__(self) -> None:
+        self.engines: list[HangingEngine] = []
+
+    def __call__(self, settings: Settings, e: Entry) -> HangingEngine:
+        engine = HangingEngine(n_slots=2)
+        engine.info.id = e.id
+        self.engines.append(engine)
+        return engine
+
+    def ids(self) -> list[str]:
+        return [e.info.id for e in self.engines]
+
+
+@pytest.fixture
+def node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Services, FakeLoads]]:
+    monkeypatch.setattr(runner_module, "DEMAND_INTERVAL", 0.0)
+    settings = Settings(**MODEL_SETTINGS)
+    path = default_model_path()
+    # One file under two load profiles: two engines (a loaded engine is keyed by both).
+    other = Settings(**MODEL_SETTINGS, ctx_size=1024)
+    catalog = DictCatalog(
+        [entry("a", path, settings, default=True), entry("b", path, other, "b-alias")]
+    )
+    loads = FakeLoads()
+    pool = ModelPool(settings, catalog, budget=1 << 40, loader=loads)
+    pool.start()
+    svc = services(tmp_path, EngineRegistry(pool, []), **MODEL_SETTINGS)
+    yield svc, loads
+    pool.close()
+
+
+def lines(prefix: str, n: int, model: str) -> list[dict[str, Any]]:
+    return [batch_line(f"{prefix}{i}", f"HANG {prefix}{i}", model=model) for i in range(n)]
+
+
+def running(svc: Services, batch_id: str) -> int:
+    return sum(r.status == RequestStatus.RUNNING for r in request_rows(svc, batch_id))
+
+
+def test_lines_wait_for_their_model_and_the_pool_switches_when_a_queue_empties(
+    node: tuple[Services, FakeLoads],
+) -> None:
+    svc, loads = node
+    a = make_batch(svc, lines("a", 4, "a"))
+    unknown = make_batch(svc, lines("u", 2, "gpt-4o-mini"))  # a name nothing knows: a's
+    b = make_batch(svc, lines("b", 4, "b-alias"))
+    for _ in range(4):
+        svc.runner.step()
+    # Only "a" is loaded: its lane (the default's) takes its lines, then the unknown
+    # name's, never b's; a's queue is not empty, so b waits.
+    assert [lane.name for lane in svc.runner._open_lanes()] == [EMBEDDED]
+    assert (running(svc, a), running(svc, unknown), running(svc, b)) == (4, 0, 0)
+    first = loads.engines[0]
+    assert finish(first) == 4
+    svc.runner.step()
+    assert running(svc, unknown) == 2 and running(svc, b) == 0
+    # a's queue is empty now: it is fed no more, and unloaded once its lines are done.
+    until(lambda: svc.engine.pool.active() == [], 10, "a to be drained")  # type: ignore[union-attr]
+    assert loads.ids() == ["a"]
+    assert finish(first) == 2
+
+    # Then b is loaded, and its lane claims.
+    def b_runs() -> bool:
+        svc.runner.step()
+        return running(svc, b) == 4
+
+    until(b_runs, 10, "b's lines to be claimed")
+    assert loads.ids() == ["a", "b"]
+    assert finish(loads.engines[1]) == 4
+    for batch_id, model in ((a, "a"), (b, "b"), (unknown, "a")):
+        until(
+            lambda b=batch_id: svc.runner.step() or batch(svc, b).status == BatchStatus.COMPLETED,
+            10,
+        )
+        out = file_lines(svc, batch(svc, batch_id).output_file_id)
+        assert {line["response"]["body"]["model"] for line in out} == {model}
+    views = {v.entry.id: v for v in svc.engine.pool.views()}  # type: ignore[union-attr]
+    assert (views["a"].loads, views["b"].loads) == (1, 1)
+
+
+def test_the_runner_tells_the_pool_which_lines_wait(node: tuple[Services, FakeLoads]) -> None:
+    svc, loads = node
+    a = make_batch(svc, lines("a", 6, "a"))
+    make_batch(svc, lines("b", 3, "b"))
+    for _ in range(4):
+        svc.runner.step()
+    assert running(svc, a) == 4
+    views = {v.entry.id: v for v in svc.engine.pool.views()}  # type: ignore[union-attr]
+    assert (views["a"].waiting, views["a"].in_flight, views["a"].state) == (2, 4, "loaded")
+    assert (views["b"].waiting, views["b"].state) == (3, "on disk")
+    assert loads.ids() == ["a"]
+
+
+def test_a_model_that_cannot_fit_alone_fails_its_requests_saying_why() -> None:
+    settings = Settings(**MODEL_SETTINGS)
+    path = default_model_path()
+    big = entry("big", path, Settings(**MODEL_SETTINGS, ctx_size=1024))
+    pool = ModelPool(
+        settings,
+        DictCatalog([entry("a", path, settings, default=True), big]),
+        budget=big.size_bytes // 2,
+        loader=FakeLoads(),
+    )
+    pool.start()
+    try:
+        body = {"model": "big", "messages": [{"role": "user", "content": "hi"}]}
+        with pytest.raises(EngineError) as failed:
+            pool.submit(CHAT, body).result(10)
+        assert failed.value.code == "model_load_failed"
+        assert "needs 0.09 GiB, the budget is 0.05 GiB (--models-memory)" in failed.value.message
+        assert pool.submit(CHAT, {**body, "model": "a"}).result(10)["model"] == "a"
+    finally:
+        pool.close()
