@@ -5,9 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from app.catalog import Entry
+from app.catalog import Entry, LoadProfile
 from app.config import Settings
-from app.engine.pool.one_model import profile_of
 
 
 class DictCatalog:
@@ -46,7 +45,12 @@ def entry(id: str, path: Path, settings: Settings, *aliases: str, default: bool 
         size_bytes=stat.st_size,
         mtime=stat.st_mtime,
         quantization="unknown",
-        profile=profile_of(settings),
+        profile=LoadProfile(
+            ctx_size=settings.ctx_size,
+            parallel=settings.parallel,
+            n_gpu_layers=settings.n_gpu_layers,
+            kv_cache_type=settings.kv_cache_type,
+        ),
         paths=(path,),
         is_default=default,
     )

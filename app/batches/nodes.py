@@ -80,8 +80,11 @@ def node_models(
 ) -> tuple[NodeNames, ModelRules]:
     """This node's published names and its validation's model rules, over its catalog and
     memory budget and the upstreams of `engine`."""
-    catalog = Catalog(settings)
-    measured: list[int] = []
+    pool = engine.pool if isinstance(engine, EngineRegistry) else None
+    # The pool's own catalog and budget (measured before its first load), where it has them.
+    catalog = pool.catalog if pool is not None and isinstance(pool.catalog, Catalog) else None
+    catalog = catalog or Catalog(settings)
+    measured: list[int] = [pool.budget()[1]] if pool is not None else []
 
     def budget() -> int:
         # Measured once, on first use: the budget is what the machine had free for models.

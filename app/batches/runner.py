@@ -341,9 +341,9 @@ class Runner:
     # -- claims (claims.py) -------------------------------------------------------------
 
     def names_elsewhere(self) -> frozenset[str]:
-        """The model names other live nodes serve: the default lane leaves their lines to
-        them. None yet: every node publishes its names once the nodes' table holds them."""
-        return frozenset()
+        """The model names other live nodes serve (nodes.py): the default lane leaves their
+        lines to them."""
+        return self.nodes.elsewhere() if self.nodes is not None else frozenset()
 
     def _feed_demand(self) -> None:
         """Tell the engine's model pool which lines wait for which model (each second at

@@ -17,16 +17,15 @@ import logging
 import threading
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
+from app.catalog import Catalog, Entry
 from app.engine.base import ChunkCallback, Engine, EngineError, EngineStats, ModelInfo, Priority
-from app.engine.pool.one_model import OneModel
-from app.engine.pool.pool import ModelPool, Models, memory_budget
+from app.engine.pool.pool import ModelPool, node_budget
 from app.engine.upstream.engine import UpstreamEngine, UpstreamStatus
 from app.engine.upstream.process import UpstreamProcess
 
 if TYPE_CHECKING:
-    from app.catalog import Entry
     from app.config import Settings
 
 log = logging.getLogger("batchyard")
@@ -94,8 +93,10 @@ class EngineRegistry:
         if default is None and not upstreams:
             raise ValueError("a registry needs the embedded engine or at least one upstream")
         self.default = default
-        #: The embedded engine when it is a pool of models (dashboard, /metrics, claims).
+        #: The embedded engine when it is a pool of models: what the dashboard and /metrics
+        #: read (`views()`, `budget()`); routing, lanes and cards use `_pool`, the same pool.
         self.pool = default if isinstance(default, ModelPool) else None
+        self._pool = self.pool
         self.upstreams = upstreams
         self.owns_default = owns_default
         #: Why the embedded model is missing, when it failed to load (upstreams still serve).
@@ -121,7 +122,7 @@ class EngineRegistry:
         names of other models and those other nodes serve, `elsewhere`). One engine alone
         takes every line."""
         engines = self._engines()
-        if len(engines) == 1 and self.pool is None:
+        if len(engines) == 1 and self._pool is None:
             if self.default is not None:
                 return [Lane(EMBEDDED, engines[0].info.n_slots)]
             only = self.upstreams[0]
@@ -144,8 +145,8 @@ class EngineRegistry:
             for u in self.upstreams
             if routed[u.name]
         ]
-        if self.pool is not None:
-            lanes += self._pool_lanes(self.pool, elsewhere)
+        if self._pool is not None:
+            lanes += self._pool_lanes(self._pool, elsewhere)
         elif self.default is not None:
             lanes.append(Lane(EMBEDDED, self.default.info.n_slots))
         else:
@@ -175,9 +176,9 @@ class EngineRegistry:
         for upstream in self.upstreams:
             if model in upstream.spec.models:
                 return upstream
-        if self.pool is not None:
-            if self.pool.catalog.resolve(model) is not None:
-                return self.pool
+        if self._pool is not None:
+            if self._pool.catalog.resolve(model) is not None:
+                return self._pool
         elif self.default is not None and model == self.default.info.id:
             return self.default
         for upstream in self.upstreams:
@@ -191,16 +192,16 @@ class EngineRegistry:
         """Tell the pool the batch lines that wait for it: (the batch's model, lines, the
         oldest's unix time), of every model this node would run on it (not an upstream's,
         not a name only other nodes serve)."""
-        if self.pool is None:
+        if self._pool is None:
             return
         mine: dict[str | None, tuple[int, float]] = {}
         for model, count, oldest in lines:
-            if self.route(model) is not self.pool:
+            if self.route(model) is not self._pool:
                 continue
-            if model in elsewhere and self.pool.catalog.resolve(model) is None:
+            if model in elsewhere and self._pool.catalog.resolve(model) is None:
                 continue
             mine[model] = (count, oldest)
-        self.pool.demand(mine)
+        self._pool.demand(mine)
 
     def submit(
         self,
@@ -267,8 +268,8 @@ class EngineRegistry:
         what loading it takes), or the lone embedded model, then each upstream's, each
         name once."""
         cards: dict[str, dict[str, Any]] = {}
-        if self.pool is not None:
-            for entry in self.pool.catalog.entries():
+        if self._pool is not None:
+            for entry in self._pool.catalog.entries():
                 cards.setdefault(entry.id, catalog_card(entry))
         elif self.default is not None:
             info = self.default.info
@@ -284,7 +285,7 @@ class EngineRegistry:
     def members(self) -> list[EngineView]:
         views = []
         if self.default is not None:
-            loaded = [e.id for e, _ in self.pool.active()] if self.pool is not None else []
+            loaded = [e.id for e, _ in self._pool.active()] if self._pool is not None else []
             views.append(
                 EngineView(
                     name=EMBEDDED,
@@ -353,21 +354,11 @@ def start_pool(settings: Settings) -> ModelPool:
     # (a CUDA build whose cuBLAS is gone) is a load failure like a bad model path.
     from app.engine.llama.engine import load_engine
 
-    pool = ModelPool(
-        settings, catalog_of(settings), budget=memory_budget(settings), loader=load_engine
-    )
+    # The budget is measured before any model loads: their memory is not free after.
+    budget = node_budget(settings)
+    pool = ModelPool(settings, Catalog(settings), budget=budget, loader=load_engine)
     pool.start()
     return pool
-
-
-def catalog_of(settings: Settings) -> Models:
-    """The models this node knows: the catalog where it is built, else the one model."""
-    from app import catalog
-
-    make = getattr(catalog, "Catalog", None)
-    if make is not None:
-        return cast("Models", make(settings))
-    return OneModel(settings)
 
 
 def catalog_card(entry: Entry) -> dict[str, Any]:

@@ -17,7 +17,6 @@ that nothing has asked for online; the registry gives a claims lane to each `act
 
 from __future__ import annotations
 
-import importlib
 import logging
 import os
 import threading
@@ -29,6 +28,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from app.catalog import Entry
+from app.catalog.budget import memory_budget
 from app.config import Settings
 from app.engine.base import (
     ChunkCallback,
@@ -44,6 +44,7 @@ from app.engine.base import (
 from app.engine.pool import ModelView
 from app.engine.pool.placement import Placement
 from app.engine.pool.plan import FAILED, LOADED, LOADING, ON_DISK, Decision, Model, Plan
+from app.toolchain.facts import free_vram_bytes
 
 log = logging.getLogger("batchyard.pool")
 
@@ -631,26 +632,10 @@ def _mib(n: int | None) -> str:
     return f"{n / 2**20:.0f}MiB" if n else "-"
 
 
-def memory_budget(settings: Settings) -> int:
-    """The bytes the loaded models may take together: --models-memory, else what the
-    machine has free (the nodes' budget, app/catalog/budget.py, where it is built)."""
-    if settings.models_memory_bytes is not None:
-        return settings.models_memory_bytes
-    try:
-        budget = importlib.import_module("app.catalog.budget")
-    except ImportError:
-        pass
-    else:
-        return int(budget.memory_budget(settings))
-    # MemAvailable less a margin for the rest of the process and the machine.
-    try:
-        with open("/proc/meminfo") as meminfo:
-            for line in meminfo:
-                if line.startswith("MemAvailable:"):
-                    return max(0, int(line.split()[1]) * 1024 - (512 << 20))
-    except OSError:
-        pass
-    return 1 << 62  # no figure: only --max-loaded-models bounds the models
+def node_budget(settings: Settings) -> int:
+    """The bytes the loaded models may take together (catalog/budget.py): --models-memory,
+    else the free VRAM on a CUDA build, else the free RAM, less a margin."""
+    return memory_budget(settings, free_vram=free_vram_bytes())
 
 
 def _llama_loader(settings: Settings, entry: Entry) -> Engine:
