@@ -20,7 +20,8 @@ from sqlmodel import col, select
 from app import __version__
 from app.batches.health import QueueHealth, queue_health
 from app.db import Database
-from app.engine.registry import EngineView, lanes, members
+from app.engine.pool import ModelView
+from app.engine.registry import EngineView, lanes, members, model_pool
 from app.tables import Batch, BatchStatus, Request, RequestStatus
 
 if TYPE_CHECKING:
@@ -117,9 +118,8 @@ class Figures:
     stats: EngineStats | None
     views: list[EngineView]
     health: QueueHealth
-    #: The model pool's views (app/engine/pool's ModelView) and (reserved, budget) bytes;
-    #: empty and None on a node without one.
-    models: list[Any] = field(default_factory=list)
+    #: The model pool's views and (reserved, budget) bytes; empty and None without one.
+    models: list[ModelView] = field(default_factory=list)
     memory: tuple[int, int] | None = None
 
     @property
@@ -174,7 +174,7 @@ def _each_upstream(value: Callable[[UpstreamStatus], Any]) -> Callable[[Figures]
     return lambda f: [(_labels(engine=v.name), value(v.upstream)) for v in f.views if v.upstream]
 
 
-def _each_model(value: Callable[[Any], Any]) -> Callable[[Figures], Samples]:
+def _each_model(value: Callable[[ModelView], Any]) -> Callable[[Figures], Samples]:
     """A family of one sample per model of the pool, labelled by its id; a model whose
     `value` is None (never loaded) has no sample."""
     return lambda f: [
@@ -390,7 +390,7 @@ def figures(
 ) -> Figures:
     """Read what one /metrics page reports."""
     batches, lines = count_by_status(db)
-    pool = getattr(engine, "pool", None)  # the registry's model pool, when it has one
+    pool = model_pool(engine)
     return Figures(
         node=node,
         engine=engine,

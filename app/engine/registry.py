@@ -395,6 +395,12 @@ def members(engine: Engine | None) -> list[EngineView]:
     ]
 
 
+def model_pool(engine: Engine | None) -> ModelPool | None:
+    """The model pool behind `engine` (a registry's `pool`), for the dashboard's Models page
+    and /metrics; None without one (--no-embedded, a failed start, a test's lone engine)."""
+    return engine.pool if isinstance(engine, EngineRegistry) else None
+
+
 def lanes(engine: Engine, elsewhere: frozenset[str] = frozenset()) -> list[Lane]:
     """The lanes behind `engine`: a registry's, or one lane with every line for a lone
     engine. `elsewhere`: the names other nodes serve (the default lane leaves them)."""

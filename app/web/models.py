@@ -21,7 +21,8 @@ from litestar.params import Body
 from litestar.response import Template
 
 from app.engine.base import EngineError
-from app.engine.registry import EMBEDDED, members
+from app.engine.pool import ModelView
+from app.engine.registry import EMBEDDED, members, model_pool
 from app.services import Services
 from app.web import views
 
@@ -37,13 +38,7 @@ STATE_TONE = {
 CHANGED = "models-changed"
 
 
-def model_pool(services: Services) -> Any:
-    """The engine's model pool (the registry's `pool`), or None: no embedded engine on this
-    node (--no-embedded), a model still loading at start, or an engine with no pool."""
-    return getattr(services.engine, "pool", None)
-
-
-def model_row(view: Any, now: float | None = None) -> dict[str, Any]:
+def model_row(view: ModelView, now: float | None = None) -> dict[str, Any]:
     """One ModelView as the table shows it."""
     entry = view.entry
     estimate = entry.estimate.total if entry.estimate is not None else None
@@ -85,7 +80,7 @@ def model_row(view: Any, now: float | None = None) -> dict[str, Any]:
 
 def models_context(services: Services, now: float | None = None) -> dict[str, Any]:
     """What the Models page and its table show; `pool` None when this node has none."""
-    pool = model_pool(services)
+    pool = model_pool(services.engine)
     if pool is None:
         return {"pool": False, "rows": [], "failure": services.engine_failure}
     reserved, budget = pool.budget()
@@ -105,7 +100,7 @@ def models_context(services: Services, now: float | None = None) -> dict[str, An
 def model_choices(services: Services) -> list[str]:
     """The ids the New batch card's "Run with" offers: every model of the pool's catalog
     that can load, the default first; none without a pool."""
-    pool = model_pool(services)
+    pool = model_pool(services.engine)
     if pool is None:
         return []
     return [v.entry.id for v in pool.views() if not v.entry.error]
@@ -114,7 +109,7 @@ def model_choices(services: Services) -> list[str]:
 def batch_model(services: Services, name: str | None) -> dict[str, Any] | None:
     """The pool's model that runs lines naming `name` (a batch page's "Model"), with its
     state and loads now; None without a pool, or when an upstream engine serves the name."""
-    pool = model_pool(services)
+    pool = model_pool(services.engine)
     if pool is None:
         return None
     if name and any(name in e.models for e in members(services.engine) if e.kind != EMBEDDED):
@@ -150,7 +145,7 @@ def models_table(services: NamedDependency[Services]) -> Template:
 def _act(services: Services, model: str, unload: bool) -> Template:
     """Ask the pool to load or unload `model`; the answer is the sentence that says what
     happens next, or why not (a model with lines in flight is not unloaded)."""
-    pool = model_pool(services)
+    pool = model_pool(services.engine)
     error: str | None = None
     done = ""
     if pool is None:
