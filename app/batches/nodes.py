@@ -25,13 +25,12 @@ from sqlmodel import Session, col, select
 
 from app.batches.validate import ModelRules
 from app.catalog import Catalog, Entry
-from app.catalog.budget import memory_budget
 from app.config import Settings
 from app.db import Database
 from app.engine.base import Engine
+from app.engine.pool.pool import node_budget
 from app.engine.registry import EngineRegistry
 from app.tables import Node, NodeModel, now
-from app.toolchain.facts import free_vram_bytes
 
 log = logging.getLogger("batchyard.nodes")
 
@@ -89,7 +88,7 @@ def node_models(
     def budget() -> int:
         # Measured once, on first use: the budget is what the machine had free for models.
         if not measured:
-            measured.append(memory_budget(settings, free_vram=free_vram_bytes()))
+            measured.append(node_budget(settings))
         return measured[0]
 
     def served() -> dict[str, str]:
@@ -101,7 +100,7 @@ def node_models(
     nodes = NodeNames(db, node_id, served, lease_seconds=settings.lease_seconds)
     rules = ModelRules(
         catalog,
-        elsewhere=lambda: nodes.elsewhere() | upstream_names(engine),
+        elsewhere=lambda: nodes.read_elsewhere() | upstream_names(engine),
         budget=budget,
         strict=settings.strict_models,
     )
@@ -141,15 +140,22 @@ class NodeNames:
 
     def elsewhere(self) -> frozenset[str]:
         """The names other live nodes serve, as last read (at most ELSEWHERE_LOOK old while
-        the runner steps)."""
+        the runner steps): what the claims ask on every step."""
+        return self._elsewhere
+
+    def read_elsewhere(self) -> frozenset[str]:
+        """The names other live nodes serve, read now (and kept for elsewhere()): what
+        validation asks, once a batch, so that a node that published a moment ago counts."""
+        t = self._clock()
+        with self.db.read() as s:
+            self._elsewhere = names_elsewhere(s, self.node_id, at=t)
+        self._read = t
         return self._elsewhere
 
     def beat(self) -> None:
         t = self._clock()
         if t - self._read >= ELSEWHERE_LOOK:
-            self._read = t
-            with self.db.read() as s:
-                self._elsewhere = names_elsewhere(s, self.node_id, at=t)
+            self.read_elsewhere()
         if self.published is None or t - self._looked >= CATALOG_LOOK:
             self._looked = t
             names = dict(self._names())
