@@ -1,15 +1,24 @@
 """The Models page, its load and unload buttons, "Run with" on the New batch card, a batch
 page naming its model, and the models' lines in /metrics: over the real app and SQLite,
-with a stand-in for the pool's dashboard surface (tests/pool_double.py)."""
+with a stand-in for the pool's dashboard surface (tests/pool_double.py) for the figures,
+and the real pool on SmolLM2 for the buttons' refusal of an unload with a request in
+flight."""
 
 from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 
+import pytest
 from litestar.testing import TestClient
 
-from tests.factories import batch_line, jsonl
+from app.config import Settings, default_model_path
+from app.engine.pool.pool import ModelPool
+from app.wire.endpoints import CHAT
+from tests.catalogs import DictCatalog
+from tests.catalogs import entry as file_entry
+from tests.factories import batch_line, chat_body, jsonl
 from tests.fakes import FakeEngine, HangingEngine
 from tests.http_helpers import MakeClient, upload
 from tests.metrics import parse, value
@@ -17,6 +26,8 @@ from tests.pool_double import MiB, PoolDouble, View, entry, with_pool
 from tests.waiting import until
 
 SMOL = "smollm2-135m-instruct"
+#: SmolLM2's end-of-text, im_start and im_end tokens: banned, the model writes to max_tokens.
+NO_END = {"0": -100, "1": -100, "2": -100}
 GEMMA = "gemma3:270m"
 
 
@@ -237,3 +248,57 @@ def test_metrics_without_a_model_pool_have_no_model_samples(client: TestClient) 
     types, samples = parse(client.get("/metrics").text)
     assert types["batchyard_models_memory_bytes"] == "gauge"
     assert not [n for n, _, _ in samples if n.startswith(("batchyard_model_", "batchyard_models_"))]
+
+
+@pytest.fixture
+def smollm2_pool() -> Iterator[ModelPool]:
+    """The real pool over the real default model (SmolLM2), loaded on demand."""
+    settings = Settings(parallel=1, ctx_size=256, model_ttl="0")
+    catalog = DictCatalog([file_entry(SMOL, default_model_path(), settings, default=True)])
+    pool = ModelPool(settings, catalog, budget=4 << 30)
+    pool.start()
+    yield pool
+    pool.close()
+
+
+def test_the_real_pool_refuses_an_unload_with_a_request_in_flight(
+    make_client: MakeClient, smollm2_pool: ModelPool
+) -> None:
+    client = make_client(smollm2_pool)
+    asked = client.post("/web/models/load", data={"model": SMOL})
+    assert f"Loading {SMOL}" in asked.text
+    until(
+        lambda: cell(client.get("/web/models").text, SMOL, "state"),
+        60,
+        "loaded",
+        accept=lambda s: s == "idle",
+    )
+    # A long answer (no end token allowed): in flight while the button is pressed.
+    body = chat_body("Count.", model=SMOL, max_tokens=200, logit_bias=NO_END)
+    long = smollm2_pool.submit(CHAT, body)
+    until(
+        lambda: cell(client.get("/web/models").text, SMOL, "state"),
+        30,
+        "1 in flight",
+        accept=lambda s: s == "loaded 1 in flight",
+    )
+    refused = client.post("/web/models/unload", data={"model": SMOL})
+    assert 'role="alert"' in refused.text
+    assert f"The model &#39;{SMOL}&#39; has 1 requests in flight" in refused.text
+    assert not long.done()
+    smollm2_pool.cancel(long)
+    until(
+        lambda: cell(client.get("/web/models").text, SMOL, "state"),
+        30,
+        "idle",
+        accept=lambda s: s == "idle",
+    )
+    unloaded = client.post("/web/models/unload", data={"model": SMOL})
+    assert f"Unloading {SMOL}" in unloaded.text
+    until(
+        lambda: cell(client.get("/web/models").text, SMOL, "state"),
+        30,
+        "on disk",
+        accept=lambda s: s == "on disk",
+    )
+    assert cell(client.get("/web/models").text, SMOL, "loads").startswith("1 ·")
