@@ -81,6 +81,7 @@ def test_run_with_runs_a_file_on_the_model_chosen(page: Page, two_models: LiveSe
     drop_file(page, "for-openai.jsonl", text.decode())
     expect(page.locator("#preview-lines")).to_have_text("2")
     page.select_option("#run-with", GEMMA)
+    shoot(page, "run-with-light")
     page.click("#start-batch")
     link = page.locator(".notice a")
     expect(link).to_be_visible()
@@ -89,6 +90,7 @@ def test_run_with_runs_a_file_on_the_model_chosen(page: Page, two_models: LiveSe
     said = page.locator("dd", has=page.locator("#batch-model"))
     expect(said).to_contain_text(GEMMA)
     expect(said).to_contain_text(re.compile(r"(idle|loaded) \d+ loads? since start"))
+    shoot(page, "batch-model-light")
 
     batch_id = re.sub(r".*/batches/", "", page.url)
     with httpx.Client(base_url=two_models.api, timeout=30) as http:
