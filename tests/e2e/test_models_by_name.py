@@ -285,6 +285,7 @@ def test_a_model_over_the_budget_fails_its_batch_at_validation(models: Models) -
     assert models.loads() == before  # nothing was loaded, nothing was unloaded for it
 
 
+@pytest.mark.slow  # a second start of the server
 def test_kill_9_at_a_swap_resumes_with_nothing_lost_or_run_twice(models: Models) -> None:
     client = models.client()
     first = batch_for(client, models.lmstudio, 4, max_tokens=4, tag="kill-a")
