@@ -61,6 +61,12 @@ def test_load_and_unload_a_second_model_from_the_models_page(
     expect(gemma_row.locator('[data-col="memory"]')).to_contain_text("measured")
     expect(page.locator("#models-reserved")).not_to_have_text("0 B")
     shoot(page, "models-light")
+    # The table refreshes every few seconds; a keyboard user's focus stays on its button.
+    unload = gemma_row.get_by_role("button", name=f"Unload {GEMMA}")
+    unload.focus()
+    page.evaluate("window.__table = document.getElementById('models-table')")
+    page.wait_for_function("document.getElementById('models-table') !== window.__table")
+    expect(unload).to_be_focused()
     samples = scrape(two_models.url)  # /metrics says the same
     assert value(samples, "batchyard_model_loaded", model=GEMMA) == 1
     assert value(samples, "batchyard_model_loads_total", model=GEMMA) == 1
