@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from app import __version__
-from app.config import Settings
+from app.config import Settings, parse_gpu_layers
 from app.engine.upstream import UPSTREAM_COMMAND
 from app.toolchain.cuda import DEFAULT_ARCHS as DEFAULT_CUDA_ARCHS
 from app.toolchain.facts import SELFCHECK_COMMAND
@@ -33,7 +33,13 @@ SERVE_FLAGS: list[tuple[str, str, Any, str]] = [
         str,
         "where the database and files live (default: the platform's user data dir)",
     ),
-    ("--n-gpu-layers", "n_gpu_layers", int, "layers to offload to the GPU (-1: all)"),
+    (
+        "--n-gpu-layers",
+        "n_gpu_layers",
+        parse_gpu_layers,
+        "layers to offload to the GPU: a number, -1 (all) or auto (default: as many as the "
+        "free VRAM holds, none without a GPU)",
+    ),
     ("--parallel", "parallel", int, "sequences decoded together (0: 32 on CPU, 64 on GPU)"),
     ("--ctx-size", "ctx_size", int, "context per slot, in tokens"),
     ("--kv-cache-type", "kv_cache_type", str, "KV cache type: q8_0, f16, bf16 or q4_0"),

@@ -2,6 +2,18 @@
 
 from __future__ import annotations
 
-from app.config.settings import KV_CACHE_TYPES, Settings, default_model_path
+from app.config.settings import (
+    AUTO_GPU_LAYERS,
+    KV_CACHE_TYPES,
+    Settings,
+    default_model_path,
+    parse_gpu_layers,
+)
 
-__all__ = ["KV_CACHE_TYPES", "Settings", "default_model_path"]
+__all__ = [
+    "AUTO_GPU_LAYERS",
+    "KV_CACHE_TYPES",
+    "Settings",
+    "default_model_path",
+    "parse_gpu_layers",
+]

@@ -76,7 +76,9 @@ class Settings:
     model: str = ""  # path to a .gguf; empty means the embedded default
     data_dir: str = ""  # empty means the platform's user data dir
     no_browser: bool = False
-    n_gpu_layers: int = 0
+    # Layers offloaded to the GPU: -1 all, 0 none, or auto (AUTO_GPU_LAYERS): as many as
+    # the free VRAM holds for each model (engine/pool/placement.py), none without a GPU.
+    n_gpu_layers: int = -2
     parallel: int = 0  # 0 means the engine decides (engine/llama/native.py default_parallel)
     ctx_size: int = 2048  # context per slot, in tokens
     # The KV cache's element type. q8_0 halves its memory and, with flash attention (which a
@@ -300,7 +302,9 @@ class Settings:
         values: dict[str, Any] = {}
         for f in fields(cls):
             raw = environ.get(cls.env_name(f.name))
-            if raw is not None:
+            if raw is not None and f.name == "n_gpu_layers":
+                values[f.name] = parse_gpu_layers(raw)
+            elif raw is not None:
                 values[f.name] = _parse(f.type, raw, LIST_SEPARATORS.get(f.name, ","))
         for key, value in (overrides or {}).items():
             if value is not None:
@@ -330,6 +334,22 @@ _SIZE_UNITS = {
     "gb": 1000**3, "t": 1000**4, "tb": 1000**4, "kib": 1024, "mib": 1024**2, "gib": 1024**3,
     "tib": 1024**4,
 }  # fmt: skip
+
+
+#: --n-gpu-layers auto: as many layers as the free VRAM holds, as llama.cpp's --fit.
+AUTO_GPU_LAYERS = -2
+
+
+def parse_gpu_layers(text: str) -> int:
+    """--n-gpu-layers: a count, -1 for all, or `auto`."""
+    if str(text).strip().lower() == "auto":
+        return AUTO_GPU_LAYERS
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(
+            f"--n-gpu-layers takes a number of layers, -1 (all) or auto, not {text!r}"
+        ) from None
 
 
 def parse_duration(text: str, flag: str) -> float:

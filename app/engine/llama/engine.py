@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 # libgomp's spin settings come from app/__init__.py, which runs before llama_cpp loads.
 import llama_cpp as lc
 
-from app.config import Settings
+from app.config import AUTO_GPU_LAYERS, Settings
 from app.engine.base import (
     ChunkCallback,
     EngineError,
@@ -509,6 +509,11 @@ def load_engine(settings: Settings, entry: Entry | None = None) -> LlamaEngine:
     owner thread. The engine says what the load took: `measured_bytes`, `load_seconds`."""
     if entry is not None:
         settings = entry_settings(settings, entry)
+    if settings.n_gpu_layers == AUTO_GPU_LAYERS:
+        # Without the pool's estimate of each layer (an engine loaded alone): every layer
+        # on a GPU there is one, none without.
+        on_gpu = lc.llama_supports_gpu_offload() and native.gpu_backend_name() is not None
+        settings = dataclasses.replace(settings, n_gpu_layers=-1 if on_gpu else 0)
     before, t = native.memory_in_use(), time.monotonic()
     model = native.load(settings, prompt_tokens_per_step=BATCH_PROMPT_TOKENS_PER_STEP)
     engine = LlamaEngine(

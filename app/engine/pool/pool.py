@@ -17,6 +17,7 @@ that nothing has asked for online; the registry gives a claims lane to each `act
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import threading
@@ -28,8 +29,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from app.catalog import Entry
-from app.catalog.budget import memory_budget
-from app.config import Settings
+from app.catalog.budget import MARGIN, memory_budget
+from app.config import AUTO_GPU_LAYERS, Settings
 from app.engine.base import (
     ChunkCallback,
     Engine,
@@ -42,7 +43,7 @@ from app.engine.base import (
     resolve,
 )
 from app.engine.pool import ModelView
-from app.engine.pool.placement import Placement
+from app.engine.pool.placement import Placement, gpu_layers
 from app.engine.pool.plan import FAILED, LOADED, LOADING, ON_DISK, Decision, Model, Plan
 from app.toolchain.facts import free_vram_bytes
 
@@ -162,6 +163,7 @@ class ModelPool:
         budget: int,
         loader: Loader | None = None,
         clock: Callable[[], float] = time.time,
+        free_vram: Callable[[], int | None] = free_vram_bytes,
     ) -> None:
         self.settings = settings
         self.catalog = catalog
@@ -174,6 +176,7 @@ class ModelPool:
         )
         self._loader = loader or _llama_loader
         self._clock = clock
+        self._free_vram = free_vram
         self._cond = threading.Condition()
         self._slots: dict[tuple[str, Any], _Slot] = {}
         self._active: frozenset[str] = frozenset()
@@ -534,7 +537,7 @@ class ModelPool:
     def _load(self, slot: _Slot) -> None:
         """Load the slot's model (its reservation made) and note what the load took."""
         t = time.monotonic()
-        engine = self._loader(self.settings, slot.entry)
+        engine = self._loader(self.settings, self._placed(slot.entry))
         seconds = getattr(engine, "load_seconds", None) or time.monotonic() - t
         measured = getattr(engine, "measured_bytes", None)
         with self._cond:
@@ -556,6 +559,18 @@ class ModelPool:
             _mib(estimate),
             _mib(measured),
         )
+
+    def _placed(self, entry: Entry) -> Entry:
+        """The entry as it loads: --n-gpu-layers auto made a number of layers that the free
+        VRAM holds now (the models already loaded have taken theirs). Its key stays the
+        catalog's: the slot is the entry as listed."""
+        profile = entry.profile
+        if profile.n_gpu_layers != AUTO_GPU_LAYERS:
+            return entry
+        n_layer = entry.facts.n_layer if entry.facts else 0
+        layers = gpu_layers(n_layer, entry.estimate, self._free_vram(), MARGIN)
+        log.info("model=%s n_gpu_layers auto: %d", entry.id, layers)
+        return dataclasses.replace(entry, profile=dataclasses.replace(profile, n_gpu_layers=layers))
 
     def _failed(self, slot: _Slot, reason: str) -> None:
         with self._cond:

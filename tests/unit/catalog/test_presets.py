@@ -10,6 +10,7 @@ import pytest
 
 from app.catalog import Catalog, LoadProfile
 from app.catalog.estimate import estimate
+from app.config import AUTO_GPU_LAYERS
 from tests.models import gemma
 from tests.stores import Home
 
@@ -61,7 +62,7 @@ def test_profiles_take_the_flags_then_star_then_the_models_section(
         chat_template="{{ bos_token }}gemma",
     )  # fmt: skip
     assert smol.profile == LoadProfile(
-        ctx_size=512, parallel=8, n_gpu_layers=0, kv_cache_type="q4_0",
+        ctx_size=512, parallel=8, n_gpu_layers=AUTO_GPU_LAYERS, kv_cache_type="q4_0",
         chat_template="{% for m in messages %}{{ m.content }}{% endfor %}",
     )  # fmt: skip
     # The estimate is the profile's.
