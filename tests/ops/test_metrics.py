@@ -17,7 +17,7 @@ from app.server import create_app
 from tests.factories import batch_line, jsonl
 from tests.http_helpers import batch_getter, create_batch, upload, wait_for_status
 from tests.live import LiveServer
-from tests.metrics import parse, value
+from tests.metrics import parse, scrape, value
 from tests.waiting import until
 
 
@@ -109,6 +109,19 @@ def test_metrics_report_lines_tokens_slots_batches_and_latency(live_server: Live
     assert f"batch={batch['id']} status=in_progress total=" in log
     assert f"batch={batch['id']} status=finalizing" in log
     assert re.search(rf"batch={batch['id']} status=completed completed=\d+ failed=0", log)
+
+
+def test_metrics_report_the_default_model_loaded_and_the_memory_budget(
+    live_server: LiveServer,
+) -> None:
+    run_batch(live_server, 1)
+    samples = scrape(live_server.url)
+    default = httpx.get(live_server.api + "/models").json()["data"][0]["id"]
+    assert value(samples, "batchyard_model_loaded", model=default) == 1
+    assert value(samples, "batchyard_model_loads_total", model=default) >= 1
+    assert value(samples, "batchyard_model_load_seconds", model=default) > 0
+    reserved = value(samples, "batchyard_models_memory_bytes")
+    assert 0 < reserved <= value(samples, "batchyard_models_memory_budget_bytes")
 
 
 @pytest.fixture
