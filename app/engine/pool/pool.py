@@ -106,6 +106,12 @@ class _Slot:
     def id(self) -> str:
         return self.entry.id
 
+    @property
+    def pid(self) -> str:
+        """Its name in the plan and the placement: unique per key (an entry whose profile
+        changed in models.toml keeps its id, and the old engine may still be loaded)."""
+        return repr(self.entry.key)
+
     def need(self) -> int:
         """Bytes it takes once loaded: measured at its last load, else estimated."""
         if self.measured_bytes is not None:
@@ -198,17 +204,18 @@ class ModelPool:
         slot = self._slot(self.catalog.default())
         with self._cond:
             slot.state = LOADING
-            self.placement.reserve(slot.id, slot.need(), now=self._clock())
-            self.placement.reservations[slot.id].pinned = True
+            self.placement.reserve(slot.pid, slot.need(), now=self._clock())
+            self.placement.reservations[slot.pid].pinned = True
         try:
             self._load(slot)
         except Exception:
             with self._cond:
                 slot.state = ON_DISK
-                self.placement.release(slot.id)
+                self.placement.release(slot.pid)
             raise
+        default = self.catalog.default()
         with self._cond:
-            self._decide()
+            self._decide(default)
         self._thread.start()
 
     def close(self) -> None:
@@ -262,7 +269,7 @@ class ModelPool:
                 fut = Future()
                 fut.set_exception(load_failed(entry, slot.error))
                 return fut
-            engine = slot.engine if slot.id in self._active else None
+            engine = slot.engine if slot.pid in self._active else None
             if engine is None:
                 w = _Waiting(endpoint, body, priority, on_chunk, self._clock())
                 slot.waiting.append(w)
@@ -365,7 +372,7 @@ class ModelPool:
         with self._cond:
             out = []
             for slot in self._slots.values():
-                if slot.id not in self._active:
+                if slot.pid not in self._active:
                     continue
                 slots = slot.engine.info.n_slots if slot.engine is not None else 1
                 out.append((slot.entry, slots))
@@ -456,10 +463,11 @@ class ModelPool:
 
     def _run(self) -> None:
         while True:
+            default = self.catalog.default()  # the catalog may read its stores: not locked
             with self._cond:
                 if self._closing:
                     return
-                decision = self._decide()
+                decision = self._decide(default)
             # Before any unload or load: a model just loaded gets its waiting requests
             # now, so the next plan sees them in flight and never swaps it out unused.
             self._dispatch()
@@ -470,10 +478,10 @@ class ModelPool:
                 if decision.load is None and not decision.unload:
                     self._cond.wait(PLAN_INTERVAL)
 
-    def _decide(self) -> Decision:
+    def _decide(self, default_entry: Entry) -> Decision:
         """One step of the plan over every slot's state now (under the lock)."""
         now = self._clock()
-        default = self.catalog.default().key
+        default = default_entry.key
         models = []
         for slot in self._slots.values():
             n, oldest = slot.demand
@@ -492,14 +500,14 @@ class ModelPool:
                     state = FAILED
             if slot.evict:
                 if state == LOADED and not slot.in_flight:
-                    self.plan.draining.add(slot.id)
+                    self.plan.draining.add(slot.pid)
                 slot.evict = False
-            self.placement.set_in_flight(slot.id, slot.in_flight)
+            self.placement.set_in_flight(slot.pid, slot.in_flight)
             if slot.last_used is not None:
-                self.placement.touch(slot.id, slot.last_used)
+                self.placement.touch(slot.pid, slot.last_used)
             models.append(
                 Model(
-                    id=slot.id,
+                    id=slot.pid,
                     need=slot.need(),
                     waiting=n,
                     oldest=oldest,
@@ -514,20 +522,22 @@ class ModelPool:
         return decision
 
     def _carry_out(self, decision: Decision) -> None:
-        by_id = {s.id: s for s in self._slots.values()}
-        for id in decision.unload:
-            self._close(by_id[id])
+        with self._cond:
+            by_pid = {s.pid: s for s in self._slots.values()}
+        for pid in decision.unload:
+            self._close(by_pid[pid])
         if decision.prefetch and decision.prefetch != self._prefetched:
             self._prefetched = decision.prefetch
-            entry = by_id[decision.prefetch].entry
+            entry = by_pid[decision.prefetch].entry
             threading.Thread(
                 target=read_ahead, args=(entry.path,), name="read-ahead", daemon=True
             ).start()
         if decision.load:
-            slot = by_id[decision.load]
+            slot = by_pid[decision.load]
+            self._prefetched = None  # read ahead again next time it is to load
             with self._cond:
                 slot.state, slot.wanted = LOADING, False
-                self.placement.reserve(slot.id, slot.need(), now=self._clock())
+                self.placement.reserve(slot.pid, slot.need(), now=self._clock())
             try:
                 self._load(slot)
             except Exception as exc:
@@ -547,7 +557,7 @@ class ModelPool:
             slot.last_used = self._clock()
             if measured:
                 slot.measured_bytes = measured
-                self.placement.measured(slot.id, measured)
+                self.placement.measured(slot.pid, measured)
             if slot.entry.key == self.catalog.default().key:
                 self._default_info = engine.info
             estimate = slot.entry.estimate.total if slot.entry.estimate else None
@@ -580,7 +590,7 @@ class ModelPool:
         """The model cannot be loaded: it and its waiting requests fail (under the lock;
         the futures' callbacks only queue work)."""
         slot.state, slot.error = FAILED, reason
-        self.placement.release(slot.id)
+        self.placement.release(slot.pid)
         waiting, slot.waiting = slot.waiting, []
         for w in waiting:
             resolve(w.future, error=load_failed(slot.entry, reason))
@@ -599,7 +609,7 @@ class ModelPool:
                 stats.tokens_per_second = 0.0
                 _add(self._retired, stats)
         with self._cond:
-            self.placement.release(slot.id)
+            self.placement.release(slot.pid)
         log.info("model=%s unloaded", slot.id)
 
     def _dispatch(self) -> None:
@@ -607,7 +617,7 @@ class ModelPool:
         sends = []
         with self._cond:
             for slot in self._slots.values():
-                if slot.id not in self._active or slot.engine is None or not slot.waiting:
+                if slot.pid not in self._active or slot.engine is None or not slot.waiting:
                     continue
                 for w in slot.waiting:
                     if not w.future.done():
