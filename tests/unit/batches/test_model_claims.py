@@ -48,6 +48,7 @@ class FakeLoads:
 @pytest.fixture
 def node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Services, FakeLoads]]:
     monkeypatch.setattr(runner_module, "DEMAND_INTERVAL", 0.0)
+    monkeypatch.setattr(runner_module, "DEMAND_SHARE", 0)
     settings = Settings(**MODEL_SETTINGS)
     path = default_model_path()
     # One file under two load profiles: two engines (a loaded engine is keyed by both).
