@@ -99,9 +99,11 @@ def test_each_name_is_answered_by_its_model_with_one_loaded_at_a_time(
     assert ask(p, "gpt-4o-mini").result(60)["model"] == SMOL
     assert ask(p, "no-such-model").result(60)["model"] == SMOL
     assert loads.ids() == [SMOL, GEMMA, SMOL]
+    # The answer may come back before the pool has counted its line done.
+    until(lambda: {v.entry.id: v.state for v in p.views()}[SMOL] == "idle", 10)
     views = {v.entry.id: v for v in p.views()}
     assert (views[SMOL].loads, views[GEMMA].loads, views[BROKEN].loads) == (2, 1, 0)
-    assert views[SMOL].state == "idle" and views[GEMMA].state == "on disk"
+    assert views[GEMMA].state == "on disk"
     smol = views[SMOL].measured_bytes
     assert smol is not None and smol > 50 << 20  # the weights alone are 88 MiB
     assert p.budget() == (smol, 8 << 30)
@@ -116,7 +118,7 @@ def test_a_model_is_never_unloaded_while_its_line_runs(pool: tuple[ModelPool, Lo
     assert answer["model"] == SMOL and answer["usage"]["completion_tokens"] >= 1
     # Gemma's load began only once SmolLM2's line was done.
     assert loads.ids() == [SMOL, GEMMA]
-    assert p.views()[0].in_flight == 0
+    until(lambda: all(v.in_flight == 0 for v in p.views()), 10, "the lines counted done")
 
 
 def test_a_corrupt_file_fails_its_own_requests_and_the_others_go_on(
@@ -150,7 +152,7 @@ def test_batch_demand_loads_a_model_and_an_online_request_waits_for_the_switch(
         online = ask(p, SMOL)
         assert online.result(60)["model"] == SMOL
         assert time.monotonic() - started >= 0.9  # it waited for the switch bound
-        assert loads.ids() == [SMOL, GEMMA, SMOL]
+        assert loads.ids()[:3] == [SMOL, GEMMA, SMOL]  # Gemma's lines come back next
     finally:
         p.close()
 

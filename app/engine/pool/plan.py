@@ -12,9 +12,11 @@ The rules (issue 32):
   (`max_loaded`, 0 for none) and the memory (the placement's budget).
 - Otherwise it displaces loaded models only when their queues are empty, or when its own
   oldest line has waited `switch_after` seconds. Idle queues go first, then the least
-  recently used. A model's lines wait from the last time it was fed at the earliest: so a
-  model just displaced does not swap back at once, and two big batches share the engine
-  in turns of at least `switch_after`, not a swap per line. A displaced model is fed no more; its lines in flight finish; then it is
+  recently used. A model's lines wait from the last time it was fed at the earliest, and
+  a busy model is displaced only once it has been fed `switch_after` itself: so a model
+  just displaced does not swap back at once, a load slower than the bound does not swap
+  models out before they run a line, and two big batches share the engine in turns of
+  at least `switch_after`, not a swap per line. A displaced model is fed no more; its lines in flight finish; then it is
   unloaded and the waiting model loaded.
 - A model with lines in flight is never unloaded.
 - A loaded model idle (nothing waiting, nothing in flight) for `ttl` seconds is unloaded,
@@ -71,6 +73,8 @@ class Plan:
         self.draining: set[str] = set()
         #: When each model was last fed (active): its lines' wait counts from then.
         self.last_fed: dict[str, float] = {}
+        #: When each loaded model began to be fed since its load.
+        self.fed_since: dict[str, float] = {}
 
     def step(self, now: float, models: Sequence[Model]) -> Decision:
         loaded = {m.id: m for m in models if m.state == LOADED}
@@ -94,6 +98,9 @@ class Plan:
         active = frozenset(m for m in loaded if m not in self.draining and m not in unload)
         for m in active:
             self.last_fed[m] = now
+            self.fed_since.setdefault(m, now)
+        for m in [m for m in self.fed_since if m not in loaded or m in unload]:
+            del self.fed_since[m]
         failed = frozenset(m.id for m in models if m.state == FAILED)
         return Decision(
             # A failed model's lines are claimed too: the pool fails them with the reason.
@@ -122,7 +129,12 @@ class Plan:
             overdue = now - self._waited_since(cand, now) >= self.switch_after
             # Idle queues first, then the least recently used.
             movable = sorted(
-                (m for m in staying if m.id not in going and (overdue or not m.waiting)),
+                (
+                    m
+                    for m in staying
+                    if m.id not in going
+                    and (not m.waiting or (overdue and self._had_its_turn(m, now)))
+                ),
                 key=lambda m: (m.waiting > 0, m.last_used, m.id),
             )
             chosen: list[Model] = []
@@ -142,6 +154,10 @@ class Plan:
                 return None, cand.id
             return cand.id, None
         return None, None
+
+    def _had_its_turn(self, m: Model, now: float) -> bool:
+        """Whether a busy model has been fed `switch_after` since it loaded."""
+        return now - self.fed_since.get(m.id, now) >= self.switch_after
 
     def _waited_since(self, m: Model, now: float) -> float:
         """Since when the model's lines have waited: their oldest, or the last time it was

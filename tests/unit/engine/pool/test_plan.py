@@ -59,6 +59,7 @@ def test_an_overdue_line_displaces_a_busy_model() -> None:
     p = plan()
     a = loaded(p, Model("a", 100 * MiB, waiting=500, oldest=0.0, in_flight=4))
     b = Model("b", 100 * MiB, waiting=1, oldest=10.0)
+    assert p.step(0.0, [a]).active == {"a"}
     assert p.step(10.0 + SWITCH - 0.5, [a, b]).active == {"a"}
     d = p.step(10.0 + SWITCH, [a, b])
     assert d.drain == {"a"} and d.active == frozenset() and d.prefetch == "b"
@@ -174,6 +175,7 @@ def test_two_big_queues_take_turns_of_the_switch_bound_not_a_swap_per_step() -> 
     p = plan()
     a = loaded(p, Model("a", 100 * MiB, waiting=1000, oldest=0.0, in_flight=2))
     b = Model("b", 100 * MiB, waiting=1000, oldest=0.0)
+    assert p.step(0.0, [a, b]).active == {"a"}
     assert p.step(SWITCH - 1, [a, b]).active == {"a"}
     assert p.step(SWITCH, [a, b]).drain == {"a"}
     d = p.step(SWITCH + 1, [replace(a, in_flight=0), b])
@@ -181,6 +183,21 @@ def test_two_big_queues_take_turns_of_the_switch_bound_not_a_swap_per_step() -> 
     a, b = unloaded(p, a), loaded(p, b, SWITCH + 1)
     b = replace(b, in_flight=2)
     assert p.step(SWITCH + 2, [a, b]).active == {"b"}
-    # a was last fed at SWITCH - 1: its lines count as waiting from then.
-    assert p.step(2 * SWITCH - 2, [a, b]).active == {"b"}
-    assert p.step(2 * SWITCH - 1, [a, b]).drain == {"b"}
+    # a was last fed at SWITCH - 1: its lines count as waiting from then; b has been fed
+    # since SWITCH + 2, and keeps its turn until SWITCH later.
+    assert p.step(2 * SWITCH - 1, [a, b]).active == {"b"}
+    assert p.step(2 * SWITCH + 1, [a, b]).active == {"b"}
+    assert p.step(2 * SWITCH + 2, [a, b]).drain == {"b"}
+
+
+def test_a_load_slower_than_the_switch_bound_does_not_swap_the_model_out_unused() -> None:
+    """b loaded for an overdue line; a's lines are overdue too by the time b is loaded. b
+    still gets its turn: its waiting line is sent before anything displaces it."""
+    p = plan()
+    a = Model("a", 100 * MiB, waiting=10, oldest=0.0)
+    b = loaded(p, Model("b", 100 * MiB, waiting=1, oldest=5.0), now=2 * SWITCH)
+    d = p.step(2 * SWITCH, [a, b])
+    assert d.active == {"b"} and d.load is None and not d.unload and not d.drain
+    # Its line sent, b's queue is empty: a's turn, once that line is done.
+    d = p.step(2 * SWITCH + 1, [a, replace(b, waiting=0, in_flight=1)])
+    assert d.drain == {"b"} and not d.unload and d.prefetch == "a"
