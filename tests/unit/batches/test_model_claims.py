@@ -146,3 +146,50 @@ def test_a_model_that_cannot_fit_alone_fails_its_requests_saying_why() -> None:
         assert pool.submit(CHAT, {**body, "model": "a"}).result(10)["model"] == "a"
     finally:
         pool.close()
+
+
+def test_a_model_that_fails_to_load_fails_its_own_lines_and_the_others_go_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(runner_module, "DEMAND_INTERVAL", 0.0)
+    monkeypatch.setattr(runner_module, "DEMAND_SHARE", 0)
+    settings = Settings(**MODEL_SETTINGS)
+    path = default_model_path()
+    other = Settings(**MODEL_SETTINGS, ctx_size=1024)
+    loads = FakeLoads()
+
+    def loader(s: Settings, e: Entry) -> HangingEngine:
+        if e.id == "broken":
+            raise RuntimeError(f"llama.cpp could not load {e.path}")
+        return loads(s, e)
+
+    catalog = DictCatalog([entry("a", path, settings, default=True), entry("broken", path, other)])
+    pool = ModelPool(settings, catalog, budget=1 << 40, loader=loader)
+    pool.start()
+    svc = services(tmp_path, EngineRegistry(pool, []), **MODEL_SETTINGS)
+    try:
+        bad = make_batch(svc, [batch_line(f"x{i}", "hi", model="broken") for i in range(3)])
+        good = make_batch(svc, [batch_line(f"a{i}", "hi", model="a") for i in range(3)])
+        for batch_id in (bad, good):
+            until(
+                lambda b=batch_id: (
+                    svc.runner.step() or batch(svc, b).status in BatchStatus.FINISHED
+                ),
+                20,
+            )
+        b, g = batch(svc, bad), batch(svc, good)
+        assert (b.completed, b.failed, g.completed, g.failed) == (0, 3, 3, 0)
+        errors = file_lines(svc, b.error_file_id)
+        assert len(errors) == 3
+        for line in errors:
+            error = line["response"]["body"]["error"]
+            assert error["code"] == "model_load_failed"
+            assert (
+                "The model 'broken' could not be loaded: RuntimeError: llama.cpp could not load"
+                in error["message"]
+            )
+        assert {
+            line["response"]["body"]["model"] for line in file_lines(svc, g.output_file_id)
+        } == {"a"}
+    finally:
+        pool.close()
