@@ -268,8 +268,13 @@ class ModelPool:
             if slot.state == FAILED:
                 fut = Future()
                 fut.set_exception(load_failed(entry, slot.error))
+                self._count_failed(1)
                 return fut
             engine = slot.engine if slot.pid in self._active else None
+            if engine is None and priority == Priority.BATCH and slot.pid in self.plan.draining:
+                # A line claimed just before its model stopped being fed: its engine is
+                # still loaded, finishing the others; waiting would cost a load later.
+                engine = slot.engine
             if engine is None:
                 w = _Waiting(endpoint, body, priority, on_chunk, self._clock())
                 slot.waiting.append(w)
@@ -592,8 +597,14 @@ class ModelPool:
         slot.state, slot.error = FAILED, reason
         self.placement.release(slot.pid)
         waiting, slot.waiting = slot.waiting, []
-        for w in waiting:
-            resolve(w.future, error=load_failed(slot.entry, reason))
+        failed = sum(resolve(w.future, error=load_failed(slot.entry, reason)) for w in waiting)
+        self._count_failed(failed)
+
+    def _count_failed(self, n: int) -> None:
+        """Requests the pool failed itself (their model cannot load), for /metrics."""
+        if n:
+            counts = self._retired.requests_total
+            counts["failed"] = counts.get("failed", 0) + n
 
     def _close(self, slot: _Slot) -> None:
         """Unload a model with nothing in flight; its bytes are free once it has closed."""

@@ -14,7 +14,7 @@ import pytest
 from app.batches import runner as runner_module
 from app.catalog import Entry
 from app.config import Settings, default_model_path
-from app.engine.base import EngineError
+from app.engine.base import EngineError, Priority
 from app.engine.pool.pool import ModelPool
 from app.engine.registry import EMBEDDED, EngineRegistry
 from app.services import Services
@@ -191,5 +191,32 @@ def test_a_model_that_fails_to_load_fails_its_own_lines_and_the_others_go_on(
         assert {
             line["response"]["body"]["model"] for line in file_lines(svc, g.output_file_id)
         } == {"a"}
+    finally:
+        pool.close()
+
+
+def test_a_line_claimed_as_its_model_drains_still_runs_on_it() -> None:
+    """A line claimed just before its model stopped being fed goes to the engine still
+    loaded (finishing the others), not to a later load; an online request waits."""
+    settings = Settings(**MODEL_SETTINGS)
+    path = default_model_path()
+    other = Settings(**MODEL_SETTINGS, ctx_size=1024)
+    loads = FakeLoads()
+    catalog = DictCatalog([entry("a", path, settings, default=True), entry("b", path, other)])
+    pool = ModelPool(settings, catalog, budget=1 << 40, loader=loads)
+    pool.start()
+    try:
+        hang = {"model": "a", "messages": [{"role": "user", "content": "HANG"}]}
+        first = pool.submit(CHAT, hang, priority=Priority.BATCH)
+        pool.demand({"b": (5, 0.0)})  # a's queue is empty: b's turn once a's line is done
+        until(lambda: pool.active() == [], 10, "a to be drained")
+        late = pool.submit(CHAT, hang, priority=Priority.BATCH)
+        online = pool.submit(CHAT, {**hang, "messages": [{"role": "user", "content": "hi"}]})
+        assert len(loads.engines[0].hanging) == 2 and not online.done()
+        assert finish(loads.engines[0]) == 2
+        assert first.result(5)["model"] == late.result(5)["model"] == "a"
+        # Then b loads; the online request for a waits for a's next turn.
+        until(lambda: loads.ids() == ["a", "b"], 10, "b to be loaded")
+        assert not online.done()
     finally:
         pool.close()
