@@ -7,6 +7,8 @@ Four workloads (--workload), each a list of batch lines:
   shared  the batch most users send (classification, extraction): every line the same system
           prompt of about 900 tokens of instructions and a short distinct input, 4 tokens out
           (128 lines; 1,280 tokens of context per slot; llama-server fed `slots` at a time)
+  shared4 four such blocks, each with its own rules, a quarter of the lines each, the lines
+          shuffled (256 lines): a file that mixes tasks
 run side by side, in alternating rounds (A, B, A, B) so machine noise hits both alike, through
   (a)  batchyard end to end: `python -m app.cli serve` as a subprocess, the openai SDK uploads
        a batch file, creates a batch and polls it to completion (`--batchyard engine`: the
@@ -109,13 +111,15 @@ WORKLOADS = {
     "long": Workload("/v1/chat/completions", 128, 16),
     "embed": Workload("/v1/embeddings", 512, 0),
     "shared": Workload("/v1/chat/completions", 128, 4, ctx_size=1280, in_flight_per_slot=1),
+    "shared4": Workload("/v1/chat/completions", 256, 4, ctx_size=1280, in_flight_per_slot=1),
 }
 CATEGORIES = ("billing", "shipping", "returns", "account", "product", "other")
 
 
-def shared_instructions() -> str:
-    """The shared workload's system prompt: about 900 tokens of rules, the same on every line."""
-    rng = random.Random(900)
+def shared_instructions(block: int = 0) -> str:
+    """The shared workload's system prompt: about 900 tokens of rules, the same on every line
+    (shared4: `block` 0-3, four different sets of rules)."""
+    rng = random.Random(900 + block)
     rules = [
         f"Rule {n}: when a ticket mentions {_words(rng, 2)} or {_words(rng, 2)}, weigh "
         f"{CATEGORIES[n % len(CATEGORIES)]} first, unless it also names {_words(rng, 3)}."
@@ -133,24 +137,34 @@ def _words(rng: random.Random, n: int) -> str:
     return " ".join(rng.choice(WORDS) for _ in range(n))
 
 
-SHARED_INSTRUCTIONS = shared_instructions()
+SHARED_BLOCKS = [shared_instructions(b) for b in range(4)]
+
+
+def shared_blocks(workload: str, n: int) -> list[int]:
+    """Which block each line of a shared workload carries: shared4's are shuffled."""
+    if workload != "shared4":
+        return [0] * n
+    blocks = [i % 4 for i in range(n)]
+    random.Random(4).shuffle(blocks)
+    return blocks
 
 
 def bodies_for(workload: str, n: int, max_tokens: int) -> list[dict[str, Any]]:
     """N distinct request bodies of the workload (deterministic)."""
     out: list[dict[str, Any]] = []
+    blocks = shared_blocks(workload, n)
     for i in range(n):
         rng = random.Random(i)
         if workload == "embed":
             # About 43 tokens: an id and 39 words, distinct from the first token on.
             out.append({"model": "text-embedding-3-small", "input": f"{i}: {_words(rng, 39)}"})
             continue
-        if workload == "shared":
+        if workload in ("shared", "shared4"):
             out.append(
                 {
                     "model": "gpt-4o-mini",
                     "messages": [
-                        {"role": "system", "content": SHARED_INSTRUCTIONS},
+                        {"role": "system", "content": SHARED_BLOCKS[blocks[i]]},
                         {"role": "user", "content": f"Ticket {i}: {_words(rng, 12)}"},
                     ],
                     "max_tokens": max_tokens,
@@ -288,6 +302,12 @@ def run_engine(
     from app.engine.base import Priority
     from app.engine.llama.engine import load_engine
 
+    trace = None
+    if args.trace:
+        from bench.waves import Trace
+
+        trace = Trace()
+        trace.install_params()
     # Settings.load, so BATCHYARD_* variables (BATCHYARD_CPU_EXTRA_BUFFERS) apply as in a server.
     engine = load_engine(
         Settings.load(
@@ -301,11 +321,15 @@ def run_engine(
             }
         )
     )
+    if trace is not None:
+        trace.attach(engine)
     try:
         start, cpu = time.perf_counter(), time.process_time()
         futures = [engine.submit(endpoint, body, priority=Priority.BATCH) for body in bodies]
         usages = [_usage(f.result()) for f in futures]
         elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
+        if trace is not None:
+            print(trace.summary(), flush=True)
         return Result(elapsed, sum(p for p, _ in usages), sum(c for _, c in usages), cpu)
     finally:
         engine.close()
@@ -472,6 +496,9 @@ def isolated(kind: str, argv: list[str]) -> Result:
     result = [line for line in out.stdout.splitlines() if line.startswith("RESULT ")]
     if out.returncode != 0 or not result:
         raise RuntimeError(f"{kind} measurement failed:\n{out.stdout}\n{out.stderr[-3000:]}")
+    for line in out.stdout.splitlines():
+        if line.startswith(("trace:", "  ")):
+            print(line, flush=True)
     _, seconds, prompt, completion, cpu = result[-1].split()
     return Result(float(seconds), int(prompt), int(completion), float(cpu))
 
@@ -509,6 +536,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--server-ub", type=int, default=512,
                         help="llama-server's -ub/-b for embeddings (default 512, its best here)")  # fmt: skip
     parser.add_argument("--bench-ub", type=int, default=512, help="batched-bench -ub (512)")
+    parser.add_argument("--trace", action="store_true",
+                        help="with --batchyard engine: the engine's steps (bench/waves.py)")  # fmt: skip
     parser.add_argument("--worker", choices=("engine", "sequential"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     spec = WORKLOADS[args.workload]

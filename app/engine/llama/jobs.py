@@ -144,3 +144,5 @@ class Task:
     job: Job = field(compare=False)
     prompt_index: int = field(compare=False, default=0)
     choice_indices: list[int] = field(compare=False, default_factory=list)
+    #: The prompt's slots.chunk_keys, once the admission has looked at it.
+    prefix_keys: list[int] | None = field(compare=False, default=None, repr=False)

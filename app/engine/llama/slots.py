@@ -36,15 +36,50 @@ ONLINE_BATCH_WINDOW = 8
 #: prompt tokens than the slot it lands in. Copying a stream moves the whole ctx_size
 #: buffer, which costs about as much as evaluating a few tokens in a batched step.
 MIN_COPY_TOKENS = 8
+#: Prompts are compared for admission in chunks of this many tokens (`chunk_keys`): cheap
+#: enough to look at every queued line in the window against every slot each round.
+PREFIX_CHUNK = 32
+#: A batch line waits for a prompt that is being evaluated when it shares at least this many
+#: more chunks with it than with any KV already computed: one step's wait, then it forks
+#: from that KV, instead of computing the shared part again beside it (an instruction block
+#: on every line of a file: `throughput.py --workload shared`).
+MIN_WAIT_CHUNKS = 2
+#: Queued batch lines the admission weighs at once, as a multiple of the slots: it starts
+#: the ones whose prompt shares the longest prefix with KV already computed first
+#: (longest-prefix-match order, as SGLang's scheduler), not strictly in file order.
+LOOKAHEAD_PER_SLOT = 4
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
     """How many leading tokens two sequences share."""
     n = min(len(a), len(b))
     i = 0
+    # Whole chunks first: list slices compare in C, a token at a time in Python is slow.
+    while i + PREFIX_CHUNK <= n and a[i : i + PREFIX_CHUNK] == b[i : i + PREFIX_CHUNK]:
+        i += PREFIX_CHUNK
     while i < n and a[i] == b[i]:
         i += 1
     return i
+
+
+def chunk_keys(tokens: list[int]) -> list[int]:
+    """One key per whole PREFIX_CHUNK of `tokens`, each standing for the prefix up to its end:
+    two prompts share their first k keys when they share their first k chunks."""
+    keys, key = [], 0
+    for i in range(PREFIX_CHUNK, len(tokens) + 1, PREFIX_CHUNK):
+        key = hash((key, tuple(tokens[i - PREFIX_CHUNK : i])))
+        keys.append(key)
+    return keys
+
+
+def leading(keys: list[int], known: set[int]) -> int:
+    """How many of `keys`, from the first, are in `known`."""
+    n = 0
+    for key in keys:
+        if key not in known:
+            break
+        n += 1
+    return n
 
 
 class SlotState(enum.Enum):
@@ -133,6 +168,13 @@ class _EmbedRound:
     seqs: int = 0
 
 
+def _keys(task: Task) -> list[int]:
+    """`chunk_keys` of a task's prompt, computed once."""
+    if task.prefix_keys is None:
+        task.prefix_keys = chunk_keys(task.job.prompts[task.prompt_index])
+    return task.prefix_keys
+
+
 class Scheduler:
     """The loop's decisions: admission, the online window, and where a prompt's KV comes from."""
 
@@ -162,7 +204,8 @@ class Scheduler:
         Strict order: the head of the queue waits (and so does everything behind it) when
         it does not fit, rather than be overtaken. Three rules decide: embeddings fill one
         decode (`_fits_embed_round`), a task takes its pool of free slots (`_place`), and
-        its prompt lands where its prefix is cached (`_leader`).
+        its prompt lands where its prefix is cached (`_leader`). Batch lines, once they head
+        the queue, go by what they share instead (`_admit_batch`).
         """
         out = Admission()
         free = [s for s in slots if not s.busy]
@@ -179,6 +222,9 @@ class Scheduler:
                 heapq.heappop(queue)
                 out.embeds.append(task.job)
                 continue
+            if task.job.priority == Priority.BATCH and self.prefix_cache:
+                self._admit_batch(queue, slots, free, batch_busy, out)
+                break
             group = self._place(task, free, batch_busy)
             if group is None:
                 break
@@ -189,6 +235,50 @@ class Scheduler:
                 free.remove(slot)
             out.starts.append((task, group))
         return out
+
+    def _admit_batch(
+        self,
+        queue: list[Task],
+        slots: list[Slot],
+        free: list[Slot],
+        batch_busy: int,
+        out: Admission,
+    ) -> None:
+        """Start the batch lines of the queue's first window that fit, longest cached prefix
+        first; a line waits while a prompt it shares more with is being evaluated.
+
+        So each shared block is computed once, then forked (prefix_source), and the lines of
+        a file mixing several blocks run with the block that is already cached.
+        """
+        window = [
+            t
+            for t in heapq.nsmallest(LOOKAHEAD_PER_SLOT * self.n_slots, queue)
+            if t.job.endpoint != EMBEDDINGS and not t.job.cancelled
+        ]
+        known: set[int] = set()  # prefixes whose KV some slot holds
+        coming: set[int] = set()  # prefixes of the prompts being evaluated
+        for slot in slots:
+            known.update(chunk_keys(slot.cached))
+            if slot.pending:
+                coming.update(chunk_keys(slot.cached + slot.pending))
+        ranked = sorted(window, key=lambda t: (-leading(_keys(t), known), t.seq_no))
+        started: set[int] = set()
+        for task in ranked:
+            keys = _keys(task)
+            if leading(keys, coming) >= leading(keys, known) + MIN_WAIT_CHUNKS:
+                continue  # it forks from that prompt's KV once it is computed
+            group = self._place(task, free, batch_busy)
+            if group is None:
+                break
+            batch_busy += len(group)
+            for slot in group:
+                free.remove(slot)
+            out.starts.append((task, group))
+            started.add(id(task))
+            coming.update(keys)
+        if started:
+            queue[:] = [t for t in queue if id(t) not in started]
+            heapq.heapify(queue)
 
     def _fits_embed_round(self, round_: _EmbedRound, job: Job, *, first: bool) -> bool:
         """Count `job`'s inputs into this round's embeddings decode; False when they would

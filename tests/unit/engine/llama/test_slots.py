@@ -12,12 +12,16 @@ from app.engine.llama.jobs import Choice, Job, Task
 from app.engine.llama.slots import (
     BATCH_PROMPT_TOKENS_PER_STEP,
     MIN_COPY_TOKENS,
+    MIN_WAIT_CHUNKS,
     ONLINE_BATCH_WINDOW,
+    PREFIX_CHUNK,
     PROMPT_TOKENS_PER_STEP,
     Scheduler,
     Slot,
     SlotState,
+    chunk_keys,
     common_prefix,
+    leading,
 )
 from app.wire.endpoints import CHAT, EMBEDDINGS
 
@@ -208,6 +212,72 @@ def test_common_prefix() -> None:
     assert common_prefix([1, 2, 3], [1, 2, 4, 5]) == 2
     assert common_prefix([], [1]) == 0
     assert common_prefix([1, 2], [1, 2]) == 2
+    long = list(range(200))
+    assert common_prefix(long, long[:150] + [-1] + long[151:]) == 150
+    assert common_prefix(long, long + [7]) == 200
+
+
+def test_chunk_keys_stand_for_whole_prefixes() -> None:
+    a = list(range(3 * PREFIX_CHUNK + 5))
+    b = a[: 2 * PREFIX_CHUNK] + [-1] * (PREFIX_CHUNK + 5)
+    assert len(chunk_keys(a)) == 3
+    assert leading(chunk_keys(b), set(chunk_keys(a))) == 2
+    # The same chunk after a different prefix is another key.
+    c = [-1] * PREFIX_CHUNK + a[PREFIX_CHUNK : 2 * PREFIX_CHUNK]
+    assert leading(chunk_keys(c)[1:], set(chunk_keys(a))) == 0
+
+
+BLOCK_A = [1000 + i for i in range(8 * PREFIX_CHUNK)]  # an instruction block of 8 chunks
+BLOCK_B = [5000 + i for i in range(8 * PREFIX_CHUNK)]
+
+
+def line(block: list[int], i: int) -> Task:
+    return task(job(block + [i, i + 1, i + 2]))
+
+
+def test_batch_lines_wait_for_the_block_being_computed_and_others_go_ahead() -> None:
+    slots = [Slot(i) for i in range(8)]
+    a1, a2, b1, a3, b2 = (
+        line(BLOCK_A, 1),
+        line(BLOCK_A, 2),
+        line(BLOCK_B, 3),
+        line(BLOCK_A, 4),
+        line(BLOCK_B, 5),
+    )
+    # A line sharing less than MIN_WAIT_CHUNKS with the block computes its own prompt.
+    near = line(BLOCK_A[: (MIN_WAIT_CHUNKS - 1) * PREFIX_CHUNK] + [-1] * PREFIX_CHUNK, 6)
+    q = queue_of(a1, a2, b1, a3, b2, near)
+    scheduler = Scheduler(8)
+    # Nothing cached: each block's first line computes it; the lines that share it wait
+    # rather than compute it again beside it, and do not hold up the other block's line.
+    starts = scheduler.admit(q, slots).starts
+    assert [t for t, _ in starts] == [a1, b1, near]
+    starts = starts[:2]
+    assert sorted(q) == [a2, a3, b2]
+    for t, (slot,) in starts:  # the loop puts the first chunks of the prompts into a step
+        prompt = t.job.prompts[0]
+        slot.take(t.job, t.job.choices[0], len(prompt), None, ctx_per_slot=CTX)
+        slot.cached, slot.pending = prompt[: 2 * PREFIX_CHUNK], prompt[2 * PREFIX_CHUNK :]
+    assert scheduler.admit(q, slots).starts == []  # still being computed: they keep waiting
+    for t, (slot,) in starts:  # the next step finishes the prompts
+        slot.cached, slot.pending = t.job.prompts[0], []
+        slot.generate(1)
+    assert sorted(t for t, _ in scheduler.admit(q, slots).starts) == sorted([a2, a3, b2])
+    assert q == []
+
+
+def test_batch_lines_whose_block_is_cached_start_first() -> None:
+    # Longest-prefix-match order: with room for two lines, the two that fork from the cached
+    # block start before the older line whose prompt shares nothing cached.
+    slots = [Slot(i) for i in range(4)]
+    slots[3].cached = BLOCK_A + [9]
+    occupy(slots[0])
+    other, a1, a2 = line(BLOCK_B, 1), line(BLOCK_A, 2), line(BLOCK_A, 3)
+    q = queue_of(other, a1, a2)
+    starts = Scheduler(4).admit(q, slots).starts
+    # Slot 3 is kept for online requests: slots 1 and 2 are the batch room left.
+    assert [t for t, _ in starts] == [a1, a2]
+    assert q == [other]
 
 
 def test_the_model_free_rooms_do_not_load_llama_cpp() -> None:
