@@ -195,6 +195,7 @@ class Result:
     prompt_tokens: int
     completion_tokens: int
     cpu_seconds: float = 0.0  # the server process's user + system time over the run
+    cached_tokens: int = 0  # prompt tokens taken from the prefix cache (usage's cached_tokens)
 
 
 def cpu_seconds(pid: int) -> float:
@@ -205,6 +206,11 @@ def cpu_seconds(pid: int) -> float:
     except OSError:
         return 0.0
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _cached(body: dict[str, Any]) -> int:
+    details = (body.get("usage") or {}).get("prompt_tokens_details") or {}
+    return int(details.get("cached_tokens") or 0)
 
 
 def _usage(body: dict[str, Any]) -> tuple[int, int]:
@@ -283,12 +289,13 @@ def run_batchyard(
             if batch.request_counts and batch.request_counts.failed:
                 raise RuntimeError(f"{batch.request_counts.failed} lines failed")
             output = client.files.content(batch.output_file_id).text
-            prompt = completion = 0
+            prompt = completion = cached = 0
             for line in output.splitlines():
                 if line.strip():
-                    p, c = _usage(json.loads(line)["response"]["body"])
-                    prompt, completion = prompt + p, completion + c
-            return Result(elapsed, prompt, completion, cpu)
+                    body = json.loads(line)["response"]["body"]
+                    p, c = _usage(body)
+                    prompt, completion, cached = prompt + p, completion + c, cached + _cached(body)
+            return Result(elapsed, prompt, completion, cpu, cached)
         finally:
             server.terminate()
             server.wait(timeout=30)
@@ -307,7 +314,7 @@ def run_engine(
         from bench.waves import Trace
 
         trace = Trace()
-        trace.install_params()
+        trace.install_params(kv_unified=args.kv_unified)
     # Settings.load, so BATCHYARD_* variables (BATCHYARD_CPU_EXTRA_BUFFERS) apply as in a server.
     engine = load_engine(
         Settings.load(
@@ -326,11 +333,13 @@ def run_engine(
     try:
         start, cpu = time.perf_counter(), time.process_time()
         futures = [engine.submit(endpoint, body, priority=Priority.BATCH) for body in bodies]
-        usages = [_usage(f.result()) for f in futures]
+        answers = [f.result() for f in futures]
         elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
+        usages = [_usage(a) for a in answers]
+        cached = sum(_cached(a) for a in answers)
         if trace is not None:
             print(trace.summary(), flush=True)
-        return Result(elapsed, sum(p for p, _ in usages), sum(c for _, c in usages), cpu)
+        return Result(elapsed, sum(p for p, _ in usages), sum(c for _, c in usages), cpu, cached)
     finally:
         engine.close()
 
@@ -499,8 +508,8 @@ def isolated(kind: str, argv: list[str]) -> Result:
     for line in out.stdout.splitlines():
         if line.startswith(("trace:", "  ")):
             print(line, flush=True)
-    _, seconds, prompt, completion, cpu = result[-1].split()
-    return Result(float(seconds), int(prompt), int(completion), float(cpu))
+    _, seconds, prompt, completion, cpu, cached = result[-1].split()
+    return Result(float(seconds), int(prompt), int(completion), float(cpu), int(cached))
 
 
 # ------------------------------------------------------------------------------------ main
@@ -538,6 +547,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--bench-ub", type=int, default=512, help="batched-bench -ub (512)")
     parser.add_argument("--trace", action="store_true",
                         help="with --batchyard engine: the engine's steps (bench/waves.py)")  # fmt: skip
+    parser.add_argument("--kv-unified", action="store_true",
+                        help="with --trace: one KV stream for all slots (a measurement)")  # fmt: skip
     parser.add_argument("--worker", choices=("engine", "sequential"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     spec = WORKLOADS[args.workload]
@@ -569,7 +580,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker:  # one measurement, in this fresh process
         run = run_engine if args.worker == "engine" else run_sequential
         r = run(model, spec.endpoint, bodies, args)
-        print(f"RESULT {r.seconds} {r.prompt_tokens} {r.completion_tokens} {r.cpu_seconds}")
+        print(
+            f"RESULT {r.seconds} {r.prompt_tokens} {r.completion_tokens} {r.cpu_seconds} "
+            f"{r.cached_tokens}"
+        )
         return 0
 
     bin_dir = None if args.no_server and args.no_ceiling else binaries(args)
@@ -617,10 +631,14 @@ def main(argv: list[str] | None = None) -> int:
         mean_prompt = max(1, round(first.prompt_tokens / args.lines))
         row = batched_bench(bin_dir, model, mean_prompt, args.max_tokens, args)
         pp, tg = float(row["speed_pp"]), float(row["speed_tg"])
-        ideal = first.prompt_tokens / pp + (first.completion_tokens / tg if spec.max_tokens else 0)
+        # The prompt tokens batchyard took from its cache need no computing: the ceiling
+        # counts the rest (the shared workloads' blocks once, not once a line).
+        uncached = first.prompt_tokens - first.cached_tokens
+        ideal = uncached / pp + (first.completion_tokens / tg if spec.max_tokens else 0)
         print(
             f"\nllama-batched-bench B={args.parallel} PP={mean_prompt} TG={max(args.max_tokens, 1)}"
             f": S_PP {pp:.0f} tok/s, S_TG {tg:.0f} tok/s -> ceiling {ideal:.1f} s for this workload"
+            f" ({uncached} uncached prompt tokens, {first.completion_tokens} out)"
         )
         ceiling = f"{ideal:.1f} s ({pp:.0f} pp / {tg:.0f} tg tok/s)"
 

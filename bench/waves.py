@@ -62,6 +62,7 @@ class Step:
     gen_rows: int
     copies: int  # stream copies queued for this decode (llama_memory_seq_cp across streams)
     seconds: float = 0.0
+    cpu: float = 0.0  # the process's CPU seconds over the decode (all its threads)
     before_first: float = 0.0  # decode start -> first ubatch's attention: copies + graph build
     ubatches: list[Ubatch] = field(default_factory=list)
 
@@ -92,14 +93,24 @@ class Trace:
             step.ubatches.append(Ubatch(int(node.ne[1]), n_kv, streams))
         return True
 
-    def install_params(self) -> None:
-        """The next llama_context_default_params() (native.load's) carries the callback."""
+    def install_params(self, *, kv_unified: bool = False) -> None:
+        """The next llama_context_default_params() (native.load's) carries the callback, and
+        with `kv_unified` one KV stream for every slot instead of one stream each."""
         original = lc.llama_context_default_params
+        init = lc.llama_init_from_model
 
         def params() -> Any:
             lc.llama_context_default_params = original  # once: the embedder's stays plain
             p = original()
             p.cb_eval = self.callback
+            if kv_unified:
+
+                def init_unified(model: Any, p: Any) -> Any:
+                    lc.llama_init_from_model = init
+                    p.kv_unified = True  # native.load sets it False after taking the params
+                    return init(model, p)
+
+                lc.llama_init_from_model = init_unified
             return p
 
         lc.llama_context_default_params = params
@@ -121,9 +132,10 @@ class Trace:
             self._copies = 0
             if not self.t_start:
                 self.t_start = time.perf_counter()
-            self._t_decode = time.perf_counter()
+            self._t_decode, cpu = time.perf_counter(), time.process_time()
             ok = bool(decode(n))
             self.steps[-1].seconds = time.perf_counter() - self._t_decode
+            self.steps[-1].cpu = time.process_time() - cpu
             self.t_end = time.perf_counter()
             return ok
 
@@ -147,6 +159,7 @@ class Trace:
             ubs = [u for s in steps for u in s.ubatches]
             lines.append(
                 f"  {kind:<7} steps {len(steps):>4}  {sum(s.seconds for s in steps):7.2f} s  "
+                f"cpu {sum(s.cpu for s in steps):7.2f} s  "
                 f"copy+build {sum(s.before_first for s in steps):6.2f} s  "
                 f"copies {sum(s.copies for s in steps):>4}  prompt rows "
                 f"{sum(s.prompt_rows for s in steps):>6}  gen rows {sum(s.gen_rows for s in steps):>5}"

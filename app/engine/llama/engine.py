@@ -277,6 +277,9 @@ class LlamaEngine:
         if source is not None:
             # Separate KV streams only copy whole streams (llama.cpp queues the buffer copy
             # for the next decode); the tail past the shared prefix is dropped right after.
+            # In one unified stream the copy tags the source's cells, so the slot's own
+            # cells go first.
+            lc.llama_memory_seq_rm(self._mem, slot.seq_id, -1, -1)
             lc.llama_memory_seq_cp(self._mem, source.seq_id, slot.seq_id, -1, -1)
             slot.cached = list(source.cached)
             self._copy_pending.add(slot.seq_id)
@@ -356,6 +359,7 @@ class LlamaEngine:
                 continue
             for follower in slot.followers:
                 # The prompt was evaluated once; its KV becomes the start of every sibling choice.
+                lc.llama_memory_seq_rm(self._mem, follower.seq_id, -1, -1)
                 lc.llama_memory_seq_cp(self._mem, slot.seq_id, follower.seq_id, -1, -1)
                 follower.cached = list(slot.cached)
                 self._copy_pending.add(follower.seq_id)
