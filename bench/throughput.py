@@ -7,6 +7,8 @@ Four workloads (--workload), each a list of batch lines:
   shared  the batch most users send (classification, extraction): every line the same system
           prompt of about 900 tokens of instructions and a short distinct input, 4 tokens out
           (128 lines; 1,280 tokens of context per slot; llama-server fed `slots` at a time)
+  tiny    the short lines on a random-weight model of one layer with SmolLM2's width (the
+          engine's own cost per step shows; written once into ~/.cache/batchyard/bench-models)
   shared4 four such blocks, each with its own rules, a quarter of the lines each, the lines
           shuffled (256 lines): a file that mixes tasks
 run side by side, in alternating rounds (A, B, A, B) so machine noise hits both alike, through
@@ -35,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gzip
 import io
 import json
 import os
@@ -104,6 +107,7 @@ class Workload:
     max_tokens: int  # 0 for embeddings
     ctx_size: int = 512  # context per slot
     in_flight_per_slot: int = 2  # llama-server's requests in flight, per slot
+    model: str = ""  # "tiny": the one-layer random-weight model (tiny_model); "" the default
 
 
 WORKLOADS = {
@@ -111,6 +115,7 @@ WORKLOADS = {
     "long": Workload("/v1/chat/completions", 128, 16),
     "embed": Workload("/v1/embeddings", 512, 0),
     "shared": Workload("/v1/chat/completions", 128, 4, ctx_size=1280, in_flight_per_slot=1),
+    "tiny": Workload("/v1/chat/completions", 256, 48, model="tiny"),
     "shared4": Workload("/v1/chat/completions", 256, 4, ctx_size=1280, in_flight_per_slot=1),
 }
 CATEGORIES = ("billing", "shipping", "returns", "account", "product", "other")
@@ -172,7 +177,7 @@ def bodies_for(workload: str, n: int, max_tokens: int) -> list[dict[str, Any]]:
                 }
             )
             continue
-        if workload == "short":
+        if workload in ("short", "tiny"):
             q = QUESTIONS[i % len(QUESTIONS)]
             variant = i // len(QUESTIONS)
             text = q if variant == 0 else f"{q} (variant {variant})"
@@ -569,13 +574,32 @@ def binaries(args: argparse.Namespace) -> Path:
     return Path(out.stdout.strip().splitlines()[-1])
 
 
+def tiny_model() -> Path:
+    """SmolLM2-135M's shapes and tokenizer with one layer and random weights, written once."""
+    from bench.gpu_models import Shapes, extract_tokenizer, write_model
+
+    cache = Path.home() / ".cache" / "batchyard" / "bench-models"
+    path = cache / "smollm2-1layer-random.gguf"
+    if not path.is_file():
+        cache.mkdir(parents=True, exist_ok=True)
+        tok = cache / "smollm2-tokenizer.json.gz"
+        if not tok.is_file():
+            extract_tokenizer(tok)
+        shapes = Shapes("smollm2-1layer-random", 1, 576, 1536, 9, 3, 100000.0)
+        write_model(shapes, json.loads(gzip.decompress(tok.read_bytes())), path)
+    return path
+
+
 def main(argv: list[str] | None = None) -> int:
     from app.config import default_model_path
 
     raw = list(sys.argv[1:] if argv is None else argv)
     args = parse(raw)
-    model = Path(args.model) if args.model else default_model_path()
     spec = WORKLOADS[args.workload]
+    if args.model:
+        model = Path(args.model)
+    else:
+        model = tiny_model() if spec.model == "tiny" else default_model_path()
     bodies = bodies_for(args.workload, args.lines, args.max_tokens)
     if args.worker:  # one measurement, in this fresh process
         run = run_engine if args.worker == "engine" else run_sequential
