@@ -291,7 +291,17 @@ def load(settings: Settings, *, prompt_tokens_per_step: int) -> LoadedModel:
     params.n_seq_max = n_slots
     params.n_ctx = settings.ctx_size * n_slots
     # Separate KV streams give each sequence its own ctx_size context and keep attention
-    # per sequence; n > 1 copies a whole stream with llama_memory_seq_cp.
+    # per sequence; n > 1 copies a whole stream with llama_memory_seq_cp. One unified
+    # stream was measured against them (bench/waves.py, engine directly, 32 slots, 2 cores,
+    # CPU seconds of the process; bench/README.md, issue 33) and lost where it did not win:
+    # - q8_0 (the default): 128 lines sharing an 870-token block 26.4 against 27.6 CPU s
+    #   (a fork tags cells instead of copying a stream, and a step is 1 ubatch instead of
+    #   4-11, but the copies took 0.2 s and attention, most of the time, is the same per-row
+    #   kernel); 128 short chats 20.8 against 18.0 CPU s and 28.1 against 15.9 s wall:
+    #   attention scans every slot's kept cells (n_kv 1,792-2,304 instead of 256).
+    # - f16: the shared block 19.6 against 27.6 (q8_0 split) CPU s, as the CPU's flash
+    #   attention takes its tiled path from 64 query rows of one stream; short chats 23.8
+    #   against 18.0. So the stream layout stays split; one context cannot be both.
     params.kv_unified = False
     n_batch = max(2048, n_slots + prompt_tokens_per_step)
     params.n_batch = n_batch
