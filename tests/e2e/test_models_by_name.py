@@ -28,6 +28,7 @@ import numpy as np
 import pytest
 from openai import OpenAI
 
+from app.config.settings import default_cache_dir
 from tests.e2e.test_crash import rows
 from tests.factories import batch_line, jsonl
 from tests.http_helpers import FINISHED
@@ -108,7 +109,8 @@ ENV = {"BATCHYARD_LEASE_SECONDS": "3"}
 
 def serve(data: Path, home: Home, models_dir: Path) -> LiveServer:
     # HOME is the temporary one; the machine's own stores and caches stay out of it.
-    env = {**ENV, **home.environ, "BATCHYARD_CACHE_DIR": str(Path.home() / ".cache/batchyard")}
+    # The machine's cache dir stays: its CPU check verdicts spare each start the check.
+    env = {**ENV, **home.environ, "BATCHYARD_CACHE_DIR": str(default_cache_dir())}
     places = {
         "OLLAMA_MODELS": home.ollama_root,
         "HF_HUB_CACHE": home.hub_root,
