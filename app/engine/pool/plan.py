@@ -169,5 +169,6 @@ class Plan:
         """Whether `cand` fits beside `staying`, once the `freed` models' bytes are back."""
         if self.max_loaded and len(staying) + 1 > self.max_loaded:
             return False
-        back = sum(r.bytes for m, r in self.placement.reservations.items() if m in set(freed))
-        return self.placement.free() + back >= cand.need
+        gone = set(freed)
+        back = sum(r.bytes for m, r in self.placement.reservations.items() if m in gone)
+        return self.placement.fits(cand.need - back)

@@ -15,6 +15,7 @@ from app.batches import runner as runner_module
 from app.catalog import Entry
 from app.config import Settings, default_model_path
 from app.engine.base import EngineError, Priority
+from app.engine.pool import pool as pool_module
 from app.engine.pool.pool import ModelPool
 from app.engine.registry import EMBEDDED, EngineRegistry
 from app.services import Services
@@ -73,9 +74,11 @@ def running(svc: Services, batch_id: str) -> int:
 
 
 def test_lines_wait_for_their_model_and_the_pool_switches_when_a_queue_empties(
-    node: tuple[Services, FakeLoads],
+    node: tuple[Services, FakeLoads], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     svc, loads = node
+    read: list[Path] = []
+    monkeypatch.setattr(pool_module, "read_ahead", read.append)
     a = make_batch(svc, lines("a", 4, "a"))
     unknown = make_batch(svc, lines("u", 2, "gpt-4o-mini"))  # a name nothing knows: a's
     b = make_batch(svc, lines("b", 4, "b-alias"))
@@ -92,6 +95,8 @@ def test_lines_wait_for_their_model_and_the_pool_switches_when_a_queue_empties(
     # a's queue is empty now: it is fed no more, and unloaded once its lines are done.
     until(lambda: svc.engine.pool.active() == [], 10, "a to be drained")  # type: ignore[union-attr]
     assert loads.ids() == ["a"]
+    # b's file is read into the page cache while a's last lines run.
+    until(lambda: read == [default_model_path()], 5, "b's file read ahead")
     assert finish(first) == 2
 
     # Then b is loaded, and its lane claims.
