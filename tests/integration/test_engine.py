@@ -464,6 +464,35 @@ def test_prefix_reuse_keeps_greedy_output_and_counts_cached_tokens(engine: Llama
     assert [content(f.result(timeout=120)) for f in futures] == [fresh_red, fresh_yellow] * 2
 
 
+def test_batch_lines_sharing_a_new_block_compute_it_once(engine: LlamaEngine) -> None:
+    """A file's lines with one instruction block nobody has computed: queued together, one
+    line computes it and the others start from its KV (usage's cached_tokens shows it)."""
+    block = "You label reviews. " + " ".join(f"Rule {i}: tag{i * 7 % 13} first." for i in range(40))
+    bodies = [
+        {
+            "model": "anything",
+            "messages": [
+                {"role": "system", "content": block},
+                {"role": "user", "content": f"Review {i}: fine."},
+            ],
+            "temperature": 0,
+            "max_tokens": 2,
+        }
+        for i in range(SLOTS - 2)
+    ]
+    # The loop admits under the engine's lock: holding it queues every line before any
+    # starts, as a batch file's lines reach the engine.
+    with engine._cond:
+        futures = [engine.submit(CHAT, b, priority=Priority.BATCH) for b in bodies]
+    cached = sorted(
+        f.result(timeout=120)["usage"]["prompt_tokens_details"]["cached_tokens"] for f in futures
+    )
+    block_tokens = len(engine.vocab.tokenize(block, add_special=False))
+    assert block_tokens > 200
+    assert cached[0] < block_tokens
+    assert all(c >= block_tokens for c in cached[1:]), cached
+
+
 def test_batch_prompts_prefilled_together_answer_as_in_small_steps(
     engine: LlamaEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
