@@ -306,6 +306,9 @@ class Runner:
         if lifecycle.validate_next(self.settings, self.db, self.storage, self._ended, self.models):
             self._bump()
             self._poked = True  # there may be more waiting: the next step looks again
+            # Its lines wait now: the model pool hears of them this step, not a second on
+            # (a model with room for it loads at once).
+            self._last_demand = float("-inf")
 
     def cancel(self, batch_id: str) -> Batch:
         """The API's cancel (called from an API thread, on any node)."""
