@@ -18,6 +18,10 @@ class DictCatalog:
     def entries(self) -> list[Entry]:
         return list(self._entries)
 
+    def put(self, entry: Entry) -> None:
+        """List `entry` in place of the one with its id (a file the stores read again)."""
+        self._entries = [entry if e.id == entry.id else e for e in self._entries]
+
     def resolve(self, name: str | None) -> Entry | None:
         return next((e for e in self._entries if name in e.names), None)
 

@@ -461,9 +461,17 @@ class ModelPool:
     # ------------------------------------------------------------------ the loader thread
 
     def _slot(self, entry: Entry) -> _Slot:
+        """The slot of an entry (under the lock). A model that failed to load is tried
+        again once its file changed (the catalog re-reads it: a download finished, a
+        corrupt file replaced)."""
         slot = self._slots.get(entry.key)
         if slot is None:
             slot = self._slots[entry.key] = _Slot(entry)
+        elif slot.state == FAILED and (entry.mtime, entry.size_bytes) != (
+            slot.entry.mtime,
+            slot.entry.size_bytes,
+        ):
+            slot.entry, slot.state, slot.error = entry, ON_DISK, ""
         return slot
 
     def _run(self) -> None:

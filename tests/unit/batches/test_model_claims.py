@@ -225,3 +225,33 @@ def test_a_line_claimed_as_its_model_drains_still_runs_on_it() -> None:
         assert not online.done()
     finally:
         pool.close()
+
+
+def test_a_model_that_failed_to_load_is_tried_again_once_its_file_changed(
+    tmp_path: Path,
+) -> None:
+    settings = Settings(**MODEL_SETTINGS)
+    path = tmp_path / "late.gguf"
+    path.write_bytes(b"GGUF cut short")
+    loads = FakeLoads()
+
+    def loader(s: Settings, e: Entry) -> HangingEngine:
+        if e.path.read_bytes().startswith(b"GGUF cut"):
+            raise RuntimeError(f"llama.cpp could not load {e.path}")
+        return loads(s, e)
+
+    default = entry("a", default_model_path(), settings, default=True)
+    catalog = DictCatalog([default, entry("late", path, settings)])
+    pool = ModelPool(settings, catalog, budget=1 << 40, loader=loader)
+    pool.start()
+    try:
+        body = {"model": "late", "messages": [{"role": "user", "content": "hi"}]}
+        with pytest.raises(EngineError, match="could not load"):
+            pool.submit(CHAT, body).result(10)
+        # The download finishes: the catalog lists the file with its new size.
+        path.write_bytes(b"GGUF, whole this time")
+        catalog.put(entry("late", path, settings))
+        assert pool.submit(CHAT, body).result(10)["model"] == "late"
+        assert loads.ids() == ["a", "late"]
+    finally:
+        pool.close()
