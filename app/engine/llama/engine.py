@@ -93,6 +93,7 @@ class LlamaEngine:
         #: Bytes the load took (the process's resident set before and after), and seconds.
         self.measured_bytes: int | None = None
         self.load_seconds: float | None = None
+        self.freed_bytes: int | None = None
         self._fingerprint = (
             "fp_"
             + hashlib.sha256(f"{self.info.id}/{model.library_version}".encode()).hexdigest()[:10]
@@ -199,8 +200,12 @@ class LlamaEngine:
         else:
             self._fail_all(engine_closed())  # never started
         with self._prepare_lock:
+            before = native.memory_in_use()
             self._embedder.close()
             self._native.free()
+            # What the close gave back, against what the load took: the pool checks that
+            # a model's memory was freed rather than assume it.
+            self.freed_bytes = max(0, before - native.memory_in_use())
 
     # ---------------------------------------------------------------------- the owner thread
 

@@ -629,7 +629,16 @@ class ModelPool:
                 _add(self._retired, stats)
         with self._cond:
             self.placement.release(slot.pid)
-        log.info("model=%s unloaded", slot.id)
+        freed = getattr(engine, "freed_bytes", None)
+        log.info("model=%s unloaded freed=%s measured=%s", slot.id, _mib(freed), _mib(slot.need()))
+        if freed is not None and slot.measured_bytes and freed < slot.measured_bytes // 2:
+            # The budget counts the model's bytes free again; the process says otherwise.
+            log.warning(
+                "model=%s gave back %s of the %s its load took",
+                slot.id,
+                _mib(freed),
+                _mib(slot.measured_bytes),
+            )
 
     def _dispatch(self) -> None:
         """Send the waiting requests of every model now fed to its engine."""
