@@ -201,3 +201,17 @@ def test_a_load_slower_than_the_switch_bound_does_not_swap_the_model_out_unused(
     # Its line sent, b's queue is empty: a's turn, once that line is done.
     d = p.step(2 * SWITCH + 1, [a, replace(b, waiting=0, in_flight=1)])
     assert d.drain == {"b"} and not d.unload and d.prefetch == "a"
+
+
+def test_the_next_model_in_line_is_read_ahead() -> None:
+    p = plan()
+    a = loaded(p, Model("a", 100 * MiB, waiting=50, oldest=0.0, in_flight=4))
+    b = Model("b", 100 * MiB, waiting=10, oldest=1.0)
+    c = Model("c", 100 * MiB, waiting=10, oldest=2.0)
+    # a's queue is not empty: nothing loads, and b, waiting longest, is read ahead.
+    d = p.step(3.0, [a, b, c])
+    assert d.load is None and d.prefetch == "b"
+    # With room for more, b loads and c, next in line, is read ahead meanwhile.
+    p.max_loaded = 3
+    d = p.step(4.0, [a, b, c])
+    assert d.load == "b" and d.prefetch == "c"
