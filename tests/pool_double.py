@@ -2,7 +2,7 @@
 `unload(id)`, as app/engine/pool defines them), for integration tests of the Models page,
 "Run with" and /metrics over a fake engine. It keeps the pool's bookkeeping rules the page
 relies on (unknown ids are 404, an unload with requests in flight is refused with 409) and
-nothing else; the real pool is tested with real models (tests/browser/test_models_page.py).
+nothing else; the real pool is tested with real models (tests/browser/test_models_page_in_browser.py).
 """
 
 from __future__ import annotations
