@@ -183,7 +183,13 @@ def _open(path: Path) -> gguf.GGUFReader:
     except OSError:
         raise
     except Exception as exc:  # whatever a corrupt header makes the reader raise
-        raise ValueError(f"unreadable GGUF header ({exc or type(exc).__name__})") from None
+        # The reader's own words name an array or an index; what a user can act on is that
+        # the file is damaged, most often a download cut short.
+        size = path.stat().st_size
+        raise ValueError(
+            f"unreadable GGUF header: the file ({size:,} bytes) is damaged or cut short "
+            f"({exc or type(exc).__name__})"
+        ) from None
 
 
 def read_facts(paths: Sequence[Path]) -> HeaderFacts:

@@ -548,6 +548,12 @@ class ModelPool:
         if decision.load:
             slot = by_pid[decision.load]
             self._prefetched = None  # read ahead again next time it is to load
+            if slot.entry.error:
+                # The catalog could not read the file's header: llama.cpp would fail on it
+                # too, with a vaguer reason (and the CPU check would run on a broken file).
+                log.warning("model=%s is not loaded: %s", slot.id, slot.entry.error)
+                self._failed(slot, slot.entry.error)
+                return
             with self._cond:
                 slot.state, slot.wanted = LOADING, False
                 self.placement.reserve(slot.pid, slot.need(), now=self._clock())
