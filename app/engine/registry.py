@@ -186,6 +186,13 @@ class EngineRegistry:
                 return upstream
         return self.default
 
+    def prompt_tokens(self, endpoint: str, body: dict[str, Any]) -> int | None:
+        """A request's prompt tokens by its model's own tokenizer, where that model is
+        loaded here now; None otherwise (an upstream's, or a model on disk)."""
+        engine = self.route(body.get("model"))
+        counter = getattr(engine, "prompt_tokens", None)
+        return counter(endpoint, body) if counter is not None else None
+
     def demand(
         self, lines: list[tuple[str | None, int, float]], elsewhere: frozenset[str] = frozenset()
     ) -> None:

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import secrets
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from app.batches.service import BatchService
 from app.config import Settings
@@ -30,6 +30,7 @@ from app.sheets.requests import (
     SheetSpec,
     check_output_columns,
     estimate_sheet_tokens,
+    estimate_tokens,
     request_lines,
 )
 from app.sheets.writing import FORMATS, added_columns, joined_rows, write_csv, write_xlsx
@@ -78,8 +79,11 @@ class SheetPreview:
 
     requests: list[RequestPreview]
     rows: int
-    #: Input tokens of every row's messages, estimated (about four characters a token).
+    #: Input tokens of every row's messages, estimated: about four characters a token, or
+    #: scaled by what the model's own tokenizer counts in the first requests.
     tokens: int
+    #: The model whose tokenizer counted the first requests; None for four characters a token.
+    counted_by: str | None = None
 
 
 class SheetService:
@@ -152,9 +156,18 @@ class SheetService:
                     break
             return SheetLook(row, opened.columns, rows, opened.sheet_names, opened.sheet_name)
 
-    def preview(self, file_id: str, owner: str, spec: SheetSpec) -> SheetPreview:
+    def preview(
+        self,
+        file_id: str,
+        owner: str,
+        spec: SheetSpec,
+        count: Callable[[dict[str, Any]], int | None] | None = None,
+    ) -> SheetPreview:
         """The first requests as they will be sent, and an estimate of the input tokens of
-        the whole sheet (from `stats`, read once per sheet)."""
+        the whole sheet (from `stats`, read once per sheet). `count` gives a request body's
+        prompt tokens by the model's own tokenizer where it is loaded (else None): the
+        estimate is then scaled by its count of the first requests against theirs in
+        characters."""
         row = self._sheet_file(file_id, owner)
         stats = self.stats(row, spec.sheet)
         with (
@@ -170,7 +183,19 @@ class SheetService:
                 preview.requests.append(RequestPreview(number, template.messages(cells), body))
                 if len(preview.requests) >= PREVIEW_REQUESTS:
                     break
-            return preview
+        if count is not None and preview.requests:
+            try:
+                counted = [count(r.body) for r in preview.requests]
+            except APIError:  # a request the model would refuse: characters it is
+                counted = [None]
+            guessed = sum(
+                estimate_tokens("".join(m["content"] for m in r.messages)) for r in preview.requests
+            )
+            if guessed and all(n is not None for n in counted):
+                ratio = sum(n for n in counted if n is not None) / guessed
+                preview.tokens = round(tokens * ratio)
+                preview.counted_by = spec.model
+        return preview
 
     def stats(self, sheet_file: File, sheet: str | None) -> SheetStats:
         """The sheet's rows and column sizes (a limit broken on the way is refused here)."""

@@ -7,6 +7,7 @@ creates the batch through the same services as the API.
 
 from __future__ import annotations
 
+import functools
 import secrets
 from typing import Any
 
@@ -22,7 +23,7 @@ from litestar.response import Response, Template
 from app.engine.registry import members
 from app.errors import invalid
 from app.services import Services
-from app.sheets.requests import COLUMN_TYPES, OutputColumn, SheetSpec
+from app.sheets.requests import COLUMN_TYPES, ENDPOINT, OutputColumn, SheetSpec
 from app.sheets.writing import FORMATS
 from app.tables import BatchStatus
 from app.web.models import model_choices
@@ -127,7 +128,15 @@ async def sheet_preview(
 ) -> Template:
     """The first requests as they will be sent, and the input tokens of the whole sheet."""
     spec = spec_from_form(await request.form())
-    preview = await anyio.to_thread.run_sync(services.sheets.preview, file_id, owner, spec)
+    # The model's own tokenizer counts the first requests where that model is loaded.
+    count = getattr(services.engine, "prompt_tokens", None)
+    preview = await anyio.to_thread.run_sync(
+        services.sheets.preview,
+        file_id,
+        owner,
+        spec,
+        functools.partial(count, ENDPOINT) if count is not None else None,
+    )
     return Template(template_name="partials/sheet_preview.html", context={"preview": preview})
 
 

@@ -112,6 +112,10 @@ def test_drop_a_csv_write_the_template_and_download_the_sheet(
     expect(page.locator("#sheet-start-result")).to_contain_text("Its columns: id, review")
 
     fill_form(page)
+    # The model is loaded: its own tokenizer counted the first rows (here, all three).
+    estimate = page.locator("#sheet-estimate")
+    expect(estimate).to_contain_text("own tokenizer")
+    estimated = int(estimate.locator("strong").inner_text().replace(",", ""))
     shoot(page, "sheet-form")
     batch_id = start_and_wait(page, base)
     shoot(page, "sheet-batch")
@@ -121,6 +125,8 @@ def test_drop_a_csv_write_the_template_and_download_the_sheet(
     rows = list(csv.reader(io.StringIO(path.read_text(encoding="utf-8-sig"))))
     assert rows[3][1] == "'=1+1 is all it can count"  # a formula, written as text
     check_rows(rows, ["id", "review"])  # type: ignore[arg-type]
+    counted = sum(int(row[-2]) for row in rows[1:])  # the prompt tokens the lines took
+    assert abs(estimated - counted) <= 0.15 * counted, (estimated, counted)
 
 
 def test_drop_an_xlsx_choose_its_sheet_and_download_xlsx(

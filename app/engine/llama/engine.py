@@ -174,6 +174,17 @@ class LlamaEngine:
             self._cond.notify()
         return job.future
 
+    def prompt_tokens(self, endpoint: str, body: dict[str, Any]) -> int:
+        """The prompt tokens a request would take, by this model's own chat template and
+        tokenizer, without running it (a sheet's estimate). Raises EngineError for a
+        request the engine would refuse."""
+        job = Job(endpoint, body, Priority.ONLINE, None)
+        with self._prepare_lock:
+            if self._closing:
+                raise engine_closed()
+            self._preparer.prepare(job, itertools.count())
+        return sum(len(p) for p in job.prompts)
+
     def cancel(self, future: Future[dict[str, Any]]) -> None:
         with self._cond:
             job = self._jobs.pop(future, None)

@@ -287,6 +287,21 @@ class ModelPool:
             slot.last_used = self._clock()
         return self._send(slot, engine, endpoint, body, priority, on_chunk)
 
+    def prompt_tokens(self, endpoint: str, body: dict[str, Any]) -> int | None:
+        """The prompt tokens of a request by its model's own tokenizer, where that model is
+        loaded now; None where it is not (counting never loads a model)."""
+        name = body.get("model")
+        entry = self.catalog.route(name if isinstance(name, str) else None)
+        with self._cond:
+            engine = self._slot(entry).engine
+        counter = getattr(engine, "prompt_tokens", None)
+        if counter is None:
+            return None
+        try:
+            return int(counter(endpoint, body))
+        except EngineError:  # closed meanwhile, or a request it would refuse: no count
+            return None
+
     def _send(
         self,
         slot: _Slot,
