@@ -181,3 +181,13 @@ class Trace:
 
 def _med(xs: list[int]) -> int:
     return int(statistics.median(xs)) if xs else 0
+
+
+if __name__ == "__main__":
+    import argparse
+
+    argparse.ArgumentParser(
+        description="A trace of where an engine batch's seconds go; it runs inside "
+        "`python bench/throughput.py --batchyard engine --trace`, not on its own."
+    ).parse_args()
+    print("run it through: python bench/throughput.py --batchyard engine --trace")

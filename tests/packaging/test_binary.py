@@ -74,9 +74,10 @@ def test_binary_runs_a_batch_file_on_the_bundled_model(binary: Path, tmp_path: P
         assert body["model"] == "SmolLM2-135M-Instruct.Q4_1"
         assert body["choices"][0]["message"]["content"]
     # The model it ran is the one inside the bundle.
-    models = subprocess.run([str(binary), "models"], cwd=tmp_path, env=outside_env(),
+    models = subprocess.run([str(binary), "models", "--json"], cwd=tmp_path, env=outside_env(),
                             capture_output=True, text=True, timeout=120)  # fmt: skip
-    assert "_MEI" in models.stdout and "Q4_1" in models.stdout
+    default = next(m for m in json.loads(models.stdout) if m["default"])
+    assert "_MEI" in default["path"] and default["quantization"] == "Q4_1", default
 
 
 def test_binary_serves_the_dashboard(binary: Path, source: Path, tmp_path: Path) -> None:
