@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from app.catalog import Entry, Estimate, HeaderFacts, LoadProfile
-from app.engine.base import EngineError
+from app.engine.pool import model_busy, model_not_found
 
 MiB = 1024 * 1024
 
@@ -98,12 +98,7 @@ class PoolDouble:
         with self._lock:
             found = self._views.get(id)
         if found is None:
-            raise EngineError(
-                f"The model '{id}' does not exist.",
-                status_code=404,
-                param="model",
-                code="model_not_found",
-            )
+            raise model_not_found(id)
         return found
 
     def load(self, id: str) -> None:
@@ -119,12 +114,7 @@ class PoolDouble:
         with self._lock:
             self.calls.append(("unload", id))
             if v.in_flight:
-                raise EngineError(
-                    f"The model '{id}' has {v.in_flight} requests in flight; "
-                    "it is unloaded only when they are done.",
-                    status_code=409,
-                    code="model_busy",
-                )
+                raise model_busy(id, v.in_flight)
             v.state, v.measured_bytes = "on disk", None
 
 

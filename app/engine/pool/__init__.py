@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from app.catalog import Entry
+from app.engine.base import EngineError
 
 
 @dataclass
@@ -27,4 +28,24 @@ class ModelView:
     error: str = ""
 
 
-__all__ = ["ModelView"]
+def model_not_found(id: str) -> EngineError:
+    """The dashboard's load or unload of an id the catalog does not hold."""
+    return EngineError(
+        f"The model '{id}' does not exist.",
+        status_code=404,
+        param="model",
+        code="model_not_found",
+    )
+
+
+def model_busy(id: str, in_flight: int) -> EngineError:
+    """An unload refused while the model still has requests in flight."""
+    return EngineError(
+        f"The model '{id}' has {in_flight} requests in flight; "
+        "it is unloaded only when they are done.",
+        status_code=409,
+        code="model_busy",
+    )
+
+
+__all__ = ["ModelView", "model_busy", "model_not_found"]

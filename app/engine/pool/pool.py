@@ -42,7 +42,7 @@ from app.engine.base import (
     engine_closed,
     resolve,
 )
-from app.engine.pool import ModelView
+from app.engine.pool import ModelView, model_busy, model_not_found
 from app.engine.pool.placement import Placement, gpu_layers
 from app.engine.pool.plan import FAILED, LOADED, LOADING, ON_DISK, Decision, Model, Plan
 from app.toolchain.facts import free_vram_bytes
@@ -452,12 +452,7 @@ class ModelPool:
         with self._cond:
             slot = self._slot(entry)
             if slot.in_flight:
-                raise EngineError(
-                    f"The model '{id}' has {slot.in_flight} requests in flight; "
-                    "it is unloaded only when they are done.",
-                    status_code=409,
-                    code="model_busy",
-                )
+                raise model_busy(id, slot.in_flight)
             slot.evict = slot.state == LOADED
             slot.wanted = False
             self._cond.notify_all()
@@ -465,12 +460,7 @@ class ModelPool:
     def _entry(self, id: str) -> Entry:
         entry = self.catalog.get(id)
         if entry is None:
-            raise EngineError(
-                f"The model '{id}' does not exist.",
-                status_code=404,
-                param="model",
-                code="model_not_found",
-            )
+            raise model_not_found(id)
         return entry
 
     # ------------------------------------------------------------------ the loader thread
