@@ -442,16 +442,12 @@ def _write_outputs(opts: RunOptions, services: Services, batch: Batch, err: Text
         errors_to = opts.output.with_name(opts.output.stem + ".errors.jsonl")
     if errors_to is not None:
         _copy_out(storage.path(batch.error_file_id) if batch.error_file_id else None, errors_to)
-    if batch.status != BatchStatus.COMPLETED:
-        print(f"batchyard run: the batch ended {batch.status}.", file=err)
-        return EXIT_INVALID
-    usage = f"{batch.input_tokens} tokens in, {batch.output_tokens} out"
-    print(
-        f"batchyard run: {batch.completed} lines succeeded, {batch.failed} failed ({usage}); "
+    return _summary(
+        batch,
+        "lines",
         f"output {opts.output}" + (f", errors {errors_to}" if batch.failed else ""),
-        file=err,
+        err,
     )
-    return EXIT_SOME_FAILED if batch.failed else EXIT_OK
 
 
 def _write_sheet(opts: RunOptions, services: Services, batch: Batch, err: TextIO) -> int:
@@ -464,14 +460,25 @@ def _write_sheet(opts: RunOptions, services: Services, batch: Batch, err: TextIO
         os.replace(tmp, opts.output)
     finally:
         tmp.unlink(missing_ok=True)
+    return _summary(
+        batch,
+        "rows",
+        f"sheet {opts.output}"
+        + (" (failed rows say why in its error column)" if batch.failed else ""),
+        err,
+    )
+
+
+def _summary(batch: Batch, unit: str, written: str, err: TextIO) -> int:
+    """The run's last line on stderr (how it ended, the counts, where the results are),
+    and its exit status."""
     if batch.status != BatchStatus.COMPLETED:
         print(f"batchyard run: the batch ended {batch.status}.", file=err)
         return EXIT_INVALID
     usage = f"{batch.input_tokens} tokens in, {batch.output_tokens} out"
     print(
-        f"batchyard run: {batch.completed} rows succeeded, {batch.failed} failed ({usage}); "
-        f"sheet {opts.output}"
-        + (" (failed rows say why in its error column)" if batch.failed else ""),
+        f"batchyard run: {batch.completed} {unit} succeeded, {batch.failed} failed ({usage}); "
+        + written,
         file=err,
     )
     return EXIT_SOME_FAILED if batch.failed else EXIT_OK
