@@ -50,39 +50,10 @@ def _mtime_ns(path: Path) -> int:
         return -1
 
 
-def dir_signature(roots: list[Path], depth: int) -> Signature:
-    """The mtimes of every folder under `roots`, `depth` levels down, and of the files in
-    them: a file added, removed or renamed changes its folder's mtime; one rewritten in
-    place (an Ollama manifest, a hub ref, a model copied over another) its own."""
-    seen: list[tuple[str, int]] = []
-
-    def walk(path: Path, level: int) -> None:
-        seen.append((str(path), _mtime_ns(path)))
-        try:
-            children = sorted(os.scandir(path), key=lambda e: e.name)
-        except OSError:
-            return
-        for child in children:
-            if child.name.startswith("."):
-                continue
-            try:
-                if child.is_dir():
-                    if level < depth:
-                        walk(Path(child.path), level + 1)
-                else:
-                    st = child.stat()
-                    seen.append((child.path, st.st_mtime_ns ^ st.st_size))
-            except OSError:
-                continue
-
-    for root in roots:
-        walk(root, 0)
-    return tuple(seen)
-
-
-def _gguf_files(folder: Path, depth: int) -> Iterator[tuple[Path, int]]:
-    """(file, depth below `folder`) of every .gguf under it, symlinks followed, hidden
-    entries skipped, in name order."""
+def _walk(folder: Path, depth: int, level: int = 0) -> Iterator[tuple[os.DirEntry[str], bool]]:
+    """(entry, is it a folder) of the files under `folder` and of the folders `depth`
+    levels down, each folder before what it holds: symlinks followed, hidden entries and
+    ones that cannot be read skipped, in name order."""
     try:
         children = sorted(os.scandir(folder), key=lambda e: e.name)
     except OSError:
@@ -90,16 +61,42 @@ def _gguf_files(folder: Path, depth: int) -> Iterator[tuple[Path, int]]:
     for child in children:
         if child.name.startswith("."):
             continue
-        path = Path(child.path)
         try:
-            if child.is_dir():
-                if depth > 0:
-                    for found, level in _gguf_files(path, depth - 1):
-                        yield found, level + 1
-            elif child.name.lower().endswith(".gguf"):
-                yield path, 0
+            is_dir = child.is_dir()
         except OSError:
             continue
+        if not is_dir:
+            yield child, False
+        elif level < depth:
+            yield child, True
+            yield from _walk(Path(child.path), depth, level + 1)
+
+
+def dir_signature(roots: list[Path], depth: int) -> Signature:
+    """The mtimes of every folder under `roots`, `depth` levels down, and of the files in
+    them: a file added, removed or renamed changes its folder's mtime; one rewritten in
+    place (an Ollama manifest, a hub ref, a model copied over another) its own."""
+    seen: list[tuple[str, int]] = []
+    for root in roots:
+        seen.append((str(root), _mtime_ns(root)))
+        for entry, is_dir in _walk(root, depth):
+            if is_dir:
+                path = Path(entry.path)
+                seen.append((str(path), _mtime_ns(path)))
+                continue
+            try:
+                st = entry.stat()
+            except OSError:
+                continue
+            seen.append((entry.path, st.st_mtime_ns ^ st.st_size))
+    return tuple(seen)
+
+
+def _gguf_files(folder: Path, depth: int) -> Iterator[Path]:
+    """Every .gguf under `folder`, `depth` levels of subfolders down, as `_walk` finds them."""
+    for entry, is_dir in _walk(folder, depth):
+        if not is_dir and entry.name.lower().endswith(".gguf"):
+            yield Path(entry.path)
 
 
 @dataclass(frozen=True)
@@ -189,7 +186,7 @@ class FoldersStore(Store):
         found: list[Found] = []
         for folder in self.folders:
             by_dir: dict[Path, list[Path]] = {}
-            for path, _level in _gguf_files(folder, self.DEPTH):
+            for path in _gguf_files(folder, self.DEPTH):
                 by_dir.setdefault(path.parent, []).append(path)
             for parent, files in by_dir.items():
                 models = models_among(files)
@@ -329,7 +326,7 @@ class HubStore(Store):
         if not rev or not snapshot.is_dir():
             return []
         by_dir: dict[Path, list[Path]] = {}
-        for path, _level in _gguf_files(snapshot, 3):
+        for path in _gguf_files(snapshot, 3):
             by_dir.setdefault(path.parent, []).append(path)
         models = [m for files in by_dir.values() for m in models_among(files)]
         models.sort(key=lambda m: m.paths[0].relative_to(snapshot).as_posix())
