@@ -66,6 +66,16 @@ def cell(html: str, model: str, col: str) -> str:
     return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", found.group(1))).strip()
 
 
+def state_becomes(client: TestClient, model: str, state: str, seconds: float) -> None:
+    """Wait for the Models table to show `model` in `state`."""
+    until(
+        lambda: cell(client.get("/web/models").text, model, "state"),
+        seconds,
+        f"{model} {state}",
+        accept=lambda s: s == state,
+    )
+
+
 def test_the_models_page_lists_every_model_with_its_facts_and_state(
     make_client: MakeClient,
 ) -> None:
@@ -267,38 +277,18 @@ def test_the_real_pool_refuses_an_unload_with_a_request_in_flight(
     client = make_client(smollm2_pool)
     asked = client.post("/web/models/load", data={"model": SMOL})
     assert f"Loading {SMOL}" in asked.text
-    until(
-        lambda: cell(client.get("/web/models").text, SMOL, "state"),
-        60,
-        "loaded",
-        accept=lambda s: s == "idle",
-    )
+    state_becomes(client, SMOL, "idle", 60)
     # A long answer (no end token allowed): in flight while the button is pressed.
     body = chat_body("Count.", model=SMOL, max_tokens=200, logit_bias=NO_END)
     long = smollm2_pool.submit(CHAT, body)
-    until(
-        lambda: cell(client.get("/web/models").text, SMOL, "state"),
-        30,
-        "1 in flight",
-        accept=lambda s: s == "loaded 1 in flight",
-    )
+    state_becomes(client, SMOL, "loaded 1 in flight", 30)
     refused = client.post("/web/models/unload", data={"model": SMOL})
     assert 'role="alert"' in refused.text
     assert f"The model &#39;{SMOL}&#39; has 1 requests in flight" in refused.text
     assert not long.done()
     smollm2_pool.cancel(long)
-    until(
-        lambda: cell(client.get("/web/models").text, SMOL, "state"),
-        30,
-        "idle",
-        accept=lambda s: s == "idle",
-    )
+    state_becomes(client, SMOL, "idle", 30)
     unloaded = client.post("/web/models/unload", data={"model": SMOL})
     assert f"Unloading {SMOL}" in unloaded.text
-    until(
-        lambda: cell(client.get("/web/models").text, SMOL, "state"),
-        30,
-        "on disk",
-        accept=lambda s: s == "on disk",
-    )
+    state_becomes(client, SMOL, "on disk", 30)
     assert cell(client.get("/web/models").text, SMOL, "loads").startswith("1 ·")
