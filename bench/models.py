@@ -66,6 +66,7 @@ from bench.throughput import (  # noqa: E402
     llama_ngl,
     wait_up,
 )
+from tests.live import stop_process  # noqa: E402
 
 #: The router's log line for each load (tools/server/server-models.cpp, `load`).
 ROUTER_LOAD = re.compile(r"spawning server instance with name=(\S+) on port")
@@ -315,12 +316,7 @@ def run_batchyard(
 
 
 def stop(server: subprocess.Popen[bytes], log: Path, what: str, args: argparse.Namespace) -> None:
-    server.terminate()
-    try:
-        server.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        server.kill()
-        server.wait()
+    stop_process(server, timeout=30)
     if args.log_dir:  # kept for a look at where the time went
         Path(args.log_dir).mkdir(parents=True, exist_ok=True)
         shutil.copyfile(log, Path(args.log_dir) / f"{what}-{time.strftime('%H%M%S')}.log")

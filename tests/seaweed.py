@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tests.live import free_port
+from tests.live import free_port, stop_process
 
 if TYPE_CHECKING:
     from minio import Minio
@@ -99,12 +99,7 @@ def seaweed_server(data: Path, log: Path) -> Iterator[Seaweed | str]:
         problem = _make_bucket(server)
         yield problem if problem else server
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=3)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop_process(process, timeout=3)
 
 
 def _make_bucket(server: Seaweed) -> str | None:
