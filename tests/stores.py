@@ -7,7 +7,7 @@ copied; where a tool keeps a symlink (a hub snapshot's entry), it is one.
     home.ollama("gemma3:270m", gemma())
     home.lmstudio("lmstudio-community/gemma-3-270m-it-GGUF", gemma())
     home.hub("unsloth/gemma-3-270m-it-GGUF", {"gemma-3-270m-it-Q4_K_M.gguf": gemma()})
-    Catalog(settings, home=home.root, environ=home.environ)
+    home.catalog(data_dir)  # Catalog(settings, home=home.root, environ=home.environ)
 """
 
 from __future__ import annotations
@@ -17,6 +17,10 @@ import hashlib
 import json
 import os
 from pathlib import Path
+from typing import Any
+
+from app.catalog import Catalog
+from app.config import Settings
 
 OLLAMA_MODEL = "application/vnd.ollama.image.model"
 
@@ -58,6 +62,12 @@ class Home:
         self.root = root
         self.root.mkdir(parents=True, exist_ok=True)
         self.environ: dict[str, str] = {"HOME": str(root)}
+
+    def catalog(self, data_dir: Path, **flags: Any) -> Catalog:
+        """Catalog(Settings(data_dir=..., **flags)) over this HOME's stores; no variable of
+        the machine's reaches the settings either."""
+        settings = Settings.load({"data_dir": str(data_dir), **flags}, environ={})
+        return Catalog(settings, home=self.root, environ=self.environ)
 
     # -- Ollama ------------------------------------------------------------------------
 

@@ -11,7 +11,6 @@ import pytest
 
 from app.catalog import Catalog
 from app.catalog import catalog as catalog_module
-from app.config import Settings
 from tests.stores import Home
 
 
@@ -34,7 +33,6 @@ def make_catalog(
     monkeypatch.setattr(catalog_module, "RECHECK_SECONDS", 0.0)
 
     def make(**flags: Any) -> Catalog:
-        settings = Settings.load({"data_dir": str(data_dir), **flags}, environ={})
-        return Catalog(settings, home=home.root, environ=home.environ)
+        return home.catalog(data_dir, **flags)
 
     return make

@@ -12,7 +12,6 @@ import pytest
 
 from app.catalog import Catalog, header
 from app.catalog import catalog as catalog_module
-from app.config import Settings
 from tests.models import gemma, header_model, smollm2
 from tests.stores import Home, sha256
 
@@ -169,8 +168,7 @@ def test_stores_are_looked_at_no_more_than_every_two_seconds(
 ) -> None:
     clock = [1000.0]
     monkeypatch.setattr(catalog_module, "clock", lambda: clock[0])
-    settings = Settings.load({"data_dir": str(data_dir)}, environ={})
-    catalog = Catalog(settings, home=home.root, environ=home.environ)
+    catalog = home.catalog(data_dir)
     home.ollama("gemma3:270m", gemma())
     clock[0] += 1.0
     assert catalog.resolve("gemma3:270m") is None  # looked at 1 s ago
