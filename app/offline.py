@@ -198,17 +198,8 @@ def _start_or_resume(opts: RunOptions, services: Services) -> Batch:
         batch = services.sheets.start(OWNER, stored.id, opts.sheet)
         _remember(opts, digest, stored.id, batch.id)
         return batch
-    partial = services.storage.begin_write(limit=services.files.limit_for("batch") + 1)
-    try:
-        with open(opts.input, "rb") as fh:
-            while chunk := fh.read(1 << 20):
-                partial.write(chunk)
-    except BaseException:
-        partial.discard()
-        raise
-    stored = services.files.create(
-        partial=partial, filename=opts.input.name, purpose="batch", owner=OWNER
-    )
+    with open(opts.input, "rb") as fh:
+        stored = services.files.store(fh, filename=opts.input.name, purpose="batch", owner=OWNER)
     if opts.endpoint is None:
         with open(opts.input, "rb") as fh:
             endpoint = first_endpoint(fh)

@@ -110,16 +110,7 @@ class SheetService:
         purpose user_data."""
         if not is_sheet(filename):
             raise SheetError(f"'{filename}' is not a .csv, .tsv or .xlsx file.")
-        partial = self.storage.begin_write(limit=self.files.limit_for("user_data") + 1)
-        try:
-            while chunk := source.read(1 << 20):
-                partial.write(chunk)
-        except BaseException:
-            partial.discard()
-            raise
-        return self.files.create(
-            partial=partial, filename=filename, purpose="user_data", owner=owner
-        )
+        return self.files.store(source, filename=filename, purpose="user_data", owner=owner)
 
     def _sheet_file(self, file_id: str, owner: str) -> File:
         row = self.files.get(file_id, owner)
