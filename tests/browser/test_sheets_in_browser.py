@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import base64
 import csv
-import datetime as dt
 import io
 import re
 from pathlib import Path
@@ -14,16 +13,10 @@ import openpyxl
 from playwright.sync_api import Page, expect
 
 from tests.browser.pages import shoot
+from tests.reviews import check_rows, reviews_csv, reviews_workbook
 
 #: Three short rows on two CPU cores take seconds, but the model may still be warming.
 RUN_TIMEOUT = 180_000
-LABELS = {"positive", "negative", "neutral"}
-REVIEWS = [
-    ("1", "Great phone, I love it"),
-    ("2", "Broke after a day.\nTerrible."),
-    ("3", "=1+1 is all it can count"),
-]
-ADDED = ["label", "helpful", "error", "finish_reason", "prompt_tokens", "completion_tokens"]
 
 
 def drop_bytes(page: Page, name: str, data: bytes) -> None:
@@ -81,26 +74,11 @@ def download(page: Page, selector: str, tmp_path: Path) -> Path:
     return path
 
 
-def check_rows(rows: list[list[object]], first: list[str]) -> None:
-    header, *body = rows
-    assert header == [*first, *ADDED]
-    assert [str(r[0]) for r in body] == ["1", "2", "3"]
-    for row, (_, review) in zip(body, REVIEWS, strict=True):
-        assert str(row[1]).lstrip("'") == review
-        label, helpful, error, finish, prompt_tokens, completion_tokens = row[-6:]
-        assert label in LABELS, row
-        assert helpful in (True, False, "TRUE", "FALSE"), row
-        assert error in ("", None) and finish == "stop", row
-        assert int(str(prompt_tokens)) > 0 and int(str(completion_tokens)) > 0
-
-
 def test_drop_a_csv_write_the_template_and_download_the_sheet(
     page: Page, base: str, tmp_path: Path
 ) -> None:
-    buf = io.StringIO()
-    csv.writer(buf).writerows([("id", "review"), *REVIEWS])
     page.goto(base + "/")
-    drop_bytes(page, "reviews.csv", buf.getvalue().encode("utf-8-sig"))
+    drop_bytes(page, "reviews.csv", reviews_csv().encode("utf-8-sig"))
 
     columns = page.locator("#sheet-columns")
     expect(columns.locator("thead")).to_contain_text("review")
@@ -132,17 +110,8 @@ def test_drop_a_csv_write_the_template_and_download_the_sheet(
 def test_drop_an_xlsx_choose_its_sheet_and_download_xlsx(
     page: Page, base: str, tmp_path: Path
 ) -> None:
-    book = openpyxl.Workbook()
-    book.active.title = "Notes"
-    book.active.append(["nothing here"])
-    ws = book.create_sheet("Reviews")
-    ws.append(["id", "review", "when"])
-    for i, review in REVIEWS:
-        ws.append([int(i), review, dt.datetime(2026, 1, int(i))])
-        ws.cell(row=ws.max_row, column=2).data_type = "s"
-        ws.cell(row=ws.max_row, column=3).number_format = "yyyy-mm-dd"
     data = io.BytesIO()
-    book.save(data)
+    reviews_workbook("nothing here").save(data)
     page.goto(base + "/")
     drop_bytes(page, "reviews.xlsx", data.getvalue())
 

@@ -4,7 +4,6 @@ engine and the real default model, with two output columns answered through the 
 from __future__ import annotations
 
 import csv
-import datetime as dt
 import io
 import sqlite3
 from pathlib import Path
@@ -12,14 +11,9 @@ from pathlib import Path
 import openpyxl
 
 from tests.live import batchyard
+from tests.reviews import check_rows, reviews_csv, reviews_workbook
 
 SMALL = ("--parallel", "2", "--ctx-size", "512")
-LABELS = {"positive", "negative", "neutral"}
-REVIEWS = [
-    ("1", "Great phone, I love it"),
-    ("2", "Broke after a day.\nTerrible."),  # a quoted newline
-    ("3", "=1+1 is all it can count"),  # a formula, to the sheet app
-]
 SHEET_ARGS = (
     "--prompt",
     "Classify this review: {{ review }}",
@@ -36,26 +30,9 @@ SHEET_ARGS = (
 )
 
 
-def check_rows(rows: list[list[object]]) -> None:
-    header, *body = rows
-    assert header == [
-        "id", "review", "label", "helpful", "error", "finish_reason", "prompt_tokens",
-        "completion_tokens",
-    ]  # fmt: skip
-    assert [r[0] for r in body] == ["1", "2", "3"]
-    for row, (_, review) in zip(body, REVIEWS, strict=True):
-        assert str(row[1]).lstrip("'") == review
-        assert row[2] in LABELS, row
-        assert row[3] in (True, False, "TRUE", "FALSE"), row
-        assert row[4] in ("", None) and row[5] == "stop", row
-        assert int(str(row[6])) > 0 and int(str(row[7])) > 0
-
-
 def test_run_a_csv_to_an_xlsx_with_output_columns(tmp_path: Path) -> None:
     src = tmp_path / "reviews.csv"
-    buf = io.StringIO()
-    csv.writer(buf).writerows([("id", "review"), *REVIEWS])
-    src.write_text(buf.getvalue(), encoding="utf-8")
+    src.write_text(reviews_csv(), encoding="utf-8")
     out = tmp_path / "labelled.xlsx"
 
     done = batchyard("run", str(src), *SHEET_ARGS, "-o", str(out), *SMALL, timeout=300)
@@ -66,7 +43,7 @@ def test_run_a_csv_to_an_xlsx_with_output_columns(tmp_path: Path) -> None:
     ws = openpyxl.load_workbook(out).active
     assert all(c.data_type != "f" for row in ws.iter_rows() for c in row)
     assert ws["B4"].value == "=1+1 is all it can count" and ws["B4"].data_type == "s"
-    check_rows([[c.value for c in row] for row in ws.iter_rows()])
+    check_rows([[c.value for c in row] for row in ws.iter_rows()], ["id", "review"])
     # An ordinary batch underneath: its input file holds one request per row, by row number.
     state = tmp_path / "labelled.xlsx.batchyard-state"
     with sqlite3.connect(state / "batchyard.db") as db:
@@ -78,15 +55,7 @@ def test_run_a_csv_to_an_xlsx_with_output_columns(tmp_path: Path) -> None:
 
 def test_run_an_xlsx_to_a_csv(tmp_path: Path) -> None:
     src = tmp_path / "reviews.xlsx"
-    book = openpyxl.Workbook()
-    book.active.title = "Notes"
-    ws = book.create_sheet("Reviews")
-    ws.append(["id", "review", "when"])
-    for i, review in REVIEWS:
-        ws.append([int(i), review, dt.datetime(2026, 1, int(i))])
-        ws.cell(row=ws.max_row, column=2).data_type = "s"  # text, as Excel keeps '=1+1…
-        ws.cell(row=ws.max_row, column=3).number_format = "yyyy-mm-dd"
-    book.save(src)
+    reviews_workbook().save(src)
     out = tmp_path / "labelled.csv"
 
     done = batchyard(
@@ -97,7 +66,7 @@ def test_run_an_xlsx_to_a_csv(tmp_path: Path) -> None:
     rows = list(csv.reader(io.StringIO(out.read_text(encoding="utf-8-sig"))))
     assert [r[2] for r in rows[1:]] == ["2026-01-01", "2026-01-02", "2026-01-03"]
     assert rows[3][1] == "'=1+1 is all it can count"  # written as text
-    check_rows([[*r[:2], *r[3:]] for r in rows])
+    check_rows([[*r[:2], *r[3:]] for r in rows], ["id", "review"])
 
 
 def test_a_template_naming_a_missing_column_is_refused_before_a_batch(tmp_path: Path) -> None:
