@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 from pathlib import Path
 from typing import Any
 
@@ -27,18 +28,21 @@ def new_context(browser: Browser, scheme: str = "light", width: int = 1280) -> B
     )
 
 
-def drop_file(page: Page, name: str, text: str) -> None:
-    """A real drop: a DataTransfer holding a File, dispatched as dragenter, dragover, drop."""
+def drop_file(page: Page, name: str, data: str | bytes, type: str = "application/jsonl") -> None:
+    """A real drop, as a person's: a DataTransfer holding a File of `data` (text is sent as
+    UTF-8), dispatched as dragenter, dragover, drop."""
+    raw = data.encode() if isinstance(data, str) else data
     page.evaluate(
-        """([name, text]) => {
+        """([name, b64, type]) => {
+            const bytes = Uint8Array.from(atob(b64), c => c.charCodeAt(0));
             const dt = new DataTransfer();
-            dt.items.add(new File([text], name, {type: "application/jsonl"}));
+            dt.items.add(new File([bytes], name, {type}));
             const target = document.querySelector("main");
             for (const type of ["dragenter", "dragover", "drop"]) {
                 target.dispatchEvent(new DragEvent(type, {dataTransfer: dt, bubbles: true, cancelable: true}));
             }
         }""",
-        [name, text],
+        [name, base64.b64encode(raw).decode(), type],
     )
 
 

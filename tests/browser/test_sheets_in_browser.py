@@ -3,7 +3,6 @@ and two output columns, start, wait, download the sheet back and read its rows."
 
 from __future__ import annotations
 
-import base64
 import csv
 import io
 import re
@@ -12,27 +11,11 @@ from pathlib import Path
 import openpyxl
 from playwright.sync_api import Page, expect
 
-from tests.browser.pages import shoot
+from tests.browser.pages import drop_file, shoot
 from tests.reviews import check_rows, reviews_csv, reviews_workbook
 
 #: Three short rows on two CPU cores take seconds, but the model may still be warming.
 RUN_TIMEOUT = 180_000
-
-
-def drop_bytes(page: Page, name: str, data: bytes) -> None:
-    """A real drop of a binary file: a DataTransfer holding a File, as a person's drop."""
-    page.evaluate(
-        """([name, b64]) => {
-            const bytes = Uint8Array.from(atob(b64), c => c.charCodeAt(0));
-            const dt = new DataTransfer();
-            dt.items.add(new File([bytes], name));
-            const target = document.querySelector("main");
-            for (const type of ["dragenter", "dragover", "drop"]) {
-                target.dispatchEvent(new DragEvent(type, {dataTransfer: dt, bubbles: true, cancelable: true}));
-            }
-        }""",
-        [name, base64.b64encode(data).decode()],
-    )
 
 
 def fill_form(page: Page) -> None:
@@ -78,7 +61,7 @@ def test_drop_a_csv_write_the_template_and_download_the_sheet(
     page: Page, base: str, tmp_path: Path
 ) -> None:
     page.goto(base + "/")
-    drop_bytes(page, "reviews.csv", reviews_csv().encode("utf-8-sig"))
+    drop_file(page, "reviews.csv", reviews_csv().encode("utf-8-sig"), type="")
 
     columns = page.locator("#sheet-columns")
     expect(columns.locator("thead")).to_contain_text("review")
@@ -113,7 +96,7 @@ def test_drop_an_xlsx_choose_its_sheet_and_download_xlsx(
     data = io.BytesIO()
     reviews_workbook("nothing here").save(data)
     page.goto(base + "/")
-    drop_bytes(page, "reviews.xlsx", data.getvalue())
+    drop_file(page, "reviews.xlsx", data.getvalue(), type="")
 
     expect(page.locator("#sheet-columns thead")).to_contain_text("nothing here")
     page.select_option("#sheet-name", "Reviews")
