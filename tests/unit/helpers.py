@@ -9,8 +9,8 @@ from typing import Any
 
 from app.config import Settings
 from app.services import Services, build_services
-from app.tables import Batch, BatchStatus, File, Request
-from tests.factories import CHAT, jsonl
+from app.tables import Batch, BatchStatus, File, Request, RequestStatus
+from tests.factories import CHAT, batch_line, jsonl
 
 
 def services(data_dir: Path, engine: Any, **settings: Any) -> Services:
@@ -56,6 +56,16 @@ def request_rows(svc: Services, batch_id: str) -> list[Request]:
 
     with svc.db.read() as s:
         return list(s.exec(select(Request).where(Request.batch_id == batch_id)).all())
+
+
+def running(svc: Services, batch_id: str) -> int:
+    """How many of the batch's lines are running now."""
+    return sum(r.status == RequestStatus.RUNNING for r in request_rows(svc, batch_id))
+
+
+def hanging_lines(prefix: str, n: int, model: str) -> list[dict[str, Any]]:
+    """`n` batch lines for `model` that a HangingEngine holds until the test finishes them."""
+    return [batch_line(f"{prefix}{i}", f"HANG {prefix}{i}", model=model) for i in range(n)]
 
 
 def file_rows(svc: Services) -> list[File]:

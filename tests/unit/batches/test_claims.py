@@ -13,11 +13,16 @@ from typing import Any
 import pytest
 
 from app.engine.registry import EMBEDDED, UNROUTED, EngineRegistry, Lane, lanes
-from app.services import Services
-from app.tables import BatchStatus, RequestStatus
-from tests.factories import batch_line
+from app.tables import BatchStatus
 from tests.fakes import FakeEngine, FakeUpstream, HangingEngine, finish
-from tests.unit.helpers import drive, file_lines, make_batch, request_rows, services
+from tests.unit.helpers import (
+    drive,
+    file_lines,
+    hanging_lines,
+    make_batch,
+    running,
+    services,
+)
 
 LOCAL = "fake-model"  # the fake embedded engine's own model
 REMOTE = "remote-model"
@@ -28,14 +33,6 @@ def database(request: pytest.FixtureRequest) -> dict[str, Any]:
     if request.param == "sqlite":
         return {}
     return {"database_url": request.getfixturevalue("postgres_url")}
-
-
-def lines(prefix: str, n: int, model: str) -> list[dict[str, Any]]:
-    return [batch_line(f"{prefix}{i}", f"HANG {prefix}{i}", model=model) for i in range(n)]
-
-
-def running(svc: Services, batch_id: str) -> int:
-    return sum(r.status == RequestStatus.RUNNING for r in request_rows(svc, batch_id))
 
 
 def sent(engine: FakeEngine) -> list[str]:
@@ -51,8 +48,8 @@ def test_a_big_older_batch_for_one_engine_leaves_the_other_its_room(
     local = HangingEngine(n_slots=2)  # room 4
     remote = FakeUpstream("remote", [REMOTE], n_slots=3)  # room 6
     svc = services(tmp_path, EngineRegistry(local, [remote]), **database)
-    big = make_batch(svc, lines("e", 40, LOCAL))
-    small = make_batch(svc, lines("r", 10, REMOTE))
+    big = make_batch(svc, hanging_lines("e", 40, LOCAL))
+    small = make_batch(svc, hanging_lines("r", 10, REMOTE))
     for _ in range(3):  # validates both batches, then claims
         svc.runner.step()
     # The older batch filled only the embedded engine's room; the upstream took its own.
@@ -70,7 +67,7 @@ def test_a_big_older_batch_for_one_engine_leaves_the_other_its_room(
     assert (running(svc, big), running(svc, small)) == (4, 6)
 
     # A model the upstream starts to list (its /v1/models changed) moves to its room.
-    late = make_batch(svc, lines("l", 3, "late-model"))
+    late = make_batch(svc, hanging_lines("l", 3, "late-model"))
     svc.runner.step()  # validated; until now its lines are the embedded engine's (full)
     assert running(svc, late) == 0 and len(local.submitted) == 4
     remote.served.append("late-model")
@@ -102,8 +99,8 @@ def test_the_upstreams_batch_is_not_kept_waiting_by_the_embedded_one(
     local = HangingEngine(n_slots=1)  # room 2
     remote = FakeUpstream("remote", [REMOTE], n_slots=8)  # room 16
     svc = services(tmp_path, EngineRegistry(local, [remote]), **database)
-    big = make_batch(svc, lines("r", 100, REMOTE))
-    small = make_batch(svc, lines("e", 3, LOCAL))
+    big = make_batch(svc, hanging_lines("r", 100, REMOTE))
+    small = make_batch(svc, hanging_lines("e", 3, LOCAL))
     for _ in range(3):
         svc.runner.step()
     assert (running(svc, big), running(svc, small)) == (16, 2)
@@ -113,8 +110,8 @@ def test_the_upstreams_batch_is_not_kept_waiting_by_the_embedded_one(
 def test_one_engine_takes_every_line_as_before(tmp_path: Path) -> None:
     local = HangingEngine(n_slots=3)
     svc = services(tmp_path, EngineRegistry(local, []))
-    first = make_batch(svc, lines("a", 4, "some-other-model"))
-    second = make_batch(svc, lines("b", 4, LOCAL))
+    first = make_batch(svc, hanging_lines("a", 4, "some-other-model"))
+    second = make_batch(svc, hanging_lines("b", 4, LOCAL))
     for _ in range(3):
         svc.runner.step()
     # One room of twice the slots, oldest lines first, whatever model they name.
@@ -128,8 +125,8 @@ def test_without_the_embedded_engine_unknown_models_fail_without_holding_a_room(
     a = FakeUpstream("a", ["model-a"], n_slots=1)
     b = FakeUpstream("b", ["model-b"], n_slots=1)
     svc = services(tmp_path, EngineRegistry(None, [a, b]))
-    lost = make_batch(svc, lines("x", 5, "nobody-serves-this"))
-    mine = make_batch(svc, lines("y", 2, "model-b"))
+    lost = make_batch(svc, hanging_lines("x", 5, "nobody-serves-this"))
+    mine = make_batch(svc, hanging_lines("y", 2, "model-b"))
     for _ in range(3):
         svc.runner.step()
     assert sent(b) == ["y0", "y1"] and sent(a) == []

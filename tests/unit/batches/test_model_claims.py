@@ -5,9 +5,8 @@ says) on a real SQLite file, the runner stepped by hand."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -19,12 +18,19 @@ from app.engine.pool import pool as pool_module
 from app.engine.pool.pool import ModelPool
 from app.engine.registry import EMBEDDED, EngineRegistry
 from app.services import Services
-from app.tables import BatchStatus, RequestStatus
+from app.tables import BatchStatus
 from app.wire.endpoints import CHAT
 from tests.catalogs import DictCatalog, entry
 from tests.factories import batch_line
 from tests.fakes import HangingEngine, finish
-from tests.unit.helpers import batch, file_lines, make_batch, request_rows, services
+from tests.unit.helpers import (
+    batch,
+    file_lines,
+    hanging_lines,
+    make_batch,
+    running,
+    services,
+)
 from tests.waiting import until
 
 MODEL_SETTINGS = dict(max_loaded_models=1, model_ttl="0", model_switch_after="1h")
@@ -46,8 +52,15 @@ class FakeLoads:
         return [e.info.id for e in self.engines]
 
 
-@pytest.fixture
-def node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Services, FakeLoads]]:
+def pool_node(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    loader: Callable[[Settings, Entry], HangingEngine],
+    second: str,
+    *aliases: str,
+) -> tuple[Services, ModelPool]:
+    """A node whose pool, loading with `loader`, holds the default model "a" and `second`
+    (also named `aliases`); the runner tells the pool its demand at every step."""
     monkeypatch.setattr(runner_module, "DEMAND_INTERVAL", 0.0)
     monkeypatch.setattr(runner_module, "DEMAND_SHARE", 0)
     settings = Settings(**MODEL_SETTINGS)
@@ -55,22 +68,19 @@ def node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Serv
     # One file under two load profiles: two engines (a loaded engine is keyed by both).
     other = Settings(**MODEL_SETTINGS, ctx_size=1024)
     catalog = DictCatalog(
-        [entry("a", path, settings, default=True), entry("b", path, other, "b-alias")]
+        [entry("a", path, settings, default=True), entry(second, path, other, *aliases)]
     )
-    loads = FakeLoads()
-    pool = ModelPool(settings, catalog, budget=1 << 40, loader=loads)
+    pool = ModelPool(settings, catalog, budget=1 << 40, loader=loader)
     pool.start()
-    svc = services(tmp_path, EngineRegistry(pool, []), **MODEL_SETTINGS)
+    return services(tmp_path, EngineRegistry(pool, []), **MODEL_SETTINGS), pool
+
+
+@pytest.fixture
+def node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Services, FakeLoads]]:
+    loads = FakeLoads()
+    svc, pool = pool_node(tmp_path, monkeypatch, loads, "b", "b-alias")
     yield svc, loads
     pool.close()
-
-
-def lines(prefix: str, n: int, model: str) -> list[dict[str, Any]]:
-    return [batch_line(f"{prefix}{i}", f"HANG {prefix}{i}", model=model) for i in range(n)]
-
-
-def running(svc: Services, batch_id: str) -> int:
-    return sum(r.status == RequestStatus.RUNNING for r in request_rows(svc, batch_id))
 
 
 def test_lines_wait_for_their_model_and_the_pool_switches_when_a_queue_empties(
@@ -79,9 +89,9 @@ def test_lines_wait_for_their_model_and_the_pool_switches_when_a_queue_empties(
     svc, loads = node
     read: list[Path] = []
     monkeypatch.setattr(pool_module, "read_ahead", read.append)
-    a = make_batch(svc, lines("a", 4, "a"))
-    unknown = make_batch(svc, lines("u", 2, "gpt-4o-mini"))  # a name nothing knows: a's
-    b = make_batch(svc, lines("b", 4, "b-alias"))
+    a = make_batch(svc, hanging_lines("a", 4, "a"))
+    unknown = make_batch(svc, hanging_lines("u", 2, "gpt-4o-mini"))  # a name nothing knows: a's
+    b = make_batch(svc, hanging_lines("b", 4, "b-alias"))
     for _ in range(4):
         svc.runner.step()
     # Only "a" is loaded: its lane (the default's) takes its lines, then the unknown
@@ -120,8 +130,8 @@ def test_lines_wait_for_their_model_and_the_pool_switches_when_a_queue_empties(
 
 def test_the_runner_tells_the_pool_which_lines_wait(node: tuple[Services, FakeLoads]) -> None:
     svc, loads = node
-    a = make_batch(svc, lines("a", 6, "a"))
-    make_batch(svc, lines("b", 3, "b"))
+    a = make_batch(svc, hanging_lines("a", 6, "a"))
+    make_batch(svc, hanging_lines("b", 3, "b"))
     for _ in range(4):
         svc.runner.step()
     assert running(svc, a) == 4
@@ -156,11 +166,6 @@ def test_a_model_that_cannot_fit_alone_fails_its_requests_saying_why() -> None:
 def test_a_model_that_fails_to_load_fails_its_own_lines_and_the_others_go_on(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(runner_module, "DEMAND_INTERVAL", 0.0)
-    monkeypatch.setattr(runner_module, "DEMAND_SHARE", 0)
-    settings = Settings(**MODEL_SETTINGS)
-    path = default_model_path()
-    other = Settings(**MODEL_SETTINGS, ctx_size=1024)
     loads = FakeLoads()
 
     def loader(s: Settings, e: Entry) -> HangingEngine:
@@ -168,10 +173,7 @@ def test_a_model_that_fails_to_load_fails_its_own_lines_and_the_others_go_on(
             raise RuntimeError(f"llama.cpp could not load {e.path}")
         return loads(s, e)
 
-    catalog = DictCatalog([entry("a", path, settings, default=True), entry("broken", path, other)])
-    pool = ModelPool(settings, catalog, budget=1 << 40, loader=loader)
-    pool.start()
-    svc = services(tmp_path, EngineRegistry(pool, []), **MODEL_SETTINGS)
+    svc, pool = pool_node(tmp_path, monkeypatch, loader, "broken")
     try:
         bad = make_batch(svc, [batch_line(f"x{i}", "hi", model="broken") for i in range(3)])
         good = make_batch(svc, [batch_line(f"a{i}", "hi", model="a") for i in range(3)])
