@@ -28,7 +28,7 @@ from minio.datatypes import Part
 from minio.error import MinioException
 
 from app.files.bucket import Bucket, store_errors
-from app.files.storage import PartialWrite, Storage, TooLarge
+from app.files.storage import PartialWrite, Storage
 from app.tables import new_id
 
 #: Bytes held before they go out as one part (S3 wants at least 5 MiB for all but the last).
@@ -74,10 +74,7 @@ class ObjectWrite(PartialWrite):
     def write(self, chunk: bytes) -> None:
         if self._closed:
             raise ValueError("the partial write was already synced or discarded")
-        self.size += len(chunk)
-        if self.size > self.limit:
-            raise TooLarge(self.limit)
-        self._sha.update(chunk)
+        self._count(chunk)
         view = memoryview(chunk)
         while view:
             piece = view[: PART_BYTES - self._filled]
@@ -204,10 +201,7 @@ class JoinedWrite(PartialWrite):
     def write(self, chunk: bytes) -> None:
         if self._closed:
             raise ValueError("the partial write was already committed or discarded")
-        self.size += len(chunk)
-        if self.size > self.limit:
-            raise TooLarge(self.limit)
-        self._sha.update(chunk)
+        self._count(chunk)
 
     def sync(self) -> None:
         """Nothing to do: the store joins the parts at commit."""

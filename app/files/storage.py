@@ -91,11 +91,15 @@ class PartialWrite:
             self._fh = open(self.tmp_path, "wb")  # noqa: SIM115
         return self._fh
 
-    def write(self, chunk: bytes) -> None:
+    def _count(self, chunk: bytes) -> None:
+        """Add `chunk` to the size and the digest; past the limit, refuse it."""
         self.size += len(chunk)
         if self.size > self.limit:
             raise TooLarge(self.limit)
         self._sha.update(chunk)
+
+    def write(self, chunk: bytes) -> None:
+        self._count(chunk)
         self._file().write(chunk)
 
     @property
