@@ -89,11 +89,7 @@ class DownWatch:
             if not isinstance(data, list):
                 raise ValueError("GET /v1/models answered without a `data` list")
         except Exception as exc:  # noqa: BLE001 - any failure means "not up"; say why
-            reason = f"{type(exc).__name__}: {exc}"
-            with self._lock:
-                was_up, self._up, self._last_error = self._up, False, reason
-            if was_up:
-                log.warning("engine=%s is down: %s", self.spec.name, reason)
+            self._down(f"{type(exc).__name__}: {exc}")
             return
         with self._lock:
             self._discovered = [m for m in data if isinstance(m, dict)]
@@ -116,12 +112,16 @@ class DownWatch:
     def mark_down(self, reason: str) -> None:
         """A request found the server down: stop claiming for it until a probe of its
         /v1/models answers (the watch looks WATCH_INTERVAL_DOWN_S from now)."""
+        self._down(reason)
+        if self._look_now is not None:
+            self._look_now.set()
+
+    def _down(self, reason: str) -> None:
+        """Mark the server down for `reason`, saying so once when it was up."""
         with self._lock:
             was_up, self._up, self._last_error = self._up, False, reason
         if was_up:
             log.warning("engine=%s is down: %s", self.spec.name, reason)
-        if self._look_now is not None:
-            self._look_now.set()
 
 
 __all__ = ["WATCH_INTERVAL_DOWN_S", "WATCH_INTERVAL_S", "DownWatch"]
