@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Iterable
 from typing import Any, BinaryIO
 
 from sqlmodel import Session, col, select
@@ -105,14 +107,31 @@ class FileService:
     def store(self, source: BinaryIO, *, filename: str, purpose: str, owner: str) -> File:
         """Store what `source` reads (a file on this machine: `batchyard run`'s input or
         sheet) as a File of `purpose`, as an upload of it would be."""
+        chunks = iter(functools.partial(source.read, 1 << 20), b"")
+        return self.store_chunks(chunks, filename=filename, purpose=purpose, owner=owner)
+
+    def store_chunks(
+        self,
+        chunks: Iterable[bytes],
+        *,
+        filename: str,
+        purpose: str,
+        owner: str,
+        empty: APIError | None = None,
+    ) -> File:
+        """Store the bytes `chunks` gives (a file read, lines made) as a File of `purpose`;
+        with `empty`, no bytes at all are refused with that error."""
         # A byte past the limit gets through to create(), which refuses it by purpose.
         partial = self.storage.begin_write(limit=self.limit_for(purpose) + 1)
         try:
-            while chunk := source.read(1 << 20):
+            for chunk in chunks:
                 partial.write(chunk)
         except BaseException:
             partial.discard()
             raise
+        if empty is not None and partial.size == 0:
+            partial.discard()
+            raise empty
         return self.create(partial=partial, filename=filename, purpose=purpose, owner=owner)
 
     def register_output(

@@ -235,23 +235,12 @@ class SheetService:
             check_output_columns(spec.output_columns, opened.columns)
             template = RowTemplate(spec, opened.columns)
             spec.sheet = opened.sheet_name
-            partial = self.storage.begin_write(limit=self.files.limit_for("batch") + 1)
-            count = 0
-            try:
-                for line in request_lines(template, opened.rows):
-                    partial.write(line)
-                    count += 1
-            except BaseException:
-                partial.discard()
-                raise
-            if count == 0:
-                partial.discard()
-                raise SheetError("The sheet has no rows of data under its header.")
-            stored = self.files.create(
-                partial=partial,
+            stored = self.files.store_chunks(
+                request_lines(template, opened.rows),
                 filename=Path(sheet_file.filename).stem + ".jsonl",
                 purpose="batch",
                 owner=owner,
+                empty=SheetError("The sheet has no rows of data under its header."),
             )
         batch = self.batches.create(
             owner,
