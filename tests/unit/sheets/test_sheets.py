@@ -19,7 +19,7 @@ from app.sheets.requests import OutputColumn, RowTemplate, SheetSpec, parse_colu
 from app.sheets.writing import write_csv, write_xlsx
 from app.tables import BatchStatus
 from tests.fakes import FakeEngine
-from tests.unit.helpers import drive, services
+from tests.unit.helpers import drive, file_rows, services
 
 
 def rows_of(path: Path, **kw: object) -> tuple[list[str], list[tuple[int, list[str]]]]:
@@ -201,6 +201,16 @@ def test_start_and_export_join_rows_in_order_with_failed_rows_kept(tmp_path: Pat
     assert table[0]["finish_reason"] == "stop" and table[0]["error"] == ""
     assert table[2]["answer"] == "" and "longer than the context" in table[2]["error"]
     assert int(table[1]["prompt_tokens"]) > 0
+
+
+def test_a_sheet_with_no_rows_is_refused_and_stores_no_input_file(tmp_path: Path) -> None:
+    svc = _sheet_services(tmp_path)
+    stored = svc.sheets.store(io.BytesIO(b"id,question\n"), "empty.csv", "")
+    with pytest.raises(SheetError, match="no rows of data under its header"):
+        svc.sheets.start("", stored.id, SheetSpec(template="Q: {{ question }}", model="m"))
+    assert svc.batches.list("", limit=10)[0] == []
+    assert [f.id for f in file_rows(svc)] == [stored.id]  # no batch input file was kept
+    assert [file_id for file_id, _age in svc.storage.stored_files()] == [stored.id]
 
 
 def test_export_is_refused_for_a_batch_not_made_from_a_sheet(tmp_path: Path) -> None:
