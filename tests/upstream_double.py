@@ -48,6 +48,10 @@ class Arrival:
     in_flight: int
     answer: str
     body: bytes = b""
+    #: It came on a connection that had carried a request before: a "drop" there looks to
+    #: the client like a keep-alive connection closed while idle, which it sends again on a
+    #: new one at once (engine/upstream/http1.py), not as a retry.
+    reused: bool = False
 
 
 @dataclass
@@ -72,15 +76,20 @@ class FlakyUpstream:
                 pass
 
             def do_GET(self) -> None:
+                self.served = getattr(self, "served", 0) + 1
                 r = httpx.get(double.target + self.path, timeout=30)
                 self._answer(r.status_code, r.content, r.headers.get("content-type", ""))
 
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                reused = getattr(self, "served", 0) > 0  # one handler serves one connection
+                self.served = getattr(self, "served", 0) + 1
                 with double._lock:
                     double._open += 1
                     step = double.script.popleft() if double.script else "forward"
-                    double.arrivals.append(Arrival(time.monotonic(), double._open, step, body))
+                    double.arrivals.append(
+                        Arrival(time.monotonic(), double._open, step, body, reused)
+                    )
                 try:
                     answer = self._post(step, body)
                 finally:

@@ -206,17 +206,22 @@ def test_connection_errors_and_5xx_are_retried_and_each_line_recorded_once(fleet
     )
     assert answer.choices[0].message.content is not None
     assert [a.answer for a in fleet.double.arrivals] == ["drop", "500", "502", "forward"]
+    online_resent = [a for a in fleet.double.arrivals if a.answer == "drop" and a.reused]
 
     fleet.double.plan("500", "drop", "503", "500")
     lines = [batch_line(f"f-{i}", "Hi", model=FLAKY_MODEL, max_tokens=3) for i in range(3)]
     b, out, err = run_batch(c, lines)
+    batch_arrivals = list(fleet.double.arrivals)
     assert b.status == "completed" and not err, err
     assert sorted(x["custom_id"] for x in out) == ["f-0", "f-1", "f-2"]  # once each
     assert b.request_counts.completed == 3 and b.request_counts.total == 3
     forwarded = [a for a in fleet.double.arrivals if a.answer == "forward"]
     assert len(forwarded) == 3 and len(fleet.double.arrivals) == 7
+    # Every scripted failure is a retry, but a drop on a kept-alive connection, which the
+    # client's pool sends again at once as it would after an idle close (http1.py).
+    resent = [a for a in batch_arrivals if a.answer == "drop" and a.reused]
     after = value(scrape(fleet.front.url), "batchyard_upstream_retries_total", engine="flaky")
-    assert after - before == 7
+    assert after - before == 7 - len(online_resent) - len(resent), (online_resent, resent)
 
 
 def test_too_many_failures_end_as_the_lines_error(fleet: Fleet) -> None:
