@@ -7,30 +7,28 @@ nothing else; the real pool is tested with real models (tests/browser/test_model
 
 from __future__ import annotations
 
+import dataclasses
 import threading
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from app.catalog import Entry, Estimate, HeaderFacts, LoadProfile
-from app.engine.pool import model_busy, model_not_found
+from app.engine.pool import ModelView, model_busy, model_not_found
 
 MiB = 1024 * 1024
 
 
-@dataclass
-class View:
-    """The fields of app/engine/pool's ModelView."""
-
-    entry: Entry
-    state: str
-    in_flight: int = 0
-    waiting: int = 0
-    loads: int = 0
-    last_used: float | None = None
-    measured_bytes: int | None = None
-    load_seconds: float | None = None
-    error: str = ""
+def model_view(entry: Entry, state: str, **figures: Any) -> ModelView:
+    """The pool's ModelView of `entry`, its figures zero unless given."""
+    blank: dict[str, Any] = {
+        "in_flight": 0,
+        "waiting": 0,
+        "loads": 0,
+        "last_used": None,
+        "measured_bytes": None,
+        "load_seconds": None,
+    }
+    return ModelView(entry, state, **{**blank, **figures})
 
 
 def entry(
@@ -75,15 +73,15 @@ def entry(
 class PoolDouble:
     """Views a test sets; load/unload move a model's state as the pool's buttons would."""
 
-    def __init__(self, views: list[View], budget: int = 1024 * MiB) -> None:
+    def __init__(self, views: list[ModelView], budget: int = 1024 * MiB) -> None:
         self._views = {v.entry.id: v for v in views}
         self._budget = budget
         self._lock = threading.Lock()
         self.calls: list[tuple[str, str]] = []
 
-    def views(self) -> list[View]:
+    def views(self) -> list[ModelView]:
         with self._lock:
-            return [View(**vars(v)) for v in self._views.values()]
+            return [dataclasses.replace(v) for v in self._views.values()]
 
     def budget(self) -> tuple[int, int]:
         with self._lock:
@@ -94,7 +92,7 @@ class PoolDouble:
             )
             return used, self._budget
 
-    def view(self, id: str) -> View:
+    def view(self, id: str) -> ModelView:
         with self._lock:
             found = self._views.get(id)
         if found is None:

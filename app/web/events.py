@@ -112,7 +112,7 @@ async def batch_events(
         now = time.time()
         engine = services.engine
         tracker.add(batch, now, engine.stats().tokens_per_second if engine else None)
-        model = await anyio.to_thread.run_sync(batch_model, services, batch.model)
+        model = await anyio.to_thread.run_sync(batch_model, services, batch)
         context = summary_context(batch, tracker, now, model)
         over = batch.status in BatchStatus.FINISHED
         frame = {"summary": render(request, "partials/batch_summary.html", **context)}

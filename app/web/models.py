@@ -24,6 +24,7 @@ from app.engine.base import EngineError
 from app.engine.pool import ModelView
 from app.engine.registry import EMBEDDED, members, model_pool
 from app.services import Services
+from app.tables import Batch
 from app.web import views
 
 #: The tone of each state's badge (macros.html).
@@ -106,9 +107,11 @@ def model_choices(services: Services) -> list[str]:
     return [v.entry.id for v in pool.views() if not v.entry.error]
 
 
-def batch_model(services: Services, name: str | None) -> dict[str, Any] | None:
-    """The pool's model that runs lines naming `name` (a batch page's "Model"), with its
-    state and loads now; None without a pool, or when an upstream engine serves the name."""
+def batch_model(services: Services, batch: Batch) -> dict[str, Any] | None:
+    """The pool's model that runs the batch's lines (a batch page's "Model"), with its
+    state now, its loads since start and those it took while the batch ran (this node's,
+    since it started); None without a pool, or when an upstream engine serves the name."""
+    name = batch.model
     pool = model_pool(services.engine)
     if pool is None:
         return None
@@ -126,7 +129,19 @@ def batch_model(services: Services, name: str | None) -> dict[str, Any] | None:
         "state": view.state,
         "tone": STATE_TONE.get(view.state, "muted"),
         "loads": view.loads,
+        "while_running": _loads_while_running(view.loaded_at, batch),
     }
+
+
+def _loads_while_running(loaded_at: tuple[float, ...], batch: Batch) -> int:
+    """The model's loads between the batch's start and its end (or now)."""
+    start = batch.in_progress_at
+    if start is None:
+        return 0
+    ends = (batch.completed_at, batch.failed_at, batch.cancelled_at, batch.expired_at)
+    end = next((t for t in ends if t is not None), None)
+    # The batch's times are whole seconds: a load that finished in its last second counts.
+    return sum(1 for t in loaded_at if t >= start and (end is None or t < end + 1))
 
 
 @get("/models", name="web:models", sync_to_thread=True)

@@ -109,7 +109,7 @@ def batch_page_context(
         except APIError:
             opened = None
     return {
-        **summary_context(batch, tracker, model=batch_model(services, batch.model)),
+        **summary_context(batch, tracker, model=batch_model(services, batch)),
         **chart_context(services.batches, batch),
         "explorer": explorer,
         "opened": opened,

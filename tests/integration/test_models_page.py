@@ -22,7 +22,7 @@ from tests.factories import batch_line, chat_body, jsonl
 from tests.fakes import FakeEngine, HangingEngine
 from tests.http_helpers import MakeClient, upload
 from tests.metrics import parse, value
-from tests.pool_double import MiB, PoolDouble, View, entry, with_pool
+from tests.pool_double import MiB, PoolDouble, entry, model_view, with_pool
 from tests.waiting import until
 
 SMOL = "smollm2-135m-instruct"
@@ -34,7 +34,7 @@ GEMMA = "gemma3:270m"
 def pool() -> PoolDouble:
     return PoolDouble(
         [
-            View(
+            model_view(
                 entry(SMOL, is_default=True, source="default"),
                 "loaded",
                 in_flight=2,
@@ -44,11 +44,11 @@ def pool() -> PoolDouble:
                 measured_bytes=150 * MiB,
                 load_seconds=1.25,
             ),
-            View(
+            model_view(
                 entry(GEMMA, names=("gemma3:270m:latest", "gpt-4o-mini"), source="ollama"),
                 "on disk",
             ),
-            View(entry("broken", error="not a GGUF file: bad magic"), "on disk"),
+            model_view(entry("broken", error="not a GGUF file: bad magic"), "on disk"),
         ],
         budget=2048 * MiB,
     )

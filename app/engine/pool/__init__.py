@@ -26,6 +26,13 @@ class ModelView:
     measured_bytes: int | None
     load_seconds: float | None  # the last load's
     error: str = ""
+    #: When each load since start finished (unix times, the last LOADS_KEPT): a batch page
+    #: counts the loads its model took while it ran.
+    loaded_at: tuple[float, ...] = ()
+
+
+#: How many load times a model keeps for `ModelView.loaded_at`.
+LOADS_KEPT = 100
 
 
 def model_not_found(id: str) -> EngineError:
@@ -48,4 +55,4 @@ def model_busy(id: str, in_flight: int) -> EngineError:
     )
 
 
-__all__ = ["ModelView", "model_busy", "model_not_found"]
+__all__ = ["LOADS_KEPT", "ModelView", "model_busy", "model_not_found"]

@@ -42,7 +42,7 @@ from app.engine.base import (
     engine_closed,
     resolve,
 )
-from app.engine.pool import ModelView, model_busy, model_not_found
+from app.engine.pool import LOADS_KEPT, ModelView, model_busy, model_not_found
 from app.engine.pool.placement import Placement, gpu_layers
 from app.engine.pool.plan import FAILED, LOADED, LOADING, ON_DISK, Decision, Model, Plan
 from app.toolchain.facts import free_vram_bytes
@@ -98,6 +98,7 @@ class _Slot:
     last_used: float | None = None
     measured_bytes: int | None = None
     load_seconds: float | None = None
+    loaded_at: list[float] = field(default_factory=list)  # when each load finished
     error: str = ""
     wanted: bool = False  # the dashboard's load button
     evict: bool = False  # the dashboard's unload button
@@ -426,6 +427,7 @@ class ModelPool:
                         measured_bytes=slot.measured_bytes,
                         load_seconds=slot.load_seconds,
                         error=slot.error,
+                        loaded_at=tuple(slot.loaded_at),
                     )
                 )
             return views
@@ -577,6 +579,7 @@ class ModelPool:
         with self._cond:
             slot.engine, slot.state, slot.error = engine, LOADED, ""
             slot.loads += 1
+            slot.loaded_at = [*slot.loaded_at[1 - LOADS_KEPT :], self._clock()]
             slot.load_seconds = seconds
             slot.last_used = self._clock()
             if measured:
