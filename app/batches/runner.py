@@ -42,7 +42,7 @@ from app.batches.validate import ModelRules
 from app.config import Settings
 from app.db import Database
 from app.engine.base import Engine, EngineError, EngineUnavailable, Priority, RequestCancelled
-from app.engine.registry import Lane, demand, lanes
+from app.engine.registry import Lane, demand, lanes, model_pool
 from app.files.service import FileService
 from app.files.storage import Storage
 from app.polling import PollingThread
@@ -353,7 +353,10 @@ class Runner:
 
     def _feed_demand(self) -> None:
         """Tell the engine's model pool which lines wait for which model (each second at
-        most), so that it plans loads for models nothing asked for online."""
+        most), so that it plans loads for models nothing asked for online. A node without
+        a pool (upstreams only) counts nothing: the GROUP BY would only cost it."""
+        if model_pool(self._engine) is None:
+            return
         start = time.monotonic()
         if start - self._last_demand < max(DEMAND_INTERVAL, DEMAND_SHARE * self._demand_cost):
             return
