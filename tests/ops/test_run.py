@@ -29,7 +29,9 @@ def run_to_end(*args: str) -> tuple[int, str]:
 
 
 def read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    # JSONL lines end at "\n" only: str.splitlines() also breaks at U+2028 and the like,
+    # which a model's answer may hold raw inside a JSON string.
+    return [json.loads(line) for line in path.read_text().split("\n") if line.strip()]
 
 
 def test_run_writes_one_output_line_per_input_line(tmp_path: Path) -> None:
