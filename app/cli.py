@@ -43,6 +43,13 @@ SERVE_FLAGS: list[tuple[str, str, Any, str]] = [
     ("--parallel", "parallel", int, "sequences decoded together (0: 32 on CPU, 64 on GPU)"),
     ("--ctx-size", "ctx_size", int, "context per slot, in tokens"),
     ("--kv-cache-type", "kv_cache_type", str, "KV cache type: q8_0, f16, bf16 or q4_0"),
+    (
+        "--shared-prefix-cells",
+        "shared_prefix_cells",
+        int,
+        "KV cells for batch lines that share a long block, forked from it in one stream "
+        "(-1: 4 x ctx-size; 0: none)",
+    ),
     ("--threads", "threads", int, "CPU threads for llama.cpp (0: every core)"),
     (
         "--engine-priority",
@@ -135,8 +142,8 @@ SERVE_FLAGS: list[tuple[str, str, Any, str]] = [
 ]
 #: What `batchyard worker` takes: a node runs lines; it serves no HTTP.
 WORKER_FLAGS = (
-    "model", "data_dir", "n_gpu_layers", "parallel", "ctx_size", "kv_cache_type", "threads",
-    "engine_priority", "cpu_extra_buffers", "cache_dir", "log_level", "database_url", "node_name",
+    "model", "data_dir", "n_gpu_layers", "parallel", "ctx_size", "kv_cache_type",
+    "shared_prefix_cells", "threads", "engine_priority", "cpu_extra_buffers", "cache_dir", "log_level", "database_url", "node_name",
     "lease_seconds", "files_url", "s3_endpoint", "models_config", "default_model",
     "max_loaded_models", "models_memory", "model_ttl", "model_switch_after",
     # A batch that ends on a worker queues its webhook there: the same endpoints as serve's.

@@ -167,6 +167,9 @@ class Catalog:
             parallel=self._settings.parallel,
             n_gpu_layers=self._settings.n_gpu_layers,
             kv_cache_type=self._settings.kv_cache_type,
+            shared_prefix_cells=(
+                self._settings.shared_prefix_cells if self._settings.prefix_cache else 0
+            ),
         )
         base = self._config.every.apply(base)
         entries: list[Entry] = []

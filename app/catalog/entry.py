@@ -26,6 +26,16 @@ class LoadProfile:
     n_gpu_layers: int  # -1 all, 0 none; the pool resolves "auto" before loading
     kv_cache_type: str  # f16, bf16, q8_0, q4_0
     chat_template: str | None = None  # a Jinja chat template in place of the GGUF's own
+    #: KV cells of the shared-prefix context (--shared-prefix-cells): -1 four times
+    #: ctx_size, 0 none (and none without the prefix cache).
+    shared_prefix_cells: int = 0
+
+    @property
+    def shared_cells(self) -> int:
+        """The shared-prefix context's cells this profile loads (0: none)."""
+        if self.shared_prefix_cells < 0:
+            return 4 * self.ctx_size
+        return self.shared_prefix_cells
 
 
 @dataclass(frozen=True)

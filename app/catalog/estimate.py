@@ -11,7 +11,12 @@ a model as `app/engine/llama/native.py` does (one KV stream per sequence, n_ubat
 - compute: the scheduler's compute buffer plus the output buffer. On a CPU the compute
   buffer is dominated by one micro-batch's logits and feed-forward activations, in f32:
   n_ubatch x (n_vocab + n_ff) x 4; the output buffer holds one row of logits per
-  sequence: parallel x n_vocab x 4.
+  sequence: parallel x n_vocab x 4;
+- the shared-prefix context, where the profile has one (engine/llama/shared.py): its f16
+  KV cells (4 x ctx_size by default), a second compute buffer, and an output buffer of
+  256 rows (llama.cpp's most sequences). SmolLM2 at ctx 2048: 180 MiB of KV, 327 MiB in
+  all estimated; the process measured 231 MiB more with it than without (1,211 against
+  980 MiB), its compute buffer's pages untouched until a micro-batch needs them.
 
 Checked against llama.cpp 0.3.36's own figures (llama-cpp-python, CPU, flash attention):
 SmolLM2-135M at ctx 2048 x 32: KV 765.0 MiB (formula 765.0), compute 99.4 + output 6.0 MiB
@@ -41,6 +46,10 @@ N_UBATCH = 512
 #: Sequences when a profile's parallel is 0, as the engine picks on a CPU
 #: (native.default_parallel); a GPU build picks more, and the pool estimates again then.
 DEFAULT_PARALLEL = 32
+#: The shared-prefix context's K/V type and sequences: native.py's SHARED_KV and
+#: LLAMA_MAX_SEQ (a test keeps them equal).
+SHARED_KV = "f16"
+LLAMA_MAX_SEQ = 256
 #: Bytes per element of each KV cache type (blocks of 32 elements for the quantized ones).
 KV_BYTES_PER_ELEMENT = {
     "f16": 2.0,
@@ -58,13 +67,19 @@ def sequences(profile: LoadProfile) -> int:
 def kv_cache_bytes(facts: HeaderFacts, profile: LoadProfile) -> int:
     per_token = facts.n_layer * facts.n_head_kv * (facts.key_length + facts.value_length)
     cells = profile.ctx_size * sequences(profile)
-    return int(per_token * KV_BYTES_PER_ELEMENT[profile.kv_cache_type] * cells)
+    main = per_token * KV_BYTES_PER_ELEMENT[profile.kv_cache_type] * cells
+    shared = per_token * KV_BYTES_PER_ELEMENT[SHARED_KV] * profile.shared_cells
+    return int(main + shared)
 
 
 def compute_bytes(facts: HeaderFacts, profile: LoadProfile) -> int:
     n_ff = facts.n_ff or 4 * facts.n_embd  # the usual width when a header does not say
     scratch = N_UBATCH * (facts.n_vocab + n_ff) * _F32
     output = sequences(profile) * facts.n_vocab * _F32
+    if profile.shared_cells:
+        # The shared-prefix context has its own compute buffer, and a row of logits for
+        # each of llama.cpp's most sequences.
+        return 2 * scratch + output + LLAMA_MAX_SEQ * facts.n_vocab * _F32
     return scratch + output
 
 

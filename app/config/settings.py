@@ -87,6 +87,10 @@ class Settings:
     # Keep each slot's KV after its request and start later prompts from the longest shared
     # prefix (llama.cpp server's cache_prompt); off recomputes every prompt in full.
     prefix_cache: bool = True
+    # KV cells of the shared-prefix context (engine/llama/shared.py): batch lines that share a
+    # long block run there in one unified f16 stream, forked from the block. -1: four times
+    # ctx_size; 0: no such context (those lines run in the slots, copying the block's stream).
+    shared_prefix_cells: int = -1
     threads: int = 0  # 0 means every core the process may use
     # The engine's threads' CPU priority: "low" lets the HTTP API (and the rest of the
     # machine) go first, "normal" competes; "auto" is low on a CPU, normal on a GPU
@@ -155,12 +159,25 @@ class Settings:
     # before the engine switches to theirs.
     model_switch_after: str = "5m"
 
+    @property
+    def shared_cells(self) -> int:
+        """The shared-prefix context's KV cells (0: none); it is a prefix cache, so the
+        prefix cache's switch turns it off too."""
+        if not self.prefix_cache or self.shared_prefix_cells == 0:
+            return 0
+        return self.shared_prefix_cells if self.shared_prefix_cells > 0 else 4 * self.ctx_size
+
     def __post_init__(self) -> None:
         self.kv_cache_type = self.kv_cache_type.strip().lower()
         if self.kv_cache_type not in KV_CACHE_TYPES:
             raise ValueError(
                 f"unknown KV cache type {self.kv_cache_type!r}; "
                 f"choose one of {', '.join(KV_CACHE_TYPES)}"
+            )
+        if self.shared_prefix_cells < -1:
+            raise ValueError(
+                f"--shared-prefix-cells must be -1 (4 x ctx-size), 0 (none) or a count of "
+                f"cells, not {self.shared_prefix_cells}"
             )
         self.engine_priority = self.engine_priority.strip().lower()
         if self.engine_priority not in ENGINE_PRIORITIES:

@@ -88,6 +88,13 @@ class ModelInfo:
     cpu_buffers: str = ""  # llama.cpp's extra CPU buffer types: "on (why)" or "off (why)"
     advice: str | None = None  # the command that fixes the build (toolchain/facts.py), if any
     gpu_fallback: str | None = None  # why a GPU build runs on the CPU (toolchain/facts.py)
+    #: Lines the shared-prefix context runs at once besides the slots (engine/llama/shared.py).
+    shared_lines: int = 0
+
+    @property
+    def lane_slots(self) -> int:
+        """Lines the engine runs at once: what the runner's claims keep it fed with."""
+        return self.n_slots + self.shared_lines
 
 
 @dataclass

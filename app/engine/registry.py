@@ -124,7 +124,7 @@ class EngineRegistry:
         engines = self._engines()
         if len(engines) == 1 and self._pool is None:
             if self.default is not None:
-                return [Lane(EMBEDDED, engines[0].info.n_slots)]
+                return [Lane(EMBEDDED, engines[0].info.lane_slots)]
             only = self.upstreams[0]
             return [Lane(only.name, only.info.n_slots, up=only.up, depth=only.lane_depth)]
         routed: dict[str, set[str]] = {u.name: set() for u in self.upstreams}
@@ -148,7 +148,7 @@ class EngineRegistry:
         if self._pool is not None:
             lanes += self._pool_lanes(self._pool, elsewhere)
         elif self.default is not None:
-            lanes.append(Lane(EMBEDDED, self.default.info.n_slots))
+            lanes.append(Lane(EMBEDDED, self.default.info.lane_slots))
         else:
             lanes.append(Lane(UNROUTED, sum(e.info.n_slots for e in engines)))
         return lanes
@@ -413,7 +413,7 @@ def lanes(engine: Engine, elsewhere: frozenset[str] = frozenset()) -> list[Lane]
     engine. `elsewhere`: the names other nodes serve (the default lane leaves them)."""
     if isinstance(engine, EngineRegistry):
         return engine.lanes(elsewhere)
-    return [Lane(EMBEDDED, engine.info.n_slots)]
+    return [Lane(EMBEDDED, engine.info.lane_slots)]
 
 
 def demand(

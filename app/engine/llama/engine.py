@@ -44,7 +44,13 @@ from app.engine.llama.oai import answers
 from app.engine.llama.oai.chat_template import ChatTemplate
 from app.engine.llama.prepare import Preparer
 from app.engine.llama.sampler import build_sampler, free_sampler, top_logprobs_of
-from app.engine.llama.slots import BATCH_PROMPT_TOKENS_PER_STEP, Scheduler, Slot
+from app.engine.llama.shared import SharedBlocks, SharedPlan
+from app.engine.llama.slots import (
+    BATCH_PROMPT_TOKENS_PER_STEP,
+    PROMPT_TOKENS_PER_STEP,
+    Scheduler,
+    Slot,
+)
 from app.engine.llama.thread_priority import effective, lower_this_thread
 from app.wire.endpoints import ENDPOINTS
 
@@ -108,11 +114,25 @@ class LlamaEngine:
         self._embedder = Embedder(
             model.model, ctx_size=self.ctx_per_slot, threads=model.threads, dim=model.n_embd
         )
+        # The shared-prefix context (shared.py): its lines are sequences of their own context.
+        self._shared = model.shared
+        self._lines: list[Slot] = []
+        self._blocks: SharedBlocks | None = None
+        if self._shared is not None:
+            self._lines = [Slot(i, self._shared.ctx) for i in range(self._shared.n_lines)]
+            self._blocks = SharedBlocks(
+                n_lines=self._shared.n_lines,
+                n_blocks=self._shared.n_blocks,
+                n_cells=self._shared.n_cells,
+                ctx_per_line=self.ctx_per_slot,
+            )
         self._scheduler = Scheduler(
             self.n_slots,
             prefix_cache=settings.prefix_cache,
             embed_tokens=self._embedder.batch_tokens,
             embed_seqs=EMBED_SEQS,
+            shared=self._blocks,
+            lines=self._lines,
         )
 
         self._cond = threading.Condition()
@@ -121,7 +141,8 @@ class LlamaEngine:
         self._seq = itertools.count()
         self._jobs: dict[Future[dict[str, Any]], Job] = {}
         self._closing = False
-        self._slots = [Slot(i) for i in range(self.n_slots)]
+        self._slots = [Slot(i, model.ctx) for i in range(self.n_slots)]
+        self._all = self._slots + self._lines  # every sequence of both contexts
         # Slots whose stream copy llama.cpp has queued but not yet done (it happens at the
         # next decode); they are not a source for another copy until then.
         self._copy_pending: set[int] = set()
@@ -197,7 +218,7 @@ class LlamaEngine:
 
     def stats(self) -> EngineStats:
         return self._counters.snapshot(
-            active=sum(1 for s in self._slots if s.busy), queued=len(self._queue)
+            active=sum(1 for s in self._all if s.busy), queued=len(self._queue)
         )
 
     def close(self) -> None:
@@ -228,23 +249,24 @@ class LlamaEngine:
         try:
             while True:
                 with self._cond:
-                    while (
-                        not self._closing
-                        and not self._queue
-                        and not any(s.busy for s in self._slots)
-                    ):
+                    while not self._closing and not self._queue and not self._busy():
                         self._cond.wait()
                     if self._closing:
                         break
                     embeds = self._admit()
                 if embeds:
                     self._embed(embeds)
-                if any(s.busy for s in self._slots):
+                if self._busy():
                     self._step()
         except Exception:  # a broken context is not a request error: fail everything, loudly
             log.exception("engine thread crashed")
         finally:
             self._fail_all(engine_closed())
+
+    def _busy(self) -> bool:
+        """A sequence runs, or a block waits to be evaluated."""
+        blocks = self._blocks.blocks if self._blocks is not None else []
+        return any(s.busy for s in self._all) or any(b.pending for b in blocks)
 
     def _admit(self) -> list[Job]:
         """Drop withdrawn work, start the tasks that fit; returns the embedding jobs."""
@@ -252,40 +274,66 @@ class LlamaEngine:
         self._queue = [t for t in self._queue if not t.job.cancelled]
         if len(self._queue) != before:
             heapq.heapify(self._queue)
-        for slot in self._slots:
+        for slot in self._all:
             if slot.job is not None and slot.job.cancelled:
                 self._release(slot)
         admission = self._scheduler.admit(self._queue, self._slots)
+        if admission.shared is not None:
+            self._start_shared(admission.shared)
         for task, group in admission.starts:
             self._start(task, group)
         return admission.embeds
+
+    def _take(self, slot: Slot, task: Task, index: int, leader: Slot | None) -> None:
+        """Start choice `index` of `task` in `slot`, with its sampler."""
+        job = task.job
+        prompt_len = len(job.prompts[task.prompt_index])
+        slot.take(job, job.choices[index], prompt_len, leader, ctx_per_slot=self.ctx_per_slot)
+        # Plain greedy takes the argmax itself (_sample) and needs no sampler chain.
+        if not job.params.plain_greedy:
+            slot.sampler = build_sampler(
+                job.params,
+                self.vocab.ptr,
+                self.n_vocab,
+                job.params.choice_seed(index),
+                self.ctx_per_slot,
+            )
 
     def _start(self, task: Task, group: list[Slot]) -> None:
         job = task.job
         prompt = job.prompts[task.prompt_index]
         leader = group[0]
         for slot, index in zip(group, task.choice_indices, strict=True):
-            slot.take(
-                job,
-                job.choices[index],
-                len(prompt),
-                None if slot is leader else leader,
-                ctx_per_slot=self.ctx_per_slot,
-            )
-            # Plain greedy takes the argmax itself (_sample) and needs no sampler chain.
-            if not job.params.plain_greedy:
-                slot.sampler = build_sampler(
-                    job.params,
-                    self.vocab.ptr,
-                    self.n_vocab,
-                    job.params.choice_seed(index),
-                    self.ctx_per_slot,
-                )
+            self._take(slot, task, index, None if slot is leader else leader)
         reused = self._reuse_prefix(leader, prompt)
         leader.pos = reused
         leader.pending = prompt[reused:]
         job.cached_tokens += reused
         self._counters.tokens(prompt=len(prompt))
+
+    def _start_shared(self, plan: SharedPlan) -> None:
+        """Carry out the shared context's round: drop blocks, start new ones (forked from a
+        block they extend), and fork each started line from its block's cells."""
+        assert self._shared is not None
+        mem = self._shared.mem
+        for block in plan.dropped:
+            lc.llama_memory_seq_rm(mem, block.seq_id, -1, -1)
+        for block in plan.new_blocks:
+            lc.llama_memory_seq_rm(mem, block.seq_id, -1, -1)
+            if block.source is not None:
+                lc.llama_memory_seq_cp(mem, block.source.seq_id, block.seq_id, 0, block.pos)
+                block.source = None
+        for start in plan.starts:
+            task, line = start.task, start.line
+            prompt = task.job.prompts[task.prompt_index]
+            self._take(line, task, task.choice_indices[0], None)
+            # One stream: the fork tags the block's cells with the line's sequence id.
+            lc.llama_memory_seq_cp(mem, start.block.seq_id, line.seq_id, 0, start.forked)
+            line.block, line.reserved = start.block, start.reserved
+            line.pos = start.forked
+            line.pending = prompt[start.forked :]
+            task.job.cached_tokens += start.forked
+            self._counters.tokens(prompt=len(prompt))
 
     def _reuse_prefix(self, slot: Slot, prompt: list[int]) -> int:
         """Make `slot`'s KV hold the longest cached prefix of `prompt`; returns its length."""
@@ -305,20 +353,51 @@ class LlamaEngine:
         return keep
 
     def _step(self) -> None:
-        """One llama_decode over every sequence that has work, then sample and retire."""
-        n = self._fill_batch()
-        if n and self._decode(n):
-            self._after_decode()
+        """One llama_decode over every sequence that has work, then sample and retire; then
+        the same in the shared-prefix context, where its lines or blocks have work."""
+        if any(s.busy for s in self._slots):
+            budget = self._scheduler.prompt_budget(self._slots, self.n_batch)
+            held = self._scheduler.held_back(self._slots)
+            n = self._fill_batch(self._slots, self._batch, 0, budget, held)
+            if n and self._decode(n):
+                self._after_decode(self._slots)
+        if self._shared is not None and (
+            any(s.busy for s in self._lines) or self._blocks and self._blocks.blocks
+        ):
+            n = self._fill_shared()
+            if n and self._decode_shared(n):
+                self._after_decode(self._lines)
 
-    def _fill_batch(self) -> int:
-        """This step's rows: a token per generating slot, then prompt chunks; returns the count."""
-        batch, add = self._batch, native.batch_add
+    def _fill_shared(self) -> int:
+        """The shared context's rows: the blocks' pending tokens first (their lines wait for
+        them), then its lines as in the main context; returns the count."""
+        assert self._shared is not None and self._blocks is not None
+        batch, add = self._shared.batch, native.batch_add
+        # An online request decoding in the main context waits for this step too.
+        online = any(s.job is not None and s.job.priority == Priority.ONLINE for s in self._slots)
+        generating = sum(1 for s in self._lines if s.generating)
+        cap = PROMPT_TOKENS_PER_STEP if online else BATCH_PROMPT_TOKENS_PER_STEP
+        budget = max(0, min(self.n_batch - generating, cap))
         n = 0
-        budget = self._scheduler.prompt_budget(self._slots, self.n_batch)
-        held = self._scheduler.held_back(self._slots)
+        for block in self._blocks.blocks:
+            if block.pending and budget > 0:
+                take = min(len(block.pending), budget)
+                chunk, block.pending = block.pending[:take], block.pending[take:]
+                for token in chunk:
+                    n = add(batch, n, token, block.pos, block.seq_id, False)
+                    block.pos += 1
+                budget -= take
+        return self._fill_batch(self._lines, batch, n, budget, set())
+
+    def _fill_batch(
+        self, slots: list[Slot], batch: Any, n: int, budget: int, held: set[int]
+    ) -> int:
+        """Rows from row `n` on: a token per generating slot, then prompt chunks up to
+        `budget` tokens; returns the count."""
+        add = native.batch_add
         # Sequences go in seq_id order: llama.cpp splits a multi-stream batch into ubatches of
         # consecutive sequence ids, so order keeps a step to as few ubatches as possible.
-        for slot in self._slots:
+        for slot in slots:
             slot.i_batch = -1
             if slot.seq_id in held:
                 continue  # a batch line sits this step out; its next token waits in slot.token
@@ -368,9 +447,31 @@ class LlamaEngine:
                 slot.cached = []
         return False
 
-    def _after_decode(self) -> None:
+    def _decode_shared(self, n: int) -> bool:
+        """llama_decode in the shared context; on failure, fail its lines and forget its
+        blocks (what the cells hold is unknown then)."""
+        assert self._shared is not None and self._blocks is not None
+        self._shared.batch.n_tokens = n
+        rc = lc.llama_decode(self._shared.ctx, self._shared.batch)
+        if rc == 0:
+            return True
+        log.error("llama_decode returned %d in the shared-prefix context; failing its lines", rc)
+        error = EngineError(
+            f"llama_decode failed ({rc}).",
+            status_code=500,
+            code="decode_failed",
+            type="server_error",
+        )
+        for line in self._lines:
+            if line.busy:
+                self._fail_job(line.job, error)
+        self._blocks.reset()
+        lc.llama_memory_clear(self._shared.mem, True)
+        return False
+
+    def _after_decode(self, slots: list[Slot]) -> None:
         """Copy finished prompts to their sibling choices, sample every row, count the rate."""
-        for slot in self._slots:
+        for slot in slots:
             if slot.i_batch < 0 or slot.job is None:
                 continue
             for follower in slot.followers:
@@ -383,7 +484,7 @@ class LlamaEngine:
                 follower.i_batch = slot.i_batch
             slot.followers = []
         sampled = 0
-        for slot in self._slots:
+        for slot in slots:
             if slot.i_batch >= 0 and slot.job is not None:
                 self._sample(slot)
                 sampled += 1
@@ -395,9 +496,9 @@ class LlamaEngine:
         if job.params.plain_greedy:
             # The argmax of the row, as llama.cpp's greedy sampler picks it (first of equals),
             # without building its candidate array over the whole vocabulary.
-            token = int(native.logits_row(self._ctx, slot.i_batch, self.n_vocab).argmax())
+            token = int(native.logits_row(slot.ctx, slot.i_batch, self.n_vocab).argmax())
         else:
-            token = lc.llama_sampler_sample(slot.sampler, self._ctx, slot.i_batch)
+            token = lc.llama_sampler_sample(slot.sampler, slot.ctx, slot.i_batch)
         if self.vocab.is_eog(token):
             self._finish(slot, "stop")
             return
@@ -420,7 +521,7 @@ class LlamaEngine:
         job, choice = slot.job, slot.choice
         assert job is not None and choice is not None
         logp, top = top_logprobs_of(
-            lc.llama_get_logits_ith(self._ctx, slot.i_batch), self.n_vocab, job.params.top_logprobs
+            lc.llama_get_logits_ith(slot.ctx, slot.i_batch), self.n_vocab, job.params.top_logprobs
         )
         alternatives = [(self.vocab.piece(t), float(logp[t])) for t in top]
         choice.logprobs.append(answers.token_logprob(piece, float(logp[token]), alternatives))
@@ -444,6 +545,12 @@ class LlamaEngine:
             if follower.job is not None and follower.job.cancelled:
                 self._release(follower)
         free_sampler(slot.sampler)
+        if slot.block is not None:
+            # A shared-context line: its own cells go at once; its block's stay for others.
+            assert self._shared is not None
+            lc.llama_memory_seq_rm(self._shared.mem, slot.seq_id, -1, -1)
+            slot.block.users -= 1
+            slot.cached = []
         # The KV stays, and slot.cached says what it holds, for a later prompt to reuse.
         slot.clear()
 
@@ -505,7 +612,7 @@ class LlamaEngine:
         if job is None:
             return
         job.cancelled = True  # reuse the withdrawal path to free its slots and queued tasks
-        for slot in self._slots:
+        for slot in self._all:
             if slot.job is job:
                 self._release(slot)
         if self._settle(job, error=error):
@@ -516,7 +623,7 @@ class LlamaEngine:
             self._closing = True
             jobs = list(self._jobs.values())
             self._queue.clear()
-        for slot in self._slots:
+        for slot in self._all:
             if slot.busy:
                 self._release(slot)
         for job in jobs:
@@ -558,6 +665,7 @@ def entry_settings(settings: Settings, entry: Entry) -> Settings:
         parallel=p.parallel,
         n_gpu_layers=p.n_gpu_layers,
         kv_cache_type=p.kv_cache_type,
+        shared_prefix_cells=p.shared_prefix_cells,
     )
 
 

@@ -146,3 +146,5 @@ class Task:
     choice_indices: list[int] = field(compare=False, default_factory=list)
     #: The prompt's slots.chunk_keys, once the admission has looked at it.
     prefix_keys: list[int] | None = field(compare=False, default=None, repr=False)
+    #: shared.py's best block for the prompt, with the version of the blocks it was found in.
+    shared_match: tuple[int, Any, int] | None = field(compare=False, default=None, repr=False)

@@ -37,6 +37,15 @@ log = logging.getLogger("batchyard.engine")
 KV_GGML_TYPES = {"f16": 1, "bf16": 30, "q8_0": 8, "q4_0": 2}
 #: Micro-batch size of the generation context: prompt chunks and decode rows run in these.
 N_UBATCH = 512
+#: The shared-prefix context's K/V type: the CPU's flash attention multiplies tiles (64 query
+#: rows by 64 cells) only over f16 or f32 K/V; q8_0 takes its row-at-a-time kernel.
+SHARED_KV = "f16"
+#: llama.cpp's most sequences a context may have (LLAMA_MAX_SEQ).
+LLAMA_MAX_SEQ = 256
+#: Sequences of the shared-prefix context kept for blocks: the instruction blocks of the
+#: files running at once, and those of earlier batches kept for later ones; the rest of
+#: llama.cpp's sequences are lines.
+SHARED_BLOCKS = 8
 
 
 def kv_needs_flash_attention(kv_cache_type: str) -> bool:
@@ -207,6 +216,23 @@ class Vocab:
 
 
 @dataclass
+class SharedContext:
+    """The shared-prefix context (shared.py): one unified f16 KV stream of `n_cells` cells,
+    sequences 0..n_lines-1 for lines and the `n_blocks` above them for blocks."""
+
+    ctx: Any
+    mem: Any
+    batch: Any
+    n_lines: int
+    n_blocks: int
+    n_cells: int
+
+    def free(self) -> None:
+        lc.llama_batch_free(self.batch)
+        lc.llama_free(self.ctx)
+
+
+@dataclass
 class LoadedModel:
     """A model and the generation context of `n_slots` sequences, ready for the loop."""
 
@@ -233,6 +259,8 @@ class LoadedModel:
     advice: str | None = None
     #: Why a GPU build runs on the CPU (toolchain/facts.py cpu_fallback), or None.
     gpu_fallback: str | None = None
+    #: The shared-prefix context, or None (settings.shared_cells 0).
+    shared: SharedContext | None = None
 
     def model_info(self, *, has_chat_template: bool, n_gpu_layers: int) -> ModelInfo:
         stat = self.path.stat()
@@ -252,9 +280,12 @@ class LoadedModel:
             cpu_buffers=self.cpu_buffers,
             advice=self.advice,
             gpu_fallback=self.gpu_fallback,
+            shared_lines=self.shared.n_lines if self.shared is not None else 0,
         )
 
     def free(self) -> None:
+        if self.shared is not None:
+            self.shared.free()
         lc.llama_batch_free(self.batch)
         lc.llama_free(self.ctx)
         lc.llama_model_free(self.model)
@@ -319,6 +350,16 @@ def load(settings: Settings, *, prompt_tokens_per_step: int) -> LoadedModel:
     if not ctx:
         lc.llama_model_free(model)
         raise RuntimeError("llama.cpp could not create a context (out of memory?)")
+    shared = None
+    if settings.shared_cells:
+        shared = shared_context(model, settings.shared_cells, n_batch=n_batch, threads=threads)
+        if shared is None:
+            lc.llama_free(ctx)
+            lc.llama_model_free(model)
+            raise RuntimeError(
+                "llama.cpp could not create the shared-prefix context (out of memory? "
+                "--shared-prefix-cells 0 goes without it)"
+            )
     template = lc.llama_model_chat_template(model, None)
     return LoadedModel(
         path=path,
@@ -341,4 +382,32 @@ def load(settings: Settings, *, prompt_tokens_per_step: int) -> LoadedModel:
         cpu_buffers=f"{'on' if extra else 'off'} ({why})",
         advice=fix,
         gpu_fallback=fallback,
+        shared=shared,
+    )
+
+
+def shared_context(model: Any, n_cells: int, *, n_batch: int, threads: int) -> SharedContext | None:
+    """A context of one unified f16 KV stream for lines that share blocks (shared.py)."""
+    params = lc.llama_context_default_params()
+    params.n_seq_max = LLAMA_MAX_SEQ
+    params.n_ctx = n_cells
+    # One stream: a fork tags the block's cells instead of copying a stream, and a
+    # micro-batch's rows of every line attend in one flash-attention call (its tiled path).
+    params.kv_unified = True
+    params.n_batch = n_batch
+    params.n_ubatch = N_UBATCH
+    params.n_threads = params.n_threads_batch = threads
+    params.no_perf = True
+    params.type_k = params.type_v = KV_GGML_TYPES[SHARED_KV]
+    params.flash_attn_type = lc.LLAMA_FLASH_ATTN_TYPE_ENABLED
+    ctx = lc.llama_init_from_model(model, params)
+    if not ctx:
+        return None
+    return SharedContext(
+        ctx=ctx,
+        mem=lc.llama_get_memory(ctx),
+        batch=lc.llama_batch_init(n_batch, 0, 1),
+        n_lines=LLAMA_MAX_SEQ - SHARED_BLOCKS,
+        n_blocks=SHARED_BLOCKS,
+        n_cells=lc.llama_n_ctx(ctx),
     )

@@ -13,12 +13,15 @@ import codecs
 import enum
 import heapq
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from app.engine.base import Priority
 from app.engine.llama.jobs import Choice, Job, Task
 from app.engine.llama.sampler import StopMatcher
 from app.wire.endpoints import EMBEDDINGS
+
+if TYPE_CHECKING:
+    from app.engine.llama.shared import SharedBlocks, SharedPlan
 
 #: Prompt tokens admitted per step while an online request decodes. Bounded so that a long
 #: new prompt delays the online tokens by one ubatch at most, not by its whole length.
@@ -98,8 +101,9 @@ _IDLE, _GENERATING = SlotState.IDLE, SlotState.GENERATING
 class Slot:
     """One llama.cpp sequence (seq_id) and the choice decoding in it."""
 
-    def __init__(self, seq_id: int) -> None:
+    def __init__(self, seq_id: int, ctx: Any = None) -> None:
         self.seq_id = seq_id
+        self.ctx = ctx  # the llama context the sequence lives in (its logits, its sampler's)
         # The tokens whose KV this sequence holds, at positions 0.. in order. They outlive the
         # request (like llama.cpp server's cache_prompt): the next prompt sharing a prefix with
         # them only evaluates the rest.
@@ -121,6 +125,10 @@ class Slot:
         self.decoder = codecs.getincrementaldecoder("utf-8")("replace")
         self.stops: StopMatcher = StopMatcher([])
         self.max_tokens = 0
+        # In the shared-prefix context (shared.py): the block this line forked from, and the
+        # KV cells it may take beyond it (its prompt's rest and its longest answer).
+        self.block: Any = None
+        self.reserved = 0
 
     def take(
         self, job: Job, choice: Choice, prompt_len: int, leader: Slot | None, *, ctx_per_slot: int
@@ -158,6 +166,7 @@ class Admission:
 
     starts: list[tuple[Task, list[Slot]]] = field(default_factory=list)
     embeds: list[Job] = field(default_factory=list)
+    shared: SharedPlan | None = None  # lines and blocks of the shared-prefix context
 
 
 @dataclass
@@ -185,9 +194,15 @@ class Scheduler:
         prefix_cache: bool = True,
         embed_tokens: int = 0,
         embed_seqs: int = 0,
+        shared: SharedBlocks | None = None,
+        lines: list[Slot] | None = None,
     ) -> None:
         self.n_slots = n_slots
         self.prefix_cache = prefix_cache
+        # The shared-prefix context (shared.py) and its sequences, where the model has one.
+        self.shared = shared
+        self.lines = lines or []
+        self.lookahead = LOOKAHEAD_PER_SLOT * n_slots + len(self.lines)
         # One embeddings decode's worth of inputs (0: no bound): each admission round hands
         # over the queued embedding requests that fill one decode together, so a batch's
         # lines share decodes instead of taking one each.
@@ -252,9 +267,16 @@ class Scheduler:
         """
         window = [
             t
-            for t in heapq.nsmallest(LOOKAHEAD_PER_SLOT * self.n_slots, queue)
+            for t in heapq.nsmallest(self.lookahead, queue)
             if t.job.endpoint != EMBEDDINGS and not t.job.cancelled
         ]
+        started: set[int] = set()
+        if self.shared is not None:
+            # Lines that share a long block go to the shared context, or wait for it.
+            others = [s.cached + s.pending for s in slots if s.cached or s.pending]
+            out.shared = self.shared.plan(window, self.lines, others)
+            started.update(id(start.task) for start in out.shared.starts)
+            window = [t for t in window if id(t) not in out.shared.held]
         known: set[int] = set()  # prefixes whose KV some slot holds
         coming: set[int] = set()  # prefixes of the prompts being evaluated
         for slot in slots:
@@ -262,7 +284,6 @@ class Scheduler:
             if slot.pending:
                 coming.update(chunk_keys(slot.cached + slot.pending))
         ranked = sorted(window, key=lambda t: (-leading(_keys(t), known), t.seq_no))
-        started: set[int] = set()
         for task in ranked:
             keys = _keys(task)
             if leading(keys, coming) >= leading(keys, known) + MIN_WAIT_CHUNKS:

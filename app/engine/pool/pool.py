@@ -395,7 +395,7 @@ class ModelPool:
             for slot in self._slots.values():
                 if slot.pid not in self._active:
                     continue
-                slots = slot.engine.info.n_slots if slot.engine is not None else 1
+                slots = slot.engine.info.lane_slots if slot.engine is not None else 1
                 out.append((slot.entry, slots))
             return out
 

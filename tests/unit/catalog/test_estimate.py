@@ -68,3 +68,23 @@ def test_a_random_weight_model_has_the_shape_asked_for(tmp_path: Path) -> None:
     q8 = 49152 * 64 * 34 // 32
     q4 = 2 * (64 * 64 * 2 + 32 * 64 * 2 + 128 * 64 * 3) * 20 // 32
     assert facts.tensor_bytes == q8 + q4 + 4 * 64 * (1 + 2 * 2)
+
+
+def test_the_shared_prefix_context_adds_its_f16_cells_and_buffers() -> None:
+    facts = read_facts([smollm2()])
+    plain = LoadProfile(ctx_size=2048, parallel=0, n_gpu_layers=0, kv_cache_type="q8_0")
+    with_shared = LoadProfile(
+        ctx_size=2048, parallel=0, n_gpu_layers=0, kv_cache_type="q8_0", shared_prefix_cells=-1
+    )
+    assert with_shared.shared_cells == 4 * 2048
+    a, b = estimate(facts, plain), estimate(facts, with_shared)
+    # 30 layers x 3 KV heads x (64 + 64) x 2 bytes (f16) x 8,192 cells.
+    assert b.kv_cache - a.kv_cache == 30 * 3 * 128 * 2 * 8192 == 180 * MiB
+    # A second micro-batch's scratch and 256 rows of logits.
+    assert b.compute - a.compute == 512 * (49152 + 1536) * 4 + 256 * 49152 * 4
+
+
+def test_the_estimate_uses_the_shared_contexts_type_and_sequences() -> None:
+    from app.catalog import estimate as est
+
+    assert (est.SHARED_KV, est.LLAMA_MAX_SEQ) == (native.SHARED_KV, native.LLAMA_MAX_SEQ)

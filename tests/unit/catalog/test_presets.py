@@ -59,15 +59,17 @@ def test_profiles_take_the_flags_then_star_then_the_models_section(
     assert g is not None and smol is not None
     assert g.profile == LoadProfile(
         ctx_size=1024, parallel=4, n_gpu_layers=-1, kv_cache_type="f16",
-        chat_template="{{ bos_token }}gemma",
+        chat_template="{{ bos_token }}gemma", shared_prefix_cells=-1,
     )  # fmt: skip
     assert smol.profile == LoadProfile(
         ctx_size=512, parallel=8, n_gpu_layers=AUTO_GPU_LAYERS, kv_cache_type="q4_0",
         chat_template="{% for m in messages %}{{ m.content }}{% endfor %}",
+        shared_prefix_cells=-1,
     )  # fmt: skip
     # The estimate is the profile's.
     assert g.facts is not None and g.estimate == estimate(g.facts, g.profile)
-    assert g.estimate.kv_cache == 18 * 1 * (256 + 256) * 2 * 1024 * 4
+    # Four sequences' cells in the profile's type, and the shared-prefix context's 4 x 1,024.
+    assert g.estimate.kv_cache == 18 * 1 * (256 + 256) * 2 * (1024 * 4 + 4 * 1024)
 
 
 def test_aliases_from_the_aliases_table_and_a_models_section(

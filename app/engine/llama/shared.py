@@ -1,0 +1,257 @@
+"""The shared-prefix context: batch lines that share a long block, in one unified KV stream.
+
+The main context gives each slot a KV stream of its own. That keeps a line's attention to its
+own cells, but a line that reuses a block must copy the block's whole stream, a wave is as wide
+as the slots, and attention over the block runs a row at a time (the CPU's flash attention has
+no tiled path for q8_0 K/V, nor for fewer than 64 query rows of one stream).
+
+Here the block is evaluated once into a sequence of its own (a `Block`); a line forks from it
+by tagging the block's cells with its own sequence id (llama_memory_seq_cp inside one stream
+copies nothing), so a wave holds as many lines as the cells allow, up to llama.cpp's sequence
+limit; and with f16 K/V and 64 or more query rows a micro-batch, the CPU's flash attention
+multiplies tiles of the block at once, and skips the tiles no row of the tile may see.
+Independent lines stay in the main context: in one stream each row would scan every other
+line's cells (bench/README.md, issue 33).
+
+This module decides, without llama.cpp, which queued batch lines run here, which blocks to
+evaluate and which to drop; the loop (engine.py) carries it out.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from app.engine.base import Priority
+from app.engine.llama.jobs import Task
+from app.engine.llama.slots import PREFIX_CHUNK, Slot, chunk_keys, common_prefix
+from app.wire.endpoints import EMBEDDINGS
+
+#: A line runs here when its prompt shares at least this many tokens with a block, or with
+#: another line waiting or running: below it, a short shared system prompt, the main
+#: context's per-line streams are as fast (its copies cost little, attention is short).
+MIN_BLOCK_TOKENS = 128
+#: Cells kept free of reservations: llama.cpp places a micro-batch only where it fits whole.
+CELL_MARGIN = 512
+
+
+@dataclass(eq=False)
+class Block:
+    """A shared prefix in a sequence of its own: lines fork from its cells."""
+
+    seq_id: int
+    tokens: list[int]
+    #: Tokens not yet evaluated; a block gives forks once it has none.
+    pending: list[int] = field(default_factory=list)
+    pos: int = 0  # tokens of the block in the KV cache
+    users: int = 0  # lines forked from it that still run
+    used: int = 0  # the admission round of its last fork (the least recent goes first)
+    #: Where its first `pos` tokens come from: a block it forks from, or None.
+    source: Block | None = None
+
+    @property
+    def ready(self) -> bool:
+        return not self.pending
+
+
+@dataclass
+class Start:
+    """A line that forks from a block: `forked` tokens come from the block's cells,
+    `reserved` cells are its own (the rest of its prompt and its longest answer)."""
+
+    task: Task
+    line: Slot
+    block: Block
+    forked: int
+    reserved: int
+
+
+@dataclass
+class SharedPlan:
+    """One admission round's decisions for the shared context."""
+
+    starts: list[Start] = field(default_factory=list)
+    new_blocks: list[Block] = field(default_factory=list)
+    dropped: list[Block] = field(default_factory=list)
+    #: Lines that belong here and wait for a block or for room; the main context leaves them.
+    held: set[int] = field(default_factory=set)  # id() of their tasks
+
+
+def _prompt(task: Task) -> list[int]:
+    return task.job.prompts[task.prompt_index]
+
+
+def _keys(task: Task) -> list[int]:
+    if task.prefix_keys is None:
+        task.prefix_keys = chunk_keys(_prompt(task))
+    return task.prefix_keys
+
+
+def fits_here(task: Task) -> bool:
+    """A batch line with one choice: what the shared context runs."""
+    job = task.job
+    return (
+        job.priority == Priority.BATCH
+        and job.endpoint != EMBEDDINGS
+        and len(task.choice_indices) == 1
+        and not job.cancelled
+    )
+
+
+class SharedBlocks:
+    """The blocks of the shared context and the admission of lines into it."""
+
+    def __init__(self, *, n_lines: int, n_blocks: int, n_cells: int, ctx_per_line: int) -> None:
+        self.n_lines = n_lines
+        self.n_cells = n_cells
+        self.ctx_per_line = ctx_per_line
+        self.blocks: list[Block] = []
+        # Lines are sequences 0..n_lines-1; blocks take the ids above them.
+        self._free_ids = list(range(n_lines, n_lines + n_blocks))
+        self._round = 0
+        self._version = 0  # changes whenever a block comes or goes (Task.shared_match)
+
+    def cells_in_use(self, lines: list[Slot]) -> int:
+        """Cells the blocks hold and the running lines may take (an upper bound)."""
+        return sum(len(b.tokens) for b in self.blocks) + sum(s.reserved for s in lines if s.busy)
+
+    def reserve(self, task: Task, forked: int) -> int:
+        """Cells a line takes beyond its block: its prompt's rest and its longest answer."""
+        prompt = len(_prompt(task))
+        room = self.ctx_per_line - prompt
+        answer = task.job.params.max_tokens or room
+        return prompt - forked + max(0, min(answer, room))
+
+    def best_block(self, prompt: list[int]) -> tuple[Block | None, int]:
+        """The block sharing the longest prefix with `prompt`, and how many tokens a fork
+        takes from it (at most all but the prompt's last token: its logits are needed)."""
+        best, forked = None, 0
+        for block in self.blocks:
+            shared = min(common_prefix(block.tokens, prompt), len(prompt) - 1)
+            if shared > forked:
+                best, forked = block, shared
+        return best, forked
+
+    def plan(self, window: list[Task], lines: list[Slot], others: list[list[int]]) -> SharedPlan:
+        """Place the lines of `window` (queue order) that share a block, and the blocks they
+        need. `others`: the prompts the main context holds or evaluates, which count as
+        company: a line that shares a long prefix with one of them starts a block here."""
+        self._round += 1
+        plan = SharedPlan()
+        mine = [t for t in window if fits_here(t) and len(_prompt(t)) > MIN_BLOCK_TOKENS]
+        if not mine:
+            return plan
+        free = [s for s in lines if not s.busy]
+        taken = 0  # cells reserved this round
+        company = self._company(mine, others)
+        for task in mine:
+            prompt = _prompt(task)
+            block, forked = self._match(task)
+            group = company.get(id(task), 0)
+            if group >= forked + MIN_BLOCK_TOKENS:
+                # Its company shares much more than any block: a block for that prefix.
+                made = self._new_block(prompt[:group], block, forked, lines, taken, plan)
+                if made is not None:
+                    block, forked = made, min(group, len(prompt) - 1)
+            if block is None or forked < MIN_BLOCK_TOKENS:
+                continue  # the main context runs it
+            need = self.reserve(task, forked)
+            if need > (self.n_cells - CELL_MARGIN) // 4:
+                continue  # a long answer would crowd out the lines that share: main context
+            plan.held.add(id(task))
+            room = self.n_cells - CELL_MARGIN - self.cells_in_use(lines) - taken
+            if not block.ready or not free or need > room:
+                continue  # it waits for the block to be evaluated, or for room
+            line = free.pop(0)
+            block.users += 1
+            block.used = self._round
+            taken += need
+            plan.starts.append(Start(task, line, block, forked, need))
+        return plan
+
+    def _match(self, task: Task) -> tuple[Block | None, int]:
+        """`best_block` of a task's prompt, kept on the task while the blocks stay the same
+        (a line waiting for room is looked at every round)."""
+        if task.shared_match is None or task.shared_match[0] != self._version:
+            task.shared_match = (self._version, *self.best_block(_prompt(task)))
+        _, block, forked = task.shared_match
+        return block, forked
+
+    def _company(self, mine: list[Task], others: list[list[int]]) -> dict[int, int]:
+        """For each task, how many leading tokens it shares with the other waiting lines or
+        prompts of the main context that share its longest shared run of chunks (absent
+        when under MIN_BLOCK_TOKENS)."""
+        counts: Counter[int] = Counter()
+        for task in mine:
+            counts.update(_keys(task))
+        other_keys = [chunk_keys(p) for p in others if len(p) > MIN_BLOCK_TOKENS]
+        longer = [p for p in others if len(p) > MIN_BLOCK_TOKENS]
+        for keys in other_keys:
+            counts.update(keys)
+        # Tasks by the last chunk they share: the members of one group.
+        groups: dict[tuple[int, int], list[Task]] = {}
+        for task in mine:
+            keys = _keys(task)
+            depth = 0
+            while depth < len(keys) and counts[keys[depth]] >= 2:
+                depth += 1
+            if depth * PREFIX_CHUNK >= MIN_BLOCK_TOKENS:
+                groups.setdefault((depth, keys[depth - 1]), []).append(task)
+        out: dict[int, int] = {}
+        for (depth, key), members in groups.items():
+            first = _prompt(members[0])
+            prompts = [_prompt(t) for t in members[1:]]
+            prompts += [p for p, k in zip(longer, other_keys, strict=True) if _has(k, depth, key)]
+            # The exact shared prefix, up to the token, across every member of the group.
+            shared = min((common_prefix(first, p) for p in prompts), default=depth * PREFIX_CHUNK)
+            for task in members:
+                out[id(task)] = shared
+        return out
+
+    def _new_block(
+        self,
+        tokens: list[int],
+        base: Block | None,
+        base_shared: int,
+        lines: list[Slot],
+        taken: int,
+        plan: SharedPlan,
+    ) -> Block | None:
+        """A block for `tokens`, forked from `base` where they share a prefix; None when
+        no sequence or cells are free, even after dropping idle blocks."""
+        while (
+            not self._free_ids
+            or len(tokens) > self.n_cells - CELL_MARGIN - self.cells_in_use(lines) - taken
+        ):
+            idle = [b for b in self.blocks if b.users == 0 and b.ready and b is not base]
+            if not idle:
+                return None
+            victim = min(idle, key=lambda b: b.used)
+            self.blocks.remove(victim)
+            self._free_ids.append(victim.seq_id)
+            plan.dropped.append(victim)
+            self._version += 1
+        start = base_shared if base is not None and base.ready else 0
+        block = Block(
+            self._free_ids.pop(0),
+            tokens,
+            pending=tokens[start:],
+            pos=start,
+            used=self._round,
+            source=base if start else None,
+        )
+        self.blocks.append(block)
+        plan.new_blocks.append(block)
+        self._version += 1
+        return block
+
+    def reset(self) -> list[Block]:
+        """Forget every block (after a failed decode); returns them, for their cells to go."""
+        gone, self.blocks = self.blocks, []
+        self._version += 1
+        self._free_ids = sorted(self._free_ids + [b.seq_id for b in gone])
+        return gone
+
+
+def _has(keys: list[int], depth: int, key: int) -> bool:
+    return len(keys) >= depth and keys[depth - 1] == key
