@@ -1,4 +1,5 @@
-"""Builders of batch input, as an OpenAI script writes it: a chat body, a batch line, JSONL."""
+"""Builders of batch input, as an OpenAI script writes it: a chat body, a batch line, JSONL;
+and the one reader of the JSONL files a batch writes back."""
 
 from __future__ import annotations
 
@@ -29,3 +30,16 @@ def batch_line(
 def jsonl(*lines: dict[str, Any] | str) -> bytes:
     """A JSONL file: each dict as one JSON line, each str as it is (a broken or blank line)."""
     return "".join((x if isinstance(x, str) else json.dumps(x)) + "\n" for x in lines).encode()
+
+
+def jsonl_texts(data: str | bytes) -> list[str]:
+    """A JSONL file's lines as text, blank ones left out. A line ends at a newline only:
+    str.splitlines() also breaks at U+2028, U+0085 and the like, which a model's answer
+    may hold raw inside a JSON string."""
+    text = data.decode("utf-8") if isinstance(data, bytes) else data
+    return [line for line in text.split("\n") if line.strip()]
+
+
+def jsonl_lines(data: str | bytes) -> list[dict[str, Any]]:
+    """A JSONL file's lines, each parsed (an output or error file, an input file, a body)."""
+    return [json.loads(line) for line in jsonl_texts(data)]

@@ -7,7 +7,6 @@ It stands in for an upstream's overload only; the answers it forwards are the re
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections import deque
@@ -192,6 +191,7 @@ def counting_batch(c: OpenAI, lines: int) -> str:
 
 def assert_every_line_once(c: OpenAI, batch_id: str, lines: int) -> None:
     """The counting batch finishes completed: each of its lines answered 200 once, none failed."""
+    from tests.factories import jsonl_lines
     from tests.http_helpers import FINISHED, wait_for_status
 
     done = wait_for_status(c.batches.retrieve, batch_id, FINISHED, 180, poll=0.3)
@@ -200,6 +200,6 @@ def assert_every_line_once(c: OpenAI, batch_id: str, lines: int) -> None:
     assert (done.request_counts.completed, done.request_counts.failed) == (lines, 0)
     assert done.error_file_id is None
     assert done.output_file_id is not None
-    out = [json.loads(x) for x in c.files.content(done.output_file_id).text.splitlines()]
+    out = jsonl_lines(c.files.content(done.output_file_id).text)
     assert sorted(x["custom_id"] for x in out) == sorted(f"line-{i}" for i in range(lines))
     assert all(x["response"]["status_code"] == 200 for x in out)

@@ -10,7 +10,7 @@ from pathlib import Path
 from playwright.sync_api import Browser, Page, expect
 
 from tests.browser.pages import drop_file, new_context, shoot
-from tests.factories import batch_line, jsonl
+from tests.factories import batch_line, jsonl, jsonl_lines
 
 #: Generous: five short lines on two CPU cores take seconds, but the model may still be warming.
 RUN_TIMEOUT = 180_000
@@ -97,7 +97,7 @@ def test_drop_start_watch_and_download(
     assert download.suggested_filename.endswith(".jsonl")
     saved = tmp_path / download.suggested_filename
     download.save_as(saved)
-    out = [json.loads(line) for line in saved.read_text().splitlines() if line.strip()]
+    out = jsonl_lines(saved.read_text())
     assert sorted(o["custom_id"] for o in out) == [f"req-{i}" for i in range(1, 6)]
     assert all(o["response"]["status_code"] == 200 for o in out)
     assert all(o["response"]["body"]["choices"][0]["message"]["content"] for o in out)

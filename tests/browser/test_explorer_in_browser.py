@@ -16,7 +16,7 @@ from playwright.sync_api import Browser, Page, expect
 from app.config import Settings
 from app.server import create_app
 from tests.browser.pages import new_context, shoot
-from tests.factories import batch_line, jsonl
+from tests.factories import batch_line, jsonl, jsonl_lines
 from tests.fakes import FakeEngine
 from tests.http_helpers import batch_getter, create_batch, upload, wait_for_status
 from tests.live import OUTPUT, InProcessServer, serve_in_thread
@@ -150,7 +150,7 @@ def test_search_filter_open_page_and_download_on_5000_lines(
         page.click("#download-finished-errors")
     saved = tmp_path / "errors.jsonl"
     info.value.save_as(saved)
-    got = [json.loads(x)["custom_id"] for x in saved.read_text().splitlines()]
+    got = [x["custom_id"] for x in jsonl_lines(saved.read_text())]
     assert got == FAILED
 
     for scheme, width, suffix in (("dark", 1280, "dark"), ("light", 390, "phone")):

@@ -5,7 +5,6 @@ for another model on Gemma, and the batch's page says so."""
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,7 +14,7 @@ import pytest
 from playwright.sync_api import Page, expect
 
 from tests.browser.pages import drop_file, shoot
-from tests.factories import batch_line, jsonl
+from tests.factories import batch_line, jsonl, jsonl_lines
 from tests.live import OUTPUT, LiveServer, start_server, stop_server
 from tests.metrics import scrape, value
 from tests.models import GEMMA_FILE, gemma
@@ -104,6 +103,6 @@ def test_run_with_runs_a_file_on_the_model_chosen(page: Page, two_models: LiveSe
         batch = http.get(f"/batches/{batch_id}").json()
         stored = http.get(f"/files/{batch['input_file_id']}").json()
         assert stored["filename"] == f"for-openai ({GEMMA}).jsonl"
-        out = http.get(f"/files/{batch['output_file_id']}/content").text.splitlines()
-    answers = [json.loads(line)["response"]["body"]["model"] for line in out]
+        out = jsonl_lines(http.get(f"/files/{batch['output_file_id']}/content").text)
+    answers = [line["response"]["body"]["model"] for line in out]
     assert answers == [GEMMA, GEMMA]

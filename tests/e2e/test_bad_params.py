@@ -6,11 +6,10 @@ Against the live server on the real model: the engine's own parameter checks, en
 from __future__ import annotations
 
 import io
-import json
 
 from openai import OpenAI
 
-from tests.factories import batch_line, jsonl
+from tests.factories import batch_line, jsonl, jsonl_lines
 from tests.http_helpers import FINISHED, wait_for_status
 from tests.live import LiveServer
 
@@ -49,13 +48,10 @@ def test_out_of_range_numbers_fail_their_line_alone(live_server: LiveServer) -> 
         1,
         len(BAD),
     )
-    out = [json.loads(x) for x in client.files.content(b.output_file_id).text.splitlines()]
+    out = jsonl_lines(client.files.content(b.output_file_id).text)
     assert [o["custom_id"] for o in out] == ["fine"]
     assert out[0]["response"]["body"]["choices"][0]["message"]["content"]
-    errors = {
-        e["custom_id"]: e
-        for e in map(json.loads, client.files.content(b.error_file_id).text.splitlines())
-    }
+    errors = {e["custom_id"]: e for e in jsonl_lines(client.files.content(b.error_file_id).text)}
     assert set(errors) == set(BAD)
     for cid, (_, param) in BAD.items():
         resp = errors[cid]["response"]

@@ -8,7 +8,6 @@ before the kill were not run again (attempts stay 1, same request id).
 
 from __future__ import annotations
 
-import json
 import signal
 import sqlite3
 from pathlib import Path
@@ -17,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.factories import batch_line, jsonl
+from tests.factories import batch_line, jsonl, jsonl_lines
 from tests.http_helpers import FINISHED, batch_getter, create_batch, upload, wait_for_status
 from tests.live import OUTPUT, LiveServer, start_server, stop_server
 
@@ -51,7 +50,7 @@ def file_lines(http: httpx.Client, file_id: str | None) -> list[dict[str, Any]]:
         return []
     r = http.get(f"/v1/files/{file_id}/content")
     assert r.status_code == 200, r.text
-    return [json.loads(x) for x in r.text.splitlines() if x.strip()]
+    return jsonl_lines(r.text)
 
 
 def test_kill_during_in_progress_resumes_without_running_lines_twice(tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ import openai
 import pytest
 from openai import OpenAI
 
-from tests.factories import batch_line, jsonl
+from tests.factories import batch_line, jsonl, jsonl_texts
 from tests.http_helpers import FINISHED, wait_for_status
 from tests.live import OUTPUT, start_server, stop_server
 from tests.waiting import until
@@ -58,7 +58,7 @@ def test_delete_mid_batch_then_restart_finishes_every_line(tmp_path: Path) -> No
         assert done.request_counts is not None
         assert (done.request_counts.completed, done.request_counts.failed) == (LINES, 0)
         assert done.output_file_id
-        out = client.files.content(done.output_file_id).text.splitlines()
+        out = jsonl_texts(client.files.content(done.output_file_id).text)
         assert len(out) == LINES
         until(lambda: not stored.exists(), 10, "the deleted input's bytes to go with its batch")
     finally:

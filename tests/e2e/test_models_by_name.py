@@ -30,7 +30,7 @@ from openai import OpenAI
 
 from app.config.settings import default_cache_dir
 from tests.e2e.test_crash import rows
-from tests.factories import batch_line, jsonl
+from tests.factories import batch_line, jsonl, jsonl_lines
 from tests.http_helpers import FINISHED
 from tests.live import OUTPUT, LiveServer, start_server, stop_server
 from tests.models import gemma, header_model, smollm2
@@ -203,12 +203,10 @@ def finished(client: OpenAI, batch_id: str, timeout: float = 120) -> Any:
 
 
 def output(client: OpenAI, file_id: str | None) -> list[dict[str, Any]]:
-    import json
-
     if not file_id:
         return []
     text = client.files.content(file_id).text
-    return [json.loads(x) for x in text.splitlines() if x.strip()]
+    return jsonl_lines(text)
 
 
 def test_three_batches_for_three_models_one_loaded_at_a_time(models: Models) -> None:

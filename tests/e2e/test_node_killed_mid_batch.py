@@ -16,7 +16,6 @@ long enough that a live node starved of CPU still renews its own in time.
 
 from __future__ import annotations
 
-import json
 import signal
 import subprocess
 import time
@@ -30,7 +29,7 @@ import pytest
 from openai.types import FileObject
 from sqlalchemy import Engine, create_engine, text
 
-from tests.factories import batch_line, jsonl
+from tests.factories import batch_line, jsonl, jsonl_lines, jsonl_texts
 from tests.http_helpers import wait_for_status
 from tests.live import OUTPUT, start_batchyard, start_server, stop_process, stop_server
 from tests.waiting import until
@@ -166,12 +165,9 @@ def test_kill_one_node_mid_batch_the_others_finish_every_line_once(
 
         finished = wait_for_status(sdk_a.batches.retrieve, created.id, timeout=300, poll=0.5)
         assert finished.status == "completed", finished
-        out = [
-            json.loads(x)
-            for x in sdk_a.files.content(finished.output_file_id or "").text.splitlines()
-        ]
+        out = jsonl_lines(sdk_a.files.content(finished.output_file_id or "").text)
         errors = (
-            sdk_a.files.content(finished.error_file_id).text.splitlines()
+            jsonl_texts(sdk_a.files.content(finished.error_file_id).text)
             if finished.error_file_id
             else []
         )

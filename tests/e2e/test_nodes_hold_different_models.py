@@ -11,7 +11,6 @@ naming a model no node has fails at validation, line by line.
 
 from __future__ import annotations
 
-import json
 import shutil
 import time
 from collections import Counter
@@ -23,7 +22,7 @@ import pytest
 from sqlalchemy import create_engine, text
 
 from app.batches.nodes import ELSEWHERE_LOOK
-from tests.factories import batch_line, jsonl
+from tests.factories import batch_line, jsonl, jsonl_lines
 from tests.http_helpers import wait_for_status
 from tests.live import OUTPUT, start_server, stop_server
 from tests.models import gemma, smollm2
@@ -106,10 +105,7 @@ def test_each_nodes_model_runs_on_that_node(tmp_path: Path, postgres_url: str) -
             done = wait_for_status(sdk.batches.retrieve, batches[model], timeout=240, poll=0.5)
             assert done.status == "completed", done
             assert done.request_counts and done.request_counts.completed == LINES, done
-            out = [
-                json.loads(x)
-                for x in sdk.files.content(done.output_file_id or "").text.splitlines()
-            ]
+            out = jsonl_lines(sdk.files.content(done.output_file_id or "").text)
             assert sorted(o["custom_id"] for o in out) == [f"{model}-{i}" for i in range(LINES)]
             assert {o["response"]["body"]["model"] for o in out} == {model}
             with db.connect() as conn:

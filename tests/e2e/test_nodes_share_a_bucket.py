@@ -7,7 +7,6 @@ the files live only in the bucket, so B reads the input A took and writes the ou
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from pathlib import Path
 
@@ -23,6 +22,7 @@ from tests.e2e.test_node_killed_mid_batch import (
     kill_while_it_holds_lines,
     upload_counting_lines,
 )
+from tests.factories import jsonl_lines
 from tests.http_helpers import wait_for_status
 from tests.live import OUTPUT, start_server, stop_server
 from tests.seaweed import Seaweed
@@ -66,10 +66,7 @@ def test_two_nodes_share_only_the_database_and_the_bucket(
 
         finished = wait_for_status(sdk_b.batches.retrieve, created.id, timeout=300, poll=0.5)
         assert finished.status == "completed", finished
-        out = [
-            json.loads(x)
-            for x in sdk_b.files.content(finished.output_file_id or "").text.splitlines()
-        ]
+        out = jsonl_lines(sdk_b.files.content(finished.output_file_id or "").text)
         counts = finished.request_counts
         assert counts is not None
         ids = Counter(o["custom_id"] for o in out)

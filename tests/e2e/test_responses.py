@@ -13,7 +13,7 @@ import pytest
 from openai import OpenAI
 from openai.types.responses import Response
 
-from tests.factories import jsonl
+from tests.factories import jsonl, jsonl_lines
 from tests.http_helpers import FINISHED, wait_for_status
 from tests.live import LiveServer
 
@@ -228,15 +228,12 @@ def test_a_batch_for_v1_responses_answers_response_objects(client: OpenAI) -> No
     assert b.status == "completed" and b.request_counts is not None
     assert (b.request_counts.completed, b.request_counts.failed) == (2, 1)
     assert b.output_file_id and b.error_file_id
-    out = {
-        x["custom_id"]: x
-        for x in map(json.loads, client.files.content(b.output_file_id).text.splitlines())
-    }
+    out = {x["custom_id"]: x for x in jsonl_lines(client.files.content(b.output_file_id).text)}
     text = Response.model_validate(out["text"]["response"]["body"])
     assert text.output_text and text.usage is not None and text.usage.output_tokens <= 4
     call = Response.model_validate(out["call"]["response"]["body"])
     assert call.output[0].type == "function_call" and call.output[0].name == "get_weather"
-    (err,) = map(json.loads, client.files.content(b.error_file_id).text.splitlines())
+    (err,) = jsonl_lines(client.files.content(b.error_file_id).text)
     assert err["custom_id"] == "bad" and err["response"]["status_code"] == 400
     assert err["response"]["body"]["error"]["param"] == "previous_response_id"
     assert b.usage is not None and b.usage.input_tokens > 0 and b.usage.output_tokens > 0

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import hashlib
 import io
-import json
 import random
 import threading
 import time
@@ -16,7 +15,7 @@ from typing import Any
 import pytest
 from openai import OpenAI
 
-from tests.factories import batch_line, jsonl
+from tests.factories import batch_line, jsonl, jsonl_lines
 from tests.http_helpers import FINISHED, wait_for_status
 from tests.live import OUTPUT, LiveServer, batchyard, start_server, stop_server
 from tests.seaweed import Seaweed
@@ -67,7 +66,7 @@ def test_a_batch_runs_with_its_files_in_the_bucket(s3_server: LiveServer, seawee
     assert batch.request_counts is not None and batch.request_counts.completed == 3
     assert batch.output_file_id is not None and batch.error_file_id is None
     assert batch.output_file_id in objects(seaweed)
-    out = [json.loads(x) for x in client.files.content(batch.output_file_id).read().splitlines()]
+    out = jsonl_lines(client.files.content(batch.output_file_id).read())
     assert sorted(o["custom_id"] for o in out) == ["s3-0", "s3-1", "s3-2"]
     assert all(o["response"]["status_code"] == 200 for o in out)
 

@@ -11,7 +11,7 @@ import pytest
 from openai import OpenAI
 from openai.types import Batch
 
-from tests.factories import CHAT, batch_line, jsonl
+from tests.factories import CHAT, batch_line, jsonl, jsonl_lines, jsonl_texts
 from tests.http_helpers import FINISHED, wait_for_status
 from tests.live import LiveServer
 
@@ -170,7 +170,7 @@ def test_all_three_endpoints_and_usage(client: OpenAI) -> None:
         assert b.status == "completed", (endpoint, b)
         assert seen[-1] == "completed"
         assert b.request_counts.completed == len(lines) and b.request_counts.failed == 0
-        out = [json.loads(x) for x in client.files.content(b.output_file_id).text.splitlines()]
+        out = jsonl_lines(client.files.content(b.output_file_id).text)
         assert sorted(o["custom_id"] for o in out) == sorted(x["custom_id"] for x in lines)
         bodies = {o["custom_id"]: o["response"]["body"] for o in out}
         total_in = sum(o["response"]["body"]["usage"]["prompt_tokens"] for o in out)
@@ -201,8 +201,8 @@ def test_error_line_does_not_stop_the_batch(client: OpenAI) -> None:
         1,
         3,
     )
-    out = [json.loads(x) for x in client.files.content(b.output_file_id).text.splitlines()]
-    err = [json.loads(x) for x in client.files.content(b.error_file_id).text.splitlines()]
+    out = jsonl_lines(client.files.content(b.output_file_id).text)
+    err = jsonl_lines(client.files.content(b.error_file_id).text)
     assert [o["custom_id"] for o in out] == ["ok-1", "ok-2"]
     assert [e["custom_id"] for e in err] == ["too-long"]
     assert err[0]["response"]["status_code"] == 400
@@ -231,8 +231,8 @@ def test_cancel_running_batch(client: OpenAI) -> None:
     assert b.cancelled_at and b.request_counts.total == 40
     done = b.request_counts.completed + b.request_counts.failed
     assert done < 40
-    lines_out = client.files.content(b.output_file_id).text.splitlines() if b.output_file_id else []
-    lines_err = client.files.content(b.error_file_id).text.splitlines() if b.error_file_id else []
+    lines_out = jsonl_texts(client.files.content(b.output_file_id).text) if b.output_file_id else []
+    lines_err = jsonl_texts(client.files.content(b.error_file_id).text) if b.error_file_id else []
     assert (
         len(lines_out) == b.request_counts.completed and len(lines_err) == b.request_counts.failed
     )

@@ -13,7 +13,7 @@ import pytest
 from openai import OpenAI
 from openai.types.chat import ChatCompletion
 
-from tests.factories import CHAT, jsonl
+from tests.factories import CHAT, jsonl, jsonl_lines
 from tests.http_helpers import FINISHED, wait_for_status
 from tests.live import LiveServer
 
@@ -210,7 +210,7 @@ def test_vllm_tool_line_in_a_batch_comes_back_as_a_call(client: OpenAI) -> None:
     b = client.batches.create(input_file_id=f.id, endpoint=CHAT, completion_window="24h")
     b = wait_for_status(client.batches.retrieve, b.id, FINISHED, 300)
     assert b.status == "completed" and b.output_file_id
-    (line,) = [json.loads(x) for x in client.files.content(b.output_file_id).text.splitlines()]
+    (line,) = jsonl_lines(client.files.content(b.output_file_id).text)
     body = ChatCompletion.model_validate(line["response"]["body"])
     call = the_call(body)
     assert call.function.name == "get_current_weather"

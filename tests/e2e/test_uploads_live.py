@@ -4,12 +4,11 @@ input of a batch that the real model runs."""
 from __future__ import annotations
 
 import hashlib
-import json
 from concurrent.futures import ThreadPoolExecutor
 
 from openai import OpenAI
 
-from tests.factories import batch_line, jsonl
+from tests.factories import batch_line, jsonl, jsonl_lines
 from tests.http_helpers import FINISHED, wait_for_status
 from tests.live import LiveServer
 
@@ -37,5 +36,5 @@ def test_eight_parts_in_parallel_make_a_batch_input(live_server: LiveServer) -> 
     )
     finished = wait_for_status(client.batches.retrieve, b.id, FINISHED, 300)
     assert finished.status == "completed" and finished.output_file_id
-    out = [json.loads(x) for x in client.files.content(finished.output_file_id).text.splitlines()]
+    out = jsonl_lines(client.files.content(finished.output_file_id).text)
     assert sorted(o["custom_id"] for o in out) == [f"p{i}" for i in range(4)]

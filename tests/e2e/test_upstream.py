@@ -8,7 +8,6 @@ backoff on 429 with Retry-After, per-engine /metrics and the engines page.
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
@@ -19,7 +18,7 @@ from openai import OpenAI
 from openai.types import Batch, CreateEmbeddingResponse
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
-from tests.factories import batch_line, jsonl
+from tests.factories import batch_line, jsonl, jsonl_lines
 from tests.http_helpers import FINISHED, wait_for_status
 from tests.live import OUTPUT, start_server, stop_server
 from tests.metrics import scrape, value
@@ -41,7 +40,7 @@ def run_batch(c: OpenAI, lines: list[dict]) -> tuple[Batch, list[dict], list[dic
     b = wait_for_status(c.batches.retrieve, b.id, FINISHED, 240, poll=0.3)
     out = c.files.content(b.output_file_id).text if b.output_file_id else ""
     err = c.files.content(b.error_file_id).text if b.error_file_id else ""
-    return b, [json.loads(x) for x in out.splitlines()], [json.loads(x) for x in err.splitlines()]
+    return b, jsonl_lines(out), jsonl_lines(err)
 
 
 def upstream_chat_posts(fleet: Fleet) -> float:

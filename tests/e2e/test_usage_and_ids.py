@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import io
-import json
 
 import httpx
 import openai
 import pytest
 from openai import OpenAI
 
-from tests.factories import batch_line, jsonl
+from tests.factories import batch_line, jsonl, jsonl_lines
 from tests.http_helpers import FINISHED, wait_for_status
 from tests.live import LiveServer
 from tests.waiting import until
@@ -50,7 +49,7 @@ def test_batch_cached_tokens_are_the_sum_of_its_lines(client: OpenAI) -> None:
     )
     done = wait_for_status(client.batches.retrieve, b.id, FINISHED, 300)
     assert done.status == "completed" and done.output_file_id
-    out = [json.loads(x) for x in client.files.content(done.output_file_id).text.splitlines()]
+    out = jsonl_lines(client.files.content(done.output_file_id).text)
     assert len(out) == 8
     usages = [line["response"]["body"]["usage"] for line in out]
     line_cached = sum(u["prompt_tokens_details"]["cached_tokens"] for u in usages)
@@ -82,7 +81,7 @@ def test_a_responses_batch_sums_input_tokens_details_the_same_way(client: OpenAI
     b = client.batches.create(input_file_id=f.id, endpoint="/v1/responses", completion_window="24h")
     done = wait_for_status(client.batches.retrieve, b.id, FINISHED, 300)
     assert done.status == "completed" and done.output_file_id, done
-    out = [json.loads(x) for x in client.files.content(done.output_file_id).text.splitlines()]
+    out = jsonl_lines(client.files.content(done.output_file_id).text)
     usages = [line["response"]["body"]["usage"] for line in out]
     line_cached = sum(u["input_tokens_details"]["cached_tokens"] for u in usages)
     assert line_cached > 0, usages

@@ -13,7 +13,7 @@ import pytest
 from litestar.testing import TestClient
 
 from app.config import Settings
-from tests.factories import batch_line, jsonl
+from tests.factories import batch_line, jsonl, jsonl_lines
 from tests.fakes import HangingEngine
 from tests.http_helpers import (
     FINISHED,
@@ -42,7 +42,7 @@ def content(client: TestClient, file_id: str | None) -> list[dict[str, Any]]:
         return []
     r = client.get(f"/v1/files/{file_id}/content")
     assert r.status_code == 200
-    return [json.loads(x) for x in r.text.splitlines()]
+    return jsonl_lines(r.text)
 
 
 def assert_error(r: Any, status: int, code: str | None, param: str | None = None) -> None:

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
 from litestar.testing import TestClient
 
-from tests.factories import batch_line, jsonl
+from tests.factories import batch_line, jsonl, jsonl_lines
 from tests.http_helpers import batch_getter, create_batch, upload, wait_for_status
 
 # One code path, two databases: each test runs on SQLite and on PostgreSQL.
@@ -96,18 +94,12 @@ def test_batch_runs_to_completed(client: TestClient) -> None:
         assert isinstance(b[stamp], int), stamp
     assert b["model"] == "gpt-4o-mini"
     assert b["usage"]["input_tokens"] == 2 and b["usage"]["output_tokens"] == 3
-    out = [
-        json.loads(x)
-        for x in client.get(f"/v1/files/{b['output_file_id']}/content").content.splitlines()
-    ]
+    out = jsonl_lines(client.get(f"/v1/files/{b['output_file_id']}/content").content)
     assert [o["custom_id"] for o in out] == ["one"]
     assert out[0]["response"]["status_code"] == 200 and out[0]["error"] is None
     assert out[0]["response"]["body"]["choices"][0]["message"]["content"] == "echo: first question"
     assert out[0]["id"].startswith("batch_req_") and out[0]["response"]["request_id"]
-    err = [
-        json.loads(x)
-        for x in client.get(f"/v1/files/{b['error_file_id']}/content").content.splitlines()
-    ]
+    err = jsonl_lines(client.get(f"/v1/files/{b['error_file_id']}/content").content)
     assert [e["custom_id"] for e in err] == ["two"]
     assert err[0]["response"]["status_code"] == 400
     assert err[0]["response"]["body"]["error"]["code"] == "context_length_exceeded"

@@ -6,7 +6,6 @@ flight."""
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterator
 
@@ -18,7 +17,7 @@ from app.engine.pool.pool import ModelPool
 from app.wire.endpoints import CHAT
 from tests.catalogs import DictCatalog
 from tests.catalogs import entry as file_entry
-from tests.factories import batch_line, chat_body, jsonl
+from tests.factories import batch_line, chat_body, jsonl, jsonl_lines
 from tests.fakes import FakeEngine, HangingEngine
 from tests.http_helpers import MakeClient, upload
 from tests.metrics import parse, value
@@ -184,12 +183,12 @@ def test_run_with_writes_the_model_into_every_line_of_a_stored_file(
     listed = [f["id"] for f in client.get("/v1/files").json()["data"]]
     assert batch["input_file_id"] in listed and original["id"] in listed
     content = client.get(f"/v1/files/{batch['input_file_id']}/content").content
-    rewritten = [json.loads(line) for line in content.splitlines()]
+    rewritten = jsonl_lines(content)
     assert [r["body"]["model"] for r in rewritten] == [GEMMA] * 3
     assert [r["custom_id"] for r in rewritten] == ["r0", "r1", "r2"]
     # The upload is left as it was.
     before = client.get(f"/v1/files/{original['id']}/content").content
-    assert {json.loads(line)["body"]["model"] for line in before.splitlines()} == {"whatever"}
+    assert {line["body"]["model"] for line in jsonl_lines(before)} == {"whatever"}
     client.post(f"/v1/batches/{batch_id}/cancel")
 
     refused = client.post(

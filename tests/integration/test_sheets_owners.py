@@ -10,6 +10,7 @@ from typing import Any
 
 from litestar.testing import TestClient
 
+from tests.factories import jsonl_lines
 from tests.http_helpers import MakeClient, batch_getter, wait_for_status
 from tests.integration.test_auth import ALICE, BOB, bearer, keys  # noqa: F401 (fixture)
 
@@ -42,11 +43,7 @@ def test_a_sheet_batch_is_its_owners_alone(make_client: MakeClient, keys: dict[s
     assert done["status"] == "completed" and done["metadata"] == {"sheet": "qs.csv"}
     assert done["request_counts"] == {"total": 3, "completed": 2, "failed": 1}
     body = client.get(f"/v1/files/{done['input_file_id']}/content", headers=bearer(ALICE)).text
-    assert [re.search(r'"custom_id": "(\d+)"', line).group(1) for line in body.splitlines()] == [  # type: ignore[union-attr]
-        "2",
-        "3",
-        "4",
-    ]
+    assert [line["custom_id"] for line in jsonl_lines(body)] == ["2", "3", "4"]
 
     card = client.get(f"/web/batches/{batch_id}/sheet")
     assert 'id="download-sheet-csv"' in card.text and "hx-trigger" not in card.text

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from app.offline import Progress
-from tests.factories import CHAT, batch_line, jsonl
+from tests.factories import CHAT, batch_line, jsonl, jsonl_lines, jsonl_texts
 from tests.live import batchyard, start_batchyard
 from tests.waiting import until
 
@@ -26,12 +26,6 @@ SMALL = ("--parallel", "2", "--ctx-size", "256")
 def run_to_end(*args: str) -> tuple[int, str]:
     done = batchyard(*args, timeout=300)
     return done.returncode, done.stdout + done.stderr
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    # JSONL lines end at "\n" only: str.splitlines() also breaks at U+2028 and the like,
-    # which a model's answer may hold raw inside a JSON string.
-    return [json.loads(line) for line in path.read_text().split("\n") if line.strip()]
 
 
 def test_run_writes_one_output_line_per_input_line(tmp_path: Path) -> None:
@@ -48,7 +42,7 @@ def test_run_writes_one_output_line_per_input_line(tmp_path: Path) -> None:
     rc, log = run_to_end("run", str(src), "-o", str(out), "--errors", str(errors), *SMALL)
 
     assert rc == 3, log  # done, but one line failed
-    results = read_jsonl(out)
+    results = jsonl_lines(out.read_text())
     assert [r["custom_id"] for r in results] == ["req-0", "req-1", "req-2"]
     for r in results:
         assert r["error"] is None
@@ -57,7 +51,7 @@ def test_run_writes_one_output_line_per_input_line(tmp_path: Path) -> None:
         assert body["object"] == "chat.completion"
         assert body["choices"][0]["message"]["content"]
         assert 0 < body["usage"]["completion_tokens"] <= 8
-    failed = read_jsonl(errors)
+    failed = jsonl_lines(errors.read_text())
     assert [r["custom_id"] for r in failed] == ["too-long"]
     assert failed[0]["response"]["status_code"] == 400
     assert failed[0]["response"]["body"]["error"]["code"]
@@ -84,8 +78,8 @@ def test_run_writes_one_output_line_per_input_line(tmp_path: Path) -> None:
         ).fetchone()
     assert json.loads(meta[new_id]) == {"retry_of": batch_id}
     assert json.loads(meta[batch_id]) == {"retried_by": new_id}
-    original = (state / "files" / input_file_id).read_bytes().splitlines()
-    assert (state / "files" / new_input).read_bytes().splitlines() == [original[3]]
+    original = jsonl_texts((state / "files" / input_file_id).read_bytes())
+    assert jsonl_texts((state / "files" / new_input).read_bytes()) == [original[3]]
     again = batchyard("retry", "batch_nope", "--data-dir", str(state))
     assert again.returncode == 1 and "batch_nope" in again.stderr
 
@@ -173,7 +167,7 @@ def test_interrupted_run_resumes_without_redoing_lines(tmp_path: Path) -> None:
     rc, log = run_to_end(*args, "--resume")
     assert rc == 0, log
 
-    results = read_jsonl(out)
+    results = jsonl_lines(out.read_text())
     assert sorted(r["custom_id"] for r in results) == ids  # every line exactly once
     by_id = {r["custom_id"]: r for r in results}
     # Lines finished before the interrupt keep the result recorded then: not run again.

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import openpyxl
 
+from tests.factories import jsonl_lines
 from tests.live import batchyard
 from tests.reviews import check_rows, reviews_csv, reviews_workbook
 
@@ -49,8 +50,8 @@ def test_run_a_csv_to_an_xlsx_with_output_columns(tmp_path: Path) -> None:
     with sqlite3.connect(state / "batchyard.db") as db:
         ((metadata, input_file),) = db.execute("select metadata, input_file_id from batch")
     assert metadata == '{"sheet": "reviews.csv"}'
-    lines = (state / "files" / input_file).read_text().splitlines()
-    assert [line.split('"custom_id": "')[1][0] for line in lines] == ["2", "3", "4"]
+    lines = jsonl_lines((state / "files" / input_file).read_text())
+    assert [line["custom_id"] for line in lines] == ["2", "3", "4"]
 
 
 def test_run_an_xlsx_to_a_csv(tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.factories import batch_line, jsonl
+from tests.factories import batch_line, jsonl, jsonl_lines
 from tests.packaging.helpers import check_dashboard, outside_env, start, static_files
 
 pytestmark = pytest.mark.slow
@@ -66,7 +66,7 @@ def test_binary_runs_a_batch_file_on_the_bundled_model(binary: Path, tmp_path: P
         timeout=300,
     )
     assert r.returncode == 0, r.stderr
-    out = [json.loads(x) for x in (tmp_path / "out.jsonl").read_text().splitlines()]
+    out = jsonl_lines((tmp_path / "out.jsonl").read_text())
     assert [o["custom_id"] for o in out] == ["bin-0", "bin-1"]
     for o in out:
         body = o["response"]["body"]

@@ -24,6 +24,7 @@ import httpx
 import pytest
 
 from app.toolchain import facts
+from tests.factories import jsonl_lines
 from tests.live import OUTPUT, ROOT, batchyard, start_server, stop_server
 
 ARCH = "90"
@@ -121,7 +122,7 @@ def test_a_cuda_build_without_a_gpu_serves_on_the_cpu(cuda_lib: Path, tmp_path: 
         assert batch.status == "completed", batch
         assert batch.request_counts is not None and batch.request_counts.completed == 2
         assert batch.output_file_id is not None
-        out = [json.loads(x) for x in client.files.content(batch.output_file_id).text.splitlines()]
+        out = jsonl_lines(client.files.content(batch.output_file_id).text)
         assert sorted(o["custom_id"] for o in out) == ["q0", "q1"]
         for o in out:
             body = o["response"]["body"]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Any
@@ -10,7 +9,7 @@ from typing import Any
 from app.config import Settings
 from app.services import Services, build_services
 from app.tables import Batch, BatchStatus, File, Request, RequestStatus
-from tests.factories import CHAT, batch_line, jsonl
+from tests.factories import CHAT, batch_line, jsonl, jsonl_lines
 
 
 def services(data_dir: Path, engine: Any, **settings: Any) -> Services:
@@ -48,7 +47,7 @@ def file_lines(svc: Services, file_id: str | None) -> list[dict[str, Any]]:
     if file_id is None:
         return []
     text = svc.storage.path(file_id).read_text(encoding="utf-8")
-    return [json.loads(x) for x in text.splitlines()]
+    return jsonl_lines(text)
 
 
 def request_rows(svc: Services, batch_id: str) -> list[Request]:

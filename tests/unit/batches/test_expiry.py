@@ -13,7 +13,7 @@ from app.files import bucket_writes
 from app.files.storage import UNFINISHED_MAX_AGE
 from app.services import Services, build_services
 from app.tables import BatchStatus, File, RequestStatus, now
-from tests.factories import CHAT, batch_line
+from tests.factories import CHAT, batch_line, jsonl_texts
 from tests.fakes import HangingEngine, finish
 from tests.seaweed import Seaweed, aws_env
 from tests.unit.helpers import (
@@ -154,7 +154,7 @@ def test_a_deleted_input_is_still_read_by_its_running_batch(
     done = drive(svc, batch_id)
     assert done.status == BatchStatus.COMPLETED and done.output_file_id
     with svc.storage.open_file(done.output_file_id) as fh:
-        out = fh.read().splitlines()
+        out = jsonl_texts(fh.read())
     assert len(out) == len(lines)
     assert [r.status for r in request_rows(svc, batch_id)] == [RequestStatus.SUCCEEDED] * 4
     assert not svc.storage.exists(input_file)  # released as the batch ended

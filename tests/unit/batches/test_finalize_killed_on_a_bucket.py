@@ -18,7 +18,7 @@ from app.files import bucket_writes
 from app.files.storage import PartialWrite
 from app.services import Services, build_services
 from app.tables import BatchStatus
-from tests.factories import batch_line
+from tests.factories import batch_line, jsonl_texts
 from tests.fakes import FakeEngine
 from tests.seaweed import Seaweed, aws_env
 from tests.unit.helpers import batch, make_batch
@@ -98,7 +98,7 @@ def test_a_node_killed_writing_the_output_leaves_no_file_and_another_finalizes(
         assert (done.status, done.completed, done.failed) == (BatchStatus.COMPLETED, LINES, 0)
         assert done.output_file_id is not None
         with b.storage.open_file(done.output_file_id) as fh:
-            out = fh.read().splitlines()
+            out = jsonl_texts(fh.read())
         assert len(out) == LINES
         assert sorted(name for name, _ in b.storage.stored_files()) == sorted(
             [input_file, done.output_file_id]

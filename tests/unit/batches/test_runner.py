@@ -13,7 +13,7 @@ from sqlmodel import select
 from app.batches.claims import MAX_ATTEMPTS
 from app.services import Services
 from app.tables import Request, RequestStatus
-from tests.factories import batch_line
+from tests.factories import batch_line, jsonl_lines
 from tests.fakes import FakeEngine
 from tests.unit.helpers import batch, drive, file_lines, make_batch, request_rows, services
 
@@ -128,7 +128,7 @@ def test_expired_batch_keeps_finished_lines_and_reports_the_rest(tmp_path: Path)
     b = drive(svc, bid, timeout=60)
     assert b.expired_at and b.status == "expired"
     done = output_ids(svc, b.output_file_id)
-    errs = [json.loads(x) for x in svc.storage.path(b.error_file_id).read_text().splitlines()]
+    errs = jsonl_lines(svc.storage.path(b.error_file_id).read_text())
     assert 0 < len(done) < 200 and len(done) + len(errs) == 200 == b.total
     assert (b.completed, b.failed) == (len(done), len(errs))
     assert {e["error"]["code"] for e in errs} == {"batch_expired"} and all(

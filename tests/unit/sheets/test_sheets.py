@@ -18,6 +18,7 @@ from app.sheets.reading import SheetError, open_sheet
 from app.sheets.requests import OutputColumn, RowTemplate, SheetSpec, parse_column
 from app.sheets.writing import write_csv, write_xlsx
 from app.tables import BatchStatus
+from tests.factories import jsonl_lines
 from tests.fakes import FakeEngine
 from tests.unit.helpers import drive, file_rows, services
 
@@ -183,8 +184,8 @@ def test_start_and_export_join_rows_in_order_with_failed_rows_kept(tmp_path: Pat
     assert batch.endpoint == "/v1/chat/completions"
     done = drive(svc, batch.id)
     assert done.status == BatchStatus.COMPLETED and done.failed == 1
-    lines = svc.storage.path(batch.input_file_id).read_text().splitlines()
-    assert [line.split('"custom_id": "')[1].split('"')[0] for line in lines] == [
+    lines = jsonl_lines(svc.storage.path(batch.input_file_id).read_text())
+    assert [line["custom_id"] for line in lines] == [
         "2",
         "3",
         "4",

@@ -13,7 +13,7 @@ from app.errors import APIError
 from app.services import Services
 from app.tables import BatchStatus
 from app.web import views
-from tests.factories import batch_line
+from tests.factories import batch_line, jsonl_lines, jsonl_texts
 from tests.fakes import FakeEngine, HangingEngine
 from tests.unit.helpers import batch, drive, file_lines, make_batch, services
 
@@ -95,7 +95,7 @@ def test_finished_output_is_what_the_files_hold(done: tuple[Services, str]) -> N
     b = batch(svc, batch_id)
     for kind, file_id in (("output", b.output_file_id), ("errors", b.error_file_id)):
         streamed = b"".join(svc.batches.finished_output(batch_id, "", kind))
-        assert [json.loads(x) for x in streamed.splitlines()] == file_lines(svc, file_id)
+        assert jsonl_lines(streamed) == file_lines(svc, file_id)
     with pytest.raises(APIError):
         svc.batches.finished_output(batch_id, "", "everything")
 
@@ -114,8 +114,8 @@ def test_a_running_batch_explores_and_downloads_what_finished(tmp_path: Path) ->
     assert [r.custom_id for r in svc.batches.lines(batch_id, "", status="pending").rows] == [
         "row-5"
     ]
-    so_far = b"".join(svc.batches.finished_output(batch_id, "", "output")).splitlines()
-    assert [json.loads(x)["custom_id"] for x in so_far] == [
+    so_far = jsonl_lines(b"".join(svc.batches.finished_output(batch_id, "", "output")))
+    assert [x["custom_id"] for x in so_far] == [
         "row-1", "row-2", "row-3", "row-4", "row-6",
     ]  # fmt: skip
     assert views.line_detail(svc.batches.line(batch_id, "", 5))["status"] == "running"
@@ -168,11 +168,11 @@ def test_retry_makes_a_batch_of_the_failed_lines_linked_both_ways(
     done: tuple[Services, str],
 ) -> None:
     svc, batch_id = done
-    original = svc.storage.path(batch(svc, batch_id).input_file_id).read_bytes().splitlines()
+    original = jsonl_texts(svc.storage.path(batch(svc, batch_id).input_file_id).read_bytes())
     new = svc.batches.retry(batch_id, "")
     assert json.loads(new.metadata_json or "{}") == {"retry_of": batch_id}
     assert json.loads(batch(svc, batch_id).metadata_json or "{}") == {"retried_by": new.id}
-    retry_input = svc.storage.path(new.input_file_id).read_bytes().splitlines()
+    retry_input = jsonl_texts(svc.storage.path(new.input_file_id).read_bytes())
     assert retry_input == [original[i - 1] for i in (7, 14, 21, 28)]  # the very bytes
     assert drive(svc, new.id).total == 4
     # A batch without failures, or still running, has nothing to retry.
