@@ -59,7 +59,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("batchyard.engine")
 
-#: Sliding window for the live tokens/s figure.
+#: An idle engine's wait for a burst of batch lines to end (`_gather`): a pause this long
+#: ends it, and it never lasts longer than BATCH_GATHER_MAX.
+BATCH_GATHER_QUIET = 0.01
+BATCH_GATHER_MAX = 0.1
 
 
 class LlamaEngine:
@@ -251,6 +254,8 @@ class LlamaEngine:
                 with self._cond:
                     while not self._closing and not self._queue and not self._busy():
                         self._cond.wait()
+                    if not self._busy():
+                        self._gather()
                     if self._closing:
                         break
                     embeds = self._admit()
@@ -262,6 +267,23 @@ class LlamaEngine:
             log.exception("engine thread crashed")
         finally:
             self._fail_all(engine_closed())
+
+    def _gather(self) -> None:
+        """An idle engine given batch lines waits while more keep coming, BATCH_GATHER_QUIET
+        apart, BATCH_GATHER_MAX at most: a file's lines arrive in a burst, and the admission
+        groups lines by the blocks they share only when it sees them together (the first
+        line alone would compute its block in a slot, then the others again, here). Online
+        requests never wait: they sort first, and the wait ends when one comes."""
+        deadline = time.monotonic() + BATCH_GATHER_MAX
+        seen = len(self._queue)
+        while self._queue and self._queue[0].job.priority == Priority.BATCH:
+            left = deadline - time.monotonic()
+            if left <= 0 or self._closing:
+                return
+            self._cond.wait(min(BATCH_GATHER_QUIET, left))
+            if len(self._queue) == seen:
+                return
+            seen = len(self._queue)
 
     def _busy(self) -> bool:
         """A sequence runs, or a block waits to be evaluated."""
@@ -387,7 +409,10 @@ class LlamaEngine:
                     n = add(batch, n, token, block.pos, block.seq_id, False)
                     block.pos += 1
                 budget -= take
-        return self._fill_batch(self._lines, batch, n, budget, set())
+        # Each block's lines in a run: a tile of 64 query rows then spans few blocks, and
+        # flash attention skips the tiles of cells no row of it may see (the other blocks).
+        lines = sorted(self._lines, key=lambda s: (s.block.seq_id if s.block else -1, s.seq_id))
+        return self._fill_batch(lines, batch, n, budget, set())
 
     def _fill_batch(
         self, slots: list[Slot], batch: Any, n: int, budget: int, held: set[int]
