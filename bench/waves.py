@@ -58,6 +58,7 @@ class Ubatch:
 
 @dataclass
 class Step:
+    context: str  # "main" (a stream a slot) or "shared" (the shared-prefix context)
     prompt_rows: int
     gen_rows: int
     copies: int  # stream copies queued for this decode (llama_memory_seq_cp across streams)
@@ -93,14 +94,18 @@ class Trace:
             step.ubatches.append(Ubatch(int(node.ne[1]), n_kv, streams))
         return True
 
-    def install_params(self, *, kv_unified: bool = False) -> None:
-        """The next llama_context_default_params() (native.load's) carries the callback, and
-        with `kv_unified` one KV stream for every slot instead of one stream each."""
+    def install_params(self, *, kv_unified: bool = False, contexts: int = 2) -> None:
+        """The next `contexts` llama_context_default_params() (native.load's: the slots' and
+        the shared-prefix context's) carry the callback, and with `kv_unified` the slots'
+        context has one KV stream for every slot instead of one stream each."""
         original = lc.llama_context_default_params
         init = lc.llama_init_from_model
+        left = [contexts]
 
         def params() -> Any:
-            lc.llama_context_default_params = original  # once: the embedder's stays plain
+            left[0] -= 1
+            if left[0] <= 0:
+                lc.llama_context_default_params = original  # the embedder's stays plain
             p = original()
             p.cb_eval = self.callback
             if kv_unified:
@@ -116,7 +121,6 @@ class Trace:
         lc.llama_context_default_params = params
 
     def attach(self, engine: Any) -> None:
-        decode = engine._decode
         seq_cp = lc.llama_memory_seq_cp
 
         def counted_cp(*a: Any) -> Any:
@@ -126,20 +130,24 @@ class Trace:
         # engine.py calls lc.llama_memory_seq_cp through the module; count the stream copies.
         lc.llama_memory_seq_cp = counted_cp
 
-        def traced(n: int) -> bool:
-            gen = sum(1 for s in engine._slots if s.generating and s.i_batch >= 0)
-            self.steps.append(Step(n - gen, gen, self._copies))
-            self._copies = 0
-            if not self.t_start:
-                self.t_start = time.perf_counter()
-            self._t_decode, cpu = time.perf_counter(), time.process_time()
-            ok = bool(decode(n))
-            self.steps[-1].seconds = time.perf_counter() - self._t_decode
-            self.steps[-1].cpu = time.process_time() - cpu
-            self.t_end = time.perf_counter()
-            return ok
+        def tracer(context: str, decode: Any, slots: list[Any]) -> Any:
+            def traced(n: int) -> bool:
+                gen = sum(1 for s in slots if s.generating and s.i_batch >= 0)
+                self.steps.append(Step(context, n - gen, gen, self._copies))
+                self._copies = 0
+                if not self.t_start:
+                    self.t_start = time.perf_counter()
+                self._t_decode, cpu = time.perf_counter(), time.process_time()
+                ok = bool(decode(n))
+                self.steps[-1].seconds = time.perf_counter() - self._t_decode
+                self.steps[-1].cpu = time.process_time() - cpu
+                self.t_end = time.perf_counter()
+                return ok
 
-        engine._decode = traced
+            return traced
+
+        engine._decode = tracer("main", engine._decode, engine._slots)
+        engine._decode_shared = tracer("shared", engine._decode_shared, engine._lines)
 
     def summary(self) -> str:
         lines = []
@@ -149,16 +157,18 @@ class Trace:
             f"trace: {len(self.steps)} steps, wall {wall:.2f} s (first decode to last), "
             f"in llama_decode {decode_s:.2f} s, loop Python {wall - decode_s:.2f} s"
         )
-        for kind, pick in (
-            ("prefill", lambda s: s.prompt_rows > 0),
-            ("decode", lambda s: s.prompt_rows == 0),
+        for context, kind, pick in (
+            ("main", "prefill", lambda s: s.context == "main" and s.prompt_rows > 0),
+            ("main", "decode", lambda s: s.context == "main" and s.prompt_rows == 0),
+            ("shared", "prefill", lambda s: s.context == "shared" and s.prompt_rows > 0),
+            ("shared", "decode", lambda s: s.context == "shared" and s.prompt_rows == 0),
         ):
             steps = [s for s in self.steps if pick(s)]
             if not steps:
                 continue
             ubs = [u for s in steps for u in s.ubatches]
             lines.append(
-                f"  {kind:<7} steps {len(steps):>4}  {sum(s.seconds for s in steps):7.2f} s  "
+                f"  {context:<6} {kind:<7} steps {len(steps):>4}  {sum(s.seconds for s in steps):7.2f} s  "
                 f"cpu {sum(s.cpu for s in steps):7.2f} s  "
                 f"copy+build {sum(s.before_first for s in steps):6.2f} s  "
                 f"copies {sum(s.copies for s in steps):>4}  prompt rows "
@@ -168,12 +178,13 @@ class Trace:
                 f", streams median {_med([u.streams for u in ubs])})"
             )
         lines.append(
-            "  first steps: rows prompt/gen, copies, ms, copy+build ms, ubatches tokens@n_kv"
+            "  first steps: context, rows prompt/gen, copies, ms, copy+build ms, "
+            "ubatches tokens@n_kv"
         )
         for i, s in enumerate(self.steps[:40]):
             ub = " ".join(f"{u.tokens}@{u.n_kv}x{u.streams}" for u in s.ubatches)
             lines.append(
-                f"  {i:>3} {s.prompt_rows:>5}/{s.gen_rows:<3} {s.copies:>3} "
+                f"  {i:>3} {s.context:<6} {s.prompt_rows:>5}/{s.gen_rows:<3} {s.copies:>3} "
                 f"{s.seconds * 1e3:8.1f} {s.before_first * 1e3:7.1f}  {ub}"
             )
         return "\n".join(lines)

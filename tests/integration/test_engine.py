@@ -555,6 +555,21 @@ def test_a_later_batch_starts_from_the_block_and_mixed_blocks_run_together(
     assert not any(b.users or b.pending for b in engine._blocks.blocks)
 
 
+def test_an_online_request_answers_while_a_wave_runs_in_the_shared_context(
+    engine: LlamaEngine,
+) -> None:
+    """The shared context steps every other time while an online request decodes: the
+    online answer comes back long before the wave's lines end."""
+    bodies = [{**body, "max_tokens": 48, "logit_bias": NO_EOG} for body in _lines([_block(5)], 20)]
+    with engine._cond:
+        wave = [engine.submit(CHAT, b, priority=Priority.BATCH) for b in bodies]
+    until(lambda: any(line.generating for line in engine._lines), timeout=60)
+    online = engine.submit(CHAT, chat("Quick question?", max_tokens=4, logit_bias=NO_EOG))
+    online.result(timeout=60)
+    assert sum(f.done() for f in wave) == 0
+    assert all(f.result(timeout=120)["usage"]["completion_tokens"] == 48 for f in wave)
+
+
 def test_without_the_shared_context_lines_copy_the_block_in_the_slots() -> None:
     """--shared-prefix-cells 0: the slots' own prefix cache, one line computes the block and
     the others start from a copy of its stream."""

@@ -44,7 +44,7 @@ from app.engine.llama.oai import answers
 from app.engine.llama.oai.chat_template import ChatTemplate
 from app.engine.llama.prepare import Preparer
 from app.engine.llama.sampler import build_sampler, free_sampler, top_logprobs_of
-from app.engine.llama.shared import SharedBlocks, SharedPlan
+from app.engine.llama.shared import CPU_WAVE, SharedBlocks, SharedPlan
 from app.engine.llama.slots import (
     BATCH_PROMPT_TOKENS_PER_STEP,
     PROMPT_TOKENS_PER_STEP,
@@ -59,6 +59,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("batchyard.engine")
 
+#: While an online request decodes, the shared-prefix context takes one step in this many
+#: (with PROMPT_TOKENS_PER_STEP prompt tokens at most), as the slots' batch lines sit out
+#: in turns (ONLINE_BATCH_WINDOW): a wave's step there takes 0.2-1 s on a CPU.
+ONLINE_SHARED_TURN = 2
 #: An idle engine's wait for a burst of batch lines to end (`_gather`): a pause this long
 #: ends it, and it never lasts longer than BATCH_GATHER_MAX.
 BATCH_GATHER_QUIET = 0.01
@@ -128,6 +132,7 @@ class LlamaEngine:
                 n_blocks=self._shared.n_blocks,
                 n_cells=self._shared.n_cells,
                 ctx_per_line=self.ctx_per_slot,
+                max_wave=0 if model.gpu_backend else CPU_WAVE,
             )
         self._scheduler = Scheduler(
             self.n_slots,
@@ -146,6 +151,7 @@ class LlamaEngine:
         self._closing = False
         self._slots = [Slot(i, model.ctx) for i in range(self.n_slots)]
         self._all = self._slots + self._lines  # every sequence of both contexts
+        self._shared_turn = 0
         # Slots whose stream copy llama.cpp has queued but not yet done (it happens at the
         # next decode); they are not a source for another copy until then.
         self._copy_pending: set[int] = set()
@@ -383,6 +389,10 @@ class LlamaEngine:
             n = self._fill_batch(self._slots, self._batch, 0, budget, held)
             if n and self._decode(n):
                 self._after_decode(self._slots)
+        online = any(s.job is not None and s.job.priority == Priority.ONLINE for s in self._slots)
+        self._shared_turn = (self._shared_turn + 1) % ONLINE_SHARED_TURN if online else 0
+        if self._shared_turn:
+            return  # an online request decodes: the shared context steps every other time
         if self._shared is not None and (
             any(s.busy for s in self._lines) or self._blocks and self._blocks.blocks
         ):

@@ -36,6 +36,11 @@ MIN_BLOCK_TOKENS = 128
 #: same block starts from it; more idle blocks cost every query row a look at their cells'
 #: mask (shared4, engine directly: 19.1 s with none kept, 19.8 s with one).
 KEEP_IDLE = 0
+#: Lines running at once on a CPU: one tile of the CPU's flash attention (64 query rows) a
+#: decode step. A wider wave widens every row's look at the mask by its cells: engine
+#: directly, shared 7.5 s with waves of 64, 8.8 s with 96, 8.1 s with 128; shared4 18.1,
+#: 19.3 and 19.1 s. A GPU takes every line it can hold.
+CPU_WAVE = 64
 #: Cells kept free of reservations: llama.cpp places a micro-batch only where it fits whole.
 CELL_MARGIN = 512
 
@@ -106,8 +111,11 @@ def fits_here(task: Task) -> bool:
 class SharedBlocks:
     """The blocks of the shared context and the admission of lines into it."""
 
-    def __init__(self, *, n_lines: int, n_blocks: int, n_cells: int, ctx_per_line: int) -> None:
+    def __init__(
+        self, *, n_lines: int, n_blocks: int, n_cells: int, ctx_per_line: int, max_wave: int = 0
+    ) -> None:
         self.n_lines = n_lines
+        self.max_wave = max_wave or n_lines  # lines running at once
         self.n_cells = n_cells
         self.ctx_per_line = ctx_per_line
         self.blocks: list[Block] = []
@@ -153,7 +161,8 @@ class SharedBlocks:
         mine = [t for t in window if fits_here(t) and len(_prompt(t)) > MIN_BLOCK_TOKENS]
         if not mine:
             return plan
-        self._free = [s for s in lines if not s.busy]
+        running = sum(1 for s in lines if s.busy)
+        self._free = [s for s in lines if not s.busy][: max(0, self.max_wave - running)]
         self._taken = 0  # cells reserved this round
         company = self._company(mine, others)
         wants_new: list[tuple[Task, Block | None, int, int]] = []
