@@ -12,9 +12,9 @@ a model as `app/engine/llama/native.py` does (one KV stream per sequence, n_ubat
   buffer is dominated by one micro-batch's logits and feed-forward activations, in f32:
   n_ubatch x (n_vocab + n_ff) x 4; the output buffer holds one row of logits per
   sequence: parallel x n_vocab x 4;
-- the shared-prefix context, where the profile has one (engine/llama/shared.py): its f16
-  KV cells (4 x ctx_size by default), a second compute buffer, and an output buffer of
-  256 rows (llama.cpp's most sequences). SmolLM2 at ctx 2048: 180 MiB of KV, 327 MiB in
+- the shared-prefix context, where the profile has one (engine/llama/shared.py; 8 or more
+  sequences): its f16 KV cells (4 x ctx_size by default), a second compute buffer, and an
+  output buffer of at most 256 rows (llama.cpp's most sequences). SmolLM2 at ctx 2048: 180 MiB of KV, 327 MiB in
   all estimated; the process measured 231 MiB more with it than without (1,211 against
   980 MiB), its compute buffer's pages untouched until a micro-batch needs them.
 
@@ -50,6 +50,8 @@ DEFAULT_PARALLEL = 32
 #: LLAMA_MAX_SEQ (a test keeps them equal).
 SHARED_KV = "f16"
 LLAMA_MAX_SEQ = 256
+#: Fewer sequences than this, the engine has no shared-prefix context (native.py's).
+MIN_SHARED_SLOTS = 8
 #: Bytes per element of each KV cache type (blocks of 32 elements for the quantized ones).
 KV_BYTES_PER_ELEMENT = {
     "f16": 2.0,
@@ -64,11 +66,16 @@ def sequences(profile: LoadProfile) -> int:
     return profile.parallel if profile.parallel > 0 else DEFAULT_PARALLEL
 
 
+def shared_cells(profile: LoadProfile) -> int:
+    """The shared-prefix context's cells a load takes (0: none)."""
+    return profile.shared_cells if sequences(profile) >= MIN_SHARED_SLOTS else 0
+
+
 def kv_cache_bytes(facts: HeaderFacts, profile: LoadProfile) -> int:
     per_token = facts.n_layer * facts.n_head_kv * (facts.key_length + facts.value_length)
     cells = profile.ctx_size * sequences(profile)
     main = per_token * KV_BYTES_PER_ELEMENT[profile.kv_cache_type] * cells
-    shared = per_token * KV_BYTES_PER_ELEMENT[SHARED_KV] * profile.shared_cells
+    shared = per_token * KV_BYTES_PER_ELEMENT[SHARED_KV] * shared_cells(profile)
     return int(main + shared)
 
 
@@ -76,9 +83,9 @@ def compute_bytes(facts: HeaderFacts, profile: LoadProfile) -> int:
     n_ff = facts.n_ff or 4 * facts.n_embd  # the usual width when a header does not say
     scratch = N_UBATCH * (facts.n_vocab + n_ff) * _F32
     output = sequences(profile) * facts.n_vocab * _F32
-    if profile.shared_cells:
+    if shared_cells(profile):
         # The shared-prefix context has its own compute buffer, and a row of logits for
-        # each of llama.cpp's most sequences.
+        # each of its sequences (at most llama.cpp's most).
         return 2 * scratch + output + LLAMA_MAX_SEQ * facts.n_vocab * _F32
     return scratch + output
 

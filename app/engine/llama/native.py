@@ -46,6 +46,13 @@ LLAMA_MAX_SEQ = 256
 #: files running at once, and those of earlier batches kept for later ones; the rest of
 #: llama.cpp's sequences are lines.
 SHARED_BLOCKS = 8
+#: Lines of the shared-prefix context for each slot: a wave of 64 on a CPU (shared.py's
+#: CPU_WAVE) at the default 32 slots, more on a GPU; the runner keeps the engine fed with
+#: the slots and these lines (ModelInfo.lane_slots), so nodes with a few slots keep to a few.
+SHARED_LINES_PER_SLOT = {"cpu": 2, "gpu": 4}
+#: Fewer slots than this, no shared-prefix context: a node run with a few slots (a test
+#: node, a machine shared with other work) keeps to them.
+MIN_SHARED_SLOTS = 8
 
 
 def kv_needs_flash_attention(kv_cache_type: str) -> bool:
@@ -351,8 +358,15 @@ def load(settings: Settings, *, prompt_tokens_per_step: int) -> LoadedModel:
         lc.llama_model_free(model)
         raise RuntimeError("llama.cpp could not create a context (out of memory?)")
     shared = None
-    if settings.shared_cells:
-        shared = shared_context(model, settings.shared_cells, n_batch=n_batch, threads=threads)
+    if settings.shared_cells and n_slots >= MIN_SHARED_SLOTS:
+        on_gpu = settings.n_gpu_layers != 0 and gpu_backend_name() is not None
+        n_lines = min(
+            LLAMA_MAX_SEQ - SHARED_BLOCKS,
+            SHARED_LINES_PER_SLOT["gpu" if on_gpu else "cpu"] * n_slots,
+        )
+        shared = shared_context(
+            model, settings.shared_cells, n_lines=n_lines, n_batch=n_batch, threads=threads
+        )
         if shared is None:
             lc.llama_free(ctx)
             lc.llama_model_free(model)
@@ -386,10 +400,12 @@ def load(settings: Settings, *, prompt_tokens_per_step: int) -> LoadedModel:
     )
 
 
-def shared_context(model: Any, n_cells: int, *, n_batch: int, threads: int) -> SharedContext | None:
+def shared_context(
+    model: Any, n_cells: int, *, n_lines: int, n_batch: int, threads: int
+) -> SharedContext | None:
     """A context of one unified f16 KV stream for lines that share blocks (shared.py)."""
     params = lc.llama_context_default_params()
-    params.n_seq_max = LLAMA_MAX_SEQ
+    params.n_seq_max = n_lines + SHARED_BLOCKS
     params.n_ctx = n_cells
     # One stream: a fork tags the block's cells instead of copying a stream, and a
     # micro-batch's rows of every line attend in one flash-attention call (its tiled path).
@@ -407,7 +423,7 @@ def shared_context(model: Any, n_cells: int, *, n_batch: int, threads: int) -> S
         ctx=ctx,
         mem=lc.llama_get_memory(ctx),
         batch=lc.llama_batch_init(n_batch, 0, 1),
-        n_lines=LLAMA_MAX_SEQ - SHARED_BLOCKS,
+        n_lines=n_lines,
         n_blocks=SHARED_BLOCKS,
         n_cells=lc.llama_n_ctx(ctx),
     )

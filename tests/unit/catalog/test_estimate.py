@@ -3,6 +3,7 @@ fixtures' random-weight models against the shapes asked for."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from app.catalog import LoadProfile
@@ -88,3 +89,12 @@ def test_the_estimate_uses_the_shared_contexts_type_and_sequences() -> None:
     from app.catalog import estimate as est
 
     assert (est.SHARED_KV, est.LLAMA_MAX_SEQ) == (native.SHARED_KV, native.LLAMA_MAX_SEQ)
+    assert est.MIN_SHARED_SLOTS == native.MIN_SHARED_SLOTS
+
+
+def test_a_load_of_a_few_sequences_has_no_shared_prefix_context() -> None:
+    facts = read_facts([smollm2()])
+    few = LoadProfile(
+        ctx_size=2048, parallel=4, n_gpu_layers=0, kv_cache_type="q8_0", shared_prefix_cells=-1
+    )
+    assert estimate(facts, few) == estimate(facts, replace(few, shared_prefix_cells=0))
