@@ -35,7 +35,7 @@ MIN_BLOCK_TOKENS = 128
 #: The last block of a batch stays until another one is needed, so a later batch with the
 #: same block starts from it; more idle blocks cost every query row a look at their cells'
 #: mask (shared4, engine directly: 19.1 s with none kept, 19.8 s with one).
-KEEP_IDLE = 0
+KEEP_IDLE = 3
 #: Lines running at once on a CPU: one tile of the CPU's flash attention (64 query rows) a
 #: decode step. A wider wave widens every row's look at the mask by its cells: engine
 #: directly, shared 7.5 s with waves of 64, 8.8 s with 96, 8.1 s with 128; shared4 18.1,
@@ -200,6 +200,11 @@ class SharedBlocks:
         if not block.ready:
             return False  # it forks once the block is evaluated
         room = self.n_cells - CELL_MARGIN - self.cells_in_use(lines) - self._taken
+        if need > room and self._free:
+            room += self._drop_idle(need - room, block, plan)
+        if need > room and not self._taken and not any(s.busy for s in lines):
+            plan.held.discard(id(task))  # no room even with nothing else here: main context
+            return False
         if not self._free or need > room:
             return True
         line = self._free.pop(0)
@@ -208,6 +213,22 @@ class SharedBlocks:
         self._taken += need
         plan.starts.append(Start(task, line, block, forked, need))
         return False
+
+    def _drop_idle(self, cells: int, keep: Block, plan: SharedPlan) -> int:
+        """Drop idle blocks but `keep`, the least recently used first, until `cells` are
+        free; returns the cells freed."""
+        freed = 0
+        for victim in sorted(self.blocks, key=lambda b: b.used):
+            if freed >= cells:
+                break
+            if victim is keep or victim.users or not victim.ready:
+                continue
+            self.blocks.remove(victim)
+            self._free_ids.append(victim.seq_id)
+            plan.dropped.append(victim)
+            self._version += 1
+            freed += len(victim.tokens)
+        return freed
 
     def _opened(self, tokens: list[int]) -> Block | None:
         """A block made earlier for the same prefix (this round's, or one still pending)."""
@@ -274,8 +295,7 @@ class SharedBlocks:
     ) -> Block | None:
         """A block for `tokens`, forked from `base` where they share a prefix; None when
         no sequence or cells are free, even after dropping idle blocks. Idle blocks beyond
-        KEEP_IDLE go first: they stay in the stream's range, and each query row looks at
-        their cells' mask."""
+        KEEP_IDLE go first, the least recently used first."""
         idle = sorted(
             (b for b in self.blocks if b.users == 0 and b.ready and b is not base),
             key=lambda b: b.used,

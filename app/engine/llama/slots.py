@@ -13,15 +13,12 @@ import codecs
 import enum
 import heapq
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from app.engine.base import Priority
 from app.engine.llama.jobs import Choice, Job, Task
 from app.engine.llama.sampler import StopMatcher
 from app.wire.endpoints import EMBEDDINGS
-
-if TYPE_CHECKING:
-    from app.engine.llama.shared import SharedBlocks, SharedPlan
 
 #: Prompt tokens admitted per step while an online request decodes. Bounded so that a long
 #: new prompt delays the online tokens by one ubatch at most, not by its whole length.
@@ -160,13 +157,29 @@ class Slot:
         return self.state is _GENERATING
 
 
+class SharedRound(Protocol):
+    """What the admission reads of the shared context's round (shared.py's SharedPlan)."""
+
+    starts: list[Any]  # shared.Start: .task, the line it takes, its block
+    held: set[int]  # id() of the tasks that run there or wait for it
+
+
+class SharedAdmission(Protocol):
+    """The shared-prefix context's admission (shared.py's SharedBlocks), as slots.py sees
+    it: shared.py builds on this module, so it is named by what it does."""
+
+    def plan(
+        self, window: list[Task], lines: list[Slot], others: list[list[int]]
+    ) -> SharedRound: ...
+
+
 @dataclass
 class Admission:
     """What one admission round decided: tasks with their slots (leader first), embeddings."""
 
     starts: list[tuple[Task, list[Slot]]] = field(default_factory=list)
     embeds: list[Job] = field(default_factory=list)
-    shared: SharedPlan | None = None  # lines and blocks of the shared-prefix context
+    shared: Any = None  # shared.SharedPlan: lines and blocks of the shared-prefix context
 
 
 @dataclass
@@ -194,7 +207,7 @@ class Scheduler:
         prefix_cache: bool = True,
         embed_tokens: int = 0,
         embed_seqs: int = 0,
-        shared: SharedBlocks | None = None,
+        shared: SharedAdmission | None = None,
         lines: list[Slot] | None = None,
     ) -> None:
         self.n_slots = n_slots
@@ -274,9 +287,10 @@ class Scheduler:
         if self.shared is not None:
             # Lines that share a long block go to the shared context, or wait for it.
             others = [s.cached + s.pending for s in slots if s.cached or s.pending]
-            out.shared = self.shared.plan(window, self.lines, others)
-            started.update(id(start.task) for start in out.shared.starts)
-            window = [t for t in window if id(t) not in out.shared.held]
+            shared = self.shared.plan(window, self.lines, others)
+            out.shared = shared
+            started.update(id(start.task) for start in shared.starts)
+            window = [t for t in window if id(t) not in shared.held]
         known: set[int] = set()  # prefixes whose KV some slot holds
         coming: set[int] = set()  # prefixes of the prompts being evaluated
         for slot in slots:

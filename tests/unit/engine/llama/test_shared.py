@@ -6,6 +6,7 @@ from __future__ import annotations
 from app.engine.base import Priority
 from app.engine.llama.shared import (
     CELL_MARGIN,
+    KEEP_IDLE,
     MIN_BLOCK_TOKENS,
     Block,
     SharedBlocks,
@@ -95,8 +96,8 @@ def test_short_shared_prefixes_and_other_kinds_of_work_stay_in_the_main_context(
     assert plan == SharedPlan()
 
 
-def test_blocks_open_one_at_a_time_and_an_idle_one_goes_when_the_next_opens() -> None:
-    shared, lines = setup()
+def test_blocks_open_one_at_a_time_and_idle_ones_stay_up_to_keep_idle() -> None:
+    shared, lines = setup(n_blocks=KEEP_IDLE + 3)
     a = [line(BLOCK_A, i) for i in range(3)]
     b = [line(BLOCK_B, i) for i in range(3)]
     mixed = [a[0], b[0], a[1], b[1], a[2], b[2]]
@@ -113,8 +114,22 @@ def test_blocks_open_one_at_a_time_and_an_idle_one_goes_when_the_next_opens() ->
     finish(shared, lines)
     plan = shared.plan(rest, lines, [])
     assert [blk.tokens for blk in plan.new_blocks] == [BLOCK_B]
-    assert [blk.tokens for blk in plan.dropped] == [BLOCK_A]
-    assert [blk.tokens for blk in shared.blocks] == [BLOCK_B]
+    assert plan.dropped == []  # A stays for its lines still to come
+    carry_out(shared, lines, plan)
+    carry_out(shared, lines, shared.plan(rest, lines, []))
+    finish(shared, lines)
+    # More blocks, each with one wave: past KEEP_IDLE idle blocks, the least recent goes.
+    blocks = [list(range(20_000 * k, 20_000 * k + 200)) for k in range(1, KEEP_IDLE + 1)]
+    dropped = []
+    for block in blocks:
+        tasks = [line(block, i) for i in range(2)]
+        for _ in range(2):
+            plan = shared.plan(tasks, lines, [])
+            dropped += [blk.tokens for blk in plan.dropped]
+            carry_out(shared, lines, plan)
+        finish(shared, lines)
+    assert dropped == [BLOCK_A]
+    assert len(shared.blocks) == KEEP_IDLE + 1
 
 
 def test_a_later_batch_forks_from_the_block_kept_from_the_last() -> None:
@@ -172,3 +187,17 @@ def test_a_longer_shared_prefix_extends_a_block_by_forking_from_it() -> None:
     assert new.tokens == BLOCK_A
     assert new.source is not None and new.pos == len(head)
     assert new.pending == BLOCK_A[len(head) :]
+
+
+def test_idle_blocks_go_when_a_waiting_line_needs_their_cells() -> None:
+    # Room for two blocks and a few lines: A stays idle after its wave, B's lines need A's cells.
+    shared, lines = setup(n_cells=CELL_MARGIN + 300 + 300 + 20)
+    a = [line(BLOCK_A, i) for i in range(2)]
+    carry_out(shared, lines, shared.plan(a, lines, []))
+    carry_out(shared, lines, shared.plan(a, lines, []))
+    finish(shared, lines)
+    b = [line(BLOCK_B, i, max_tokens=30) for i in range(2)]
+    carry_out(shared, lines, shared.plan(b, lines, []))  # B opens beside idle A
+    plan = shared.plan(b, lines, [])
+    assert [blk.tokens for blk in plan.dropped] == [BLOCK_A]
+    assert [s.task for s in plan.starts] == b
