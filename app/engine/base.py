@@ -88,7 +88,8 @@ class ModelInfo:
     cpu_buffers: str = ""  # llama.cpp's extra CPU buffer types: "on (why)" or "off (why)"
     advice: str | None = None  # the command that fixes the build (toolchain/facts.py), if any
     gpu_fallback: str | None = None  # why a GPU build runs on the CPU (toolchain/facts.py)
-    #: Lines the shared-prefix context runs at once besides the slots (engine/llama/shared.py).
+    #: Lines the shared-prefix context takes besides the slots while it has work (0 while it
+    #: has none, and on engines without one: engine/llama/shared.py).
     shared_lines: int = 0
 
     @property

@@ -565,10 +565,13 @@ def test_an_online_request_answers_while_a_wave_runs_in_the_shared_context(
     with engine._cond:
         wave = [engine.submit(CHAT, b, priority=Priority.BATCH) for b in bodies]
     until(lambda: any(line.generating for line in engine._lines), timeout=60)
+    # While the shared context has work, the runner is told to feed its lines too.
+    assert engine.info.lane_slots == SLOTS + len(engine._lines) == SLOTS * 9
     online = engine.submit(CHAT, chat("Quick question?", max_tokens=4, logit_bias=NO_EOG))
     online.result(timeout=60)
     assert sum(f.done() for f in wave) == 0
     assert all(f.result(timeout=120)["usage"]["completion_tokens"] == 48 for f in wave)
+    until(lambda: engine.info.lane_slots == SLOTS, timeout=10)  # idle: the slots alone
 
 
 def test_without_the_shared_context_lines_copy_the_block_in_the_slots() -> None:

@@ -308,6 +308,8 @@ class LlamaEngine:
         admission = self._scheduler.admit(self._queue, self._slots)
         if admission.shared is not None:
             self._start_shared(admission.shared)
+        if self._shared is not None:
+            self._report_shared()
         for task, group in admission.starts:
             self._start(task, group)
         return admission.embeds
@@ -399,6 +401,19 @@ class LlamaEngine:
             n = self._fill_shared()
             if n and self._decode_shared(n):
                 self._after_decode(self._lines)
+            self._report_shared()
+
+    def _report_shared(self) -> None:
+        """Tell the runner, through info.lane_slots, to keep the shared context's lines fed
+        while it has work, and only the slots otherwise: a node of a fleet that runs
+        independent lines claims no more than its slots' worth (twice, as before)."""
+        assert self._shared is not None and self._blocks is not None
+        active = any(s.busy for s in self._lines) or any(
+            b.users or b.pending for b in self._blocks.blocks
+        )
+        lines = self._shared.n_lines if active else 0
+        if self.info.shared_lines != lines:
+            self.info = dataclasses.replace(self.info, shared_lines=lines)
 
     def _fill_shared(self) -> int:
         """The shared context's rows: the blocks' pending tokens first (their lines wait for

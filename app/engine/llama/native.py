@@ -46,10 +46,11 @@ LLAMA_MAX_SEQ = 256
 #: files running at once, and those of earlier batches kept for later ones; the rest of
 #: llama.cpp's sequences are lines.
 SHARED_BLOCKS = 8
-#: Lines of the shared-prefix context for each slot: a wave of 64 on a CPU (shared.py's
-#: CPU_WAVE) at the default 32 slots, more on a GPU; the runner keeps the engine fed with
-#: the slots and these lines (ModelInfo.lane_slots), so nodes with a few slots keep to a few.
-SHARED_LINES_PER_SLOT = {"cpu": 2, "gpu": 4}
+#: Lines of the shared-prefix context for each slot (at most llama.cpp's sequences less the
+#: blocks'): 248 at the default 32 slots. While the context has work, the runner keeps the
+#: engine fed with the slots and these lines (ModelInfo.lane_slots), so that it holds the
+#: lines of every block a file mixes and runs each block's lines in one wave.
+SHARED_LINES_PER_SLOT = 8
 #: Fewer slots than this, no shared-prefix context: a node run with a few slots (a test
 #: node, a machine shared with other work) keeps to them.
 MIN_SHARED_SLOTS = 8
@@ -287,7 +288,6 @@ class LoadedModel:
             cpu_buffers=self.cpu_buffers,
             advice=self.advice,
             gpu_fallback=self.gpu_fallback,
-            shared_lines=self.shared.n_lines if self.shared is not None else 0,
         )
 
     def free(self) -> None:
@@ -359,11 +359,7 @@ def load(settings: Settings, *, prompt_tokens_per_step: int) -> LoadedModel:
         raise RuntimeError("llama.cpp could not create a context (out of memory?)")
     shared = None
     if settings.shared_cells and n_slots >= MIN_SHARED_SLOTS:
-        on_gpu = settings.n_gpu_layers != 0 and gpu_backend_name() is not None
-        n_lines = min(
-            LLAMA_MAX_SEQ - SHARED_BLOCKS,
-            SHARED_LINES_PER_SLOT["gpu" if on_gpu else "cpu"] * n_slots,
-        )
+        n_lines = min(LLAMA_MAX_SEQ - SHARED_BLOCKS, SHARED_LINES_PER_SLOT * n_slots)
         shared = shared_context(
             model, settings.shared_cells, n_lines=n_lines, n_batch=n_batch, threads=threads
         )
