@@ -339,7 +339,8 @@ def load(settings: Settings, *, prompt_tokens_per_step: int) -> LoadedModel:
     #   attention scans every slot's kept cells (n_kv 1,792-2,304 instead of 256).
     # - f16: the shared block 19.6 against 27.6 (q8_0 split) CPU s, as the CPU's flash
     #   attention takes its tiled path from 64 query rows of one stream; short chats 23.8
-    #   against 18.0. So the stream layout stays split; one context cannot be both.
+    #   against 18.0. So the slots' streams stay split, and lines that share a block run
+    #   in a second context of one unified f16 stream (shared_context, shared.py).
     params.kv_unified = False
     n_batch = max(2048, n_slots + prompt_tokens_per_step)
     params.n_batch = n_batch
