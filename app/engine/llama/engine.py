@@ -45,12 +45,7 @@ from app.engine.llama.oai.chat_template import ChatTemplate
 from app.engine.llama.prepare import Preparer
 from app.engine.llama.sampler import build_sampler, free_sampler, top_logprobs_of
 from app.engine.llama.shared import CPU_WAVE, SharedBlocks, SharedPlan
-from app.engine.llama.slots import (
-    BATCH_PROMPT_TOKENS_PER_STEP,
-    PROMPT_TOKENS_PER_STEP,
-    Scheduler,
-    Slot,
-)
+from app.engine.llama.slots import BATCH_PROMPT_TOKENS_PER_STEP, Scheduler, Slot
 from app.engine.llama.thread_priority import effective, lower_this_thread
 from app.wire.endpoints import ENDPOINTS
 
@@ -293,8 +288,12 @@ class LlamaEngine:
 
     def _busy(self) -> bool:
         """A sequence runs, or a block waits to be evaluated."""
+        return any(s.busy for s in self._slots) or self._shared_work()
+
+    def _shared_work(self) -> bool:
+        """A line of the shared context runs, or one of its blocks waits to be evaluated."""
         blocks = self._blocks.blocks if self._blocks is not None else []
-        return any(s.busy for s in self._all) or any(b.pending for b in blocks)
+        return any(s.busy for s in self._lines) or any(b.pending for b in blocks)
 
     def _admit(self) -> list[Job]:
         """Drop withdrawn work, start the tasks that fit; returns the embedding jobs."""
@@ -395,10 +394,8 @@ class LlamaEngine:
         self._shared_turn = (self._shared_turn + 1) % ONLINE_SHARED_TURN if online else 0
         if self._shared_turn:
             return  # an online request decodes: the shared context steps every other time
-        if self._shared is not None and (
-            any(s.busy for s in self._lines) or self._blocks and self._blocks.blocks
-        ):
-            n = self._fill_shared()
+        if self._shared_work():
+            n = self._fill_shared(online)
             if n and self._decode_shared(n):
                 self._after_decode(self._lines)
             self._report_shared()
@@ -407,24 +404,18 @@ class LlamaEngine:
         """Tell the runner, through info.lane_slots, to keep the shared context's lines fed
         while it has work, and only the slots otherwise: a node of a fleet that runs
         independent lines claims no more than its slots' worth (twice, as before)."""
-        assert self._shared is not None and self._blocks is not None
-        active = any(s.busy for s in self._lines) or any(
-            b.users or b.pending for b in self._blocks.blocks
-        )
-        lines = self._shared.n_lines if active else 0
+        assert self._shared is not None
+        lines = self._shared.n_lines if self._shared_work() else 0
         if self.info.shared_lines != lines:
             self.info = dataclasses.replace(self.info, shared_lines=lines)
 
-    def _fill_shared(self) -> int:
+    def _fill_shared(self, online: bool) -> int:
         """The shared context's rows: the blocks' pending tokens first (their lines wait for
-        them), then its lines as in the main context; returns the count."""
+        them), then its lines as in the main context; returns the count. `online`: an online
+        request decodes in the main context, and waits for this step too."""
         assert self._shared is not None and self._blocks is not None
         batch, add = self._shared.batch, native.batch_add
-        # An online request decoding in the main context waits for this step too.
-        online = any(s.job is not None and s.job.priority == Priority.ONLINE for s in self._slots)
-        generating = sum(1 for s in self._lines if s.generating)
-        cap = PROMPT_TOKENS_PER_STEP if online else BATCH_PROMPT_TOKENS_PER_STEP
-        budget = max(0, min(self.n_batch - generating, cap))
+        budget = self._scheduler.prompt_budget(self._lines, self.n_batch, online)
         n = 0
         for block in self._blocks.blocks:
             if block.pending and budget > 0:
@@ -481,15 +472,7 @@ class LlamaEngine:
         log.error("llama_decode returned %d; failing the sequences of this step", rc)
         for slot in self._slots:
             if slot.busy and (slot.i_batch >= 0 or slot.generating):
-                self._fail_job(
-                    slot.job,
-                    EngineError(
-                        f"llama_decode failed ({rc}).",
-                        status_code=500,
-                        code="decode_failed",
-                        type="server_error",
-                    ),
-                )
+                self._fail_job(slot.job, decode_failed(rc))
         # What the failed batch left in KV is unknown: free slots forget their caches.
         for slot in self._slots:
             if not slot.busy:
@@ -506,15 +489,9 @@ class LlamaEngine:
         if rc == 0:
             return True
         log.error("llama_decode returned %d in the shared-prefix context; failing its lines", rc)
-        error = EngineError(
-            f"llama_decode failed ({rc}).",
-            status_code=500,
-            code="decode_failed",
-            type="server_error",
-        )
         for line in self._lines:
             if line.busy:
-                self._fail_job(line.job, error)
+                self._fail_job(line.job, decode_failed(rc))
         self._blocks.reset()
         lc.llama_memory_clear(self._shared.mem, True)
         return False
@@ -679,6 +656,13 @@ class LlamaEngine:
         for job in jobs:
             if self._settle(job, error=error):
                 self._counters.count("failed")
+
+
+def decode_failed(rc: int) -> EngineError:
+    """The error of a request whose llama_decode failed."""
+    return EngineError(
+        f"llama_decode failed ({rc}).", status_code=500, code="decode_failed", type="server_error"
+    )
 
 
 def load_engine(settings: Settings, entry: Entry | None = None) -> LlamaEngine:

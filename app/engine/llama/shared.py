@@ -124,6 +124,8 @@ class SharedBlocks:
         self._round = 0
         self._version = 0  # changes whenever a block comes or goes (Task.shared_match)
         self._free: list[Slot] = []  # this round's free lines
+        self._running = 0  # lines running at the round's start
+        self._reserved = 0  # cells they may take
         self._taken = 0  # cells reserved this round
 
     def cells_in_use(self, lines: list[Slot]) -> int:
@@ -161,9 +163,9 @@ class SharedBlocks:
         mine = [t for t in window if fits_here(t) and len(_prompt(t)) > MIN_BLOCK_TOKENS]
         if not mine:
             return plan
-        running = sum(1 for s in lines if s.busy)
-        self._free = [s for s in lines if not s.busy][: max(0, self.max_wave - running)]
-        self._taken = 0  # cells reserved this round
+        busy = [s for s in lines if s.busy]
+        self._running, self._reserved, self._taken = len(busy), sum(s.reserved for s in busy), 0
+        self._free = [s for s in lines if not s.busy][: max(0, self.max_wave - self._running)]
         company = self._company(mine, others)
         wants_new: list[tuple[Task, Block | None, int, int]] = []
         room_short = False  # lines of a ready block wait for room: no new block yet
@@ -173,24 +175,27 @@ class SharedBlocks:
             if group >= forked + MIN_BLOCK_TOKENS:
                 wants_new.append((task, block, forked, group))
             elif block is not None and forked >= MIN_BLOCK_TOKENS:
-                room_short |= self._place(task, block, forked, lines, plan) and block.ready
+                room_short |= self._place(task, block, forked, plan) and block.ready
         for task, block, forked, group in wants_new:
             prompt = _prompt(task)
             opened = self._opened(prompt[:group])
             if opened is None and self._may_open(room_short):
-                opened = self._new_block(prompt[:group], block, forked, lines, plan)
+                opened = self._new_block(prompt[:group], block, forked, plan)
             if opened is not None:
                 block, forked = opened, min(group, len(prompt) - 1)
             elif self._free_ids or any(b.users == 0 and b.ready for b in self.blocks):
                 plan.held.add(id(task))  # its block's turn comes after the open one's
                 continue
             if block is not None and forked >= MIN_BLOCK_TOKENS:
-                self._place(task, block, forked, lines, plan)
+                self._place(task, block, forked, plan)
         return plan
 
-    def _place(
-        self, task: Task, block: Block, forked: int, lines: list[Slot], plan: SharedPlan
-    ) -> bool:
+    def _room(self) -> int:
+        """Cells free for reservations this round: `cells_in_use` less what it started."""
+        blocks = sum(len(b.tokens) for b in self.blocks)
+        return self.n_cells - CELL_MARGIN - blocks - self._reserved - self._taken
+
+    def _place(self, task: Task, block: Block, forked: int, plan: SharedPlan) -> bool:
         """Start `task` as a line forked from `block`, or hold it for later; returns True
         when it must wait for room (False: started, waits for the block, or not for here)."""
         need = self.reserve(task, forked)
@@ -199,10 +204,10 @@ class SharedBlocks:
         plan.held.add(id(task))
         if not block.ready:
             return False  # it forks once the block is evaluated
-        room = self.n_cells - CELL_MARGIN - self.cells_in_use(lines) - self._taken
+        room = self._room()
         if need > room and self._free:
             room += self._drop_idle(need - room, block, plan)
-        if need > room and not self._taken and not any(s.busy for s in lines):
+        if need > room and not self._taken and not self._running:
             plan.held.discard(id(task))  # no room even with nothing else here: main context
             return False
         if not self._free or need > room:
@@ -223,12 +228,15 @@ class SharedBlocks:
                 break
             if victim is keep or victim.users or not victim.ready:
                 continue
-            self.blocks.remove(victim)
-            self._free_ids.append(victim.seq_id)
-            plan.dropped.append(victim)
-            self._version += 1
+            self._drop(victim, plan)
             freed += len(victim.tokens)
         return freed
+
+    def _drop(self, victim: Block, plan: SharedPlan) -> None:
+        self.blocks.remove(victim)
+        self._free_ids.append(victim.seq_id)
+        plan.dropped.append(victim)
+        self._version += 1
 
     def _opened(self, tokens: list[int]) -> Block | None:
         """A block made earlier for the same prefix (this round's, or one still pending)."""
@@ -261,8 +269,8 @@ class SharedBlocks:
         counts: Counter[int] = Counter()
         for task in mine:
             counts.update(_keys(task))
-        other_keys = [chunk_keys(p) for p in others if len(p) > MIN_BLOCK_TOKENS]
         longer = [p for p in others if len(p) > MIN_BLOCK_TOKENS]
+        other_keys = [chunk_keys(p) for p in longer]
         for keys in other_keys:
             counts.update(keys)
         # Tasks by the last chunk they share: the members of one group.
@@ -290,7 +298,6 @@ class SharedBlocks:
         tokens: list[int],
         base: Block | None,
         base_shared: int,
-        lines: list[Slot],
         plan: SharedPlan,
     ) -> Block | None:
         """A block for `tokens`, forked from `base` where they share a prefix; None when
@@ -300,18 +307,9 @@ class SharedBlocks:
             (b for b in self.blocks if b.users == 0 and b.ready and b is not base),
             key=lambda b: b.used,
         )
-        while idle and (
-            len(idle) > KEEP_IDLE
-            or not self._free_ids
-            or len(tokens) > self.n_cells - CELL_MARGIN - self.cells_in_use(lines) - self._taken
-        ):
-            victim = idle.pop(0)
-            self.blocks.remove(victim)
-            self._free_ids.append(victim.seq_id)
-            plan.dropped.append(victim)
-            self._version += 1
-        room = self.n_cells - CELL_MARGIN - self.cells_in_use(lines) - self._taken
-        if not self._free_ids or len(tokens) > room:
+        while idle and (len(idle) > KEEP_IDLE or not self._free_ids or len(tokens) > self._room()):
+            self._drop(idle.pop(0), plan)
+        if not self._free_ids or len(tokens) > self._room():
             return None
         start = base_shared if base is not None and base.ready else 0
         block = Block(
