@@ -556,6 +556,30 @@ def test_a_later_batch_starts_from_the_block_and_mixed_blocks_run_together(
     assert not any(b.users or b.pending for b in engine._blocks.blocks)
 
 
+def test_a_block_parked_for_another_comes_back_with_its_cells(engine: LlamaEngine) -> None:
+    """A block whose lines are done leaves the stream when another block opens (its cells
+    saved to host memory); lines for it later fork from the cells put back, as before."""
+    probe = [
+        {**body, "max_tokens": 1, "logprobs": True, "top_logprobs": 5}
+        for body in _lines([_block(7)], 6, first=200)
+    ]
+    before = _run_batch(engine, probe)
+    assert engine._blocks is not None
+    (block,) = [b for b in engine._blocks.blocks if not b.parked]
+    _run_batch(engine, _lines([_block(8)], 4, first=300))
+    assert block in engine._blocks.blocks and block.parked and block.state is not None
+    after = _run_batch(engine, probe)
+    assert block in engine._blocks.blocks and not block.parked and block.state is None
+    # Every line, the first included, forked from the block's cells: nothing recomputed.
+    assert all(_cached(a) >= len(block.tokens) for a in after), [_cached(a) for a in after]
+    for old, new in zip(before, after, strict=True):
+        old_top, new_top = _top(old), _top(new)
+        assert old_top.keys() == new_top.keys()
+        # The same K/V bits; only where the cells sit in the stream (the order flash
+        # attention sums them in) may differ.
+        assert all(abs(old_top[t] - new_top[t]) < 0.01 for t in old_top), (old_top, new_top)
+
+
 def test_an_online_request_answers_while_a_wave_runs_in_the_shared_context(
     engine: LlamaEngine,
 ) -> None:

@@ -343,17 +343,39 @@ class LlamaEngine:
     def _start_shared(self, plan: SharedPlan) -> None:
         """Carry out the shared context's round: drop blocks, start new ones (forked from a
         block they extend), and fork each started line from its block's cells."""
-        assert self._shared is not None
-        mem = self._shared.mem
-        for block in plan.dropped:
-            lc.llama_memory_seq_rm(mem, block.seq_id, -1, -1)
+        assert self._shared is not None and self._blocks is not None
+        shared, mem = self._shared, self._shared.mem
         for block in plan.new_blocks:
             lc.llama_memory_seq_rm(mem, block.seq_id, -1, -1)
             if block.source is not None:
                 lc.llama_memory_seq_cp(mem, block.source.seq_id, block.seq_id, 0, block.pos)
                 block.source = None
+        # Parked blocks leave the stream after the new blocks' forks from them; their
+        # sequence ids stay unused until the next round.
+        dropped = {id(b) for b in plan.dropped}
+        for block, seq_id in plan.parked:
+            if id(block) not in dropped:
+                block.state = shared.save(seq_id)
+            lc.llama_memory_seq_rm(mem, seq_id, -1, -1)
+        for block in plan.dropped:
+            block.state = None
+        lost: set[int] = set()
+        for block in plan.restored:
+            lc.llama_memory_seq_rm(mem, block.seq_id, -1, -1)
+            if not shared.restore(block.state, block.seq_id):
+                # The planner restores only into a stream its other blocks have just left,
+                # so this is not expected: the block is computed again when its lines
+                # come back to the queue.
+                log.error("a parked block did not fit back in the shared-prefix context")
+                lc.llama_memory_seq_rm(mem, block.seq_id, -1, -1)
+                self._blocks.forget(block)
+                lost.add(id(block))
+            block.state = None
         for start in plan.starts:
             task, line = start.task, start.line
+            if id(start.block) in lost:
+                heapq.heappush(self._queue, task)
+                continue
             prompt = task.job.prompts[task.prompt_index]
             self._take(line, task, task.choice_indices[0], None)
             # One stream: the fork tags the block's cells with the line's sequence id.

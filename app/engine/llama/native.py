@@ -239,6 +239,20 @@ class SharedContext:
         lc.llama_batch_free(self.batch)
         lc.llama_free(self.ctx)
 
+    def save(self, seq_id: int) -> Any:
+        """The cells of `seq_id` (positions and K/V), copied out to host memory."""
+        size = lc.llama_state_seq_get_size(self.ctx, seq_id)
+        buf = (ctypes.c_uint8 * size)()
+        written = lc.llama_state_seq_get_data(self.ctx, buf, size, seq_id)
+        return buf if written == size else None
+
+    def restore(self, state: Any, seq_id: int) -> bool:
+        """Put cells saved by `save` back, as sequence `seq_id`; False when llama.cpp finds
+        no contiguous room for them (or `state` is None)."""
+        if state is None:
+            return False
+        return lc.llama_state_seq_set_data(self.ctx, state, len(state), seq_id) == len(state)
+
 
 @dataclass
 class LoadedModel:

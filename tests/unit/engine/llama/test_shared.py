@@ -96,7 +96,7 @@ def test_short_shared_prefixes_and_other_kinds_of_work_stay_in_the_main_context(
     assert plan == SharedPlan()
 
 
-def test_blocks_open_one_at_a_time_and_idle_ones_stay_up_to_keep_idle() -> None:
+def test_blocks_open_one_at_a_time_and_idle_ones_are_parked_up_to_keep_idle() -> None:
     shared, lines = setup(n_blocks=KEEP_IDLE + 3)
     a = [line(BLOCK_A, i) for i in range(3)]
     b = [line(BLOCK_B, i) for i in range(3)]
@@ -112,13 +112,18 @@ def test_blocks_open_one_at_a_time_and_idle_ones_stay_up_to_keep_idle() -> None:
     rest = b
     assert shared.plan(rest, lines, []).new_blocks == []  # A's wave still runs
     finish(shared, lines)
+    block_a = shared.blocks[0]
     plan = shared.plan(rest, lines, [])
     assert [blk.tokens for blk in plan.new_blocks] == [BLOCK_B]
-    assert plan.dropped == []  # A stays for its lines still to come
+    # A leaves the stream (its cells would widen every row's look at the mask) and is
+    # kept for its lines still to come; its sequence id is not B's.
+    assert plan.parked == [(block_a, block_a.seq_id)] and plan.dropped == []
+    assert block_a.parked and shared.cells_in_use(lines) == len(BLOCK_B)
+    assert plan.new_blocks[0].seq_id != block_a.seq_id
     carry_out(shared, lines, plan)
     carry_out(shared, lines, shared.plan(rest, lines, []))
     finish(shared, lines)
-    # More blocks, each with one wave: past KEEP_IDLE idle blocks, the least recent goes.
+    # More blocks, each with one wave: past KEEP_IDLE parked blocks, the least recent goes.
     blocks = [list(range(20_000 * k, 20_000 * k + 200)) for k in range(1, KEEP_IDLE + 1)]
     dropped = []
     for block in blocks:
@@ -130,6 +135,7 @@ def test_blocks_open_one_at_a_time_and_idle_ones_stay_up_to_keep_idle() -> None:
         finish(shared, lines)
     assert dropped == [BLOCK_A]
     assert len(shared.blocks) == KEEP_IDLE + 1
+    assert [b.tokens for b in shared.blocks if not b.parked] == [blocks[-1]]
 
 
 def test_a_later_batch_forks_from_the_block_kept_from_the_last() -> None:
@@ -187,17 +193,38 @@ def test_a_longer_shared_prefix_extends_a_block_by_forking_from_it() -> None:
     assert new.tokens == BLOCK_A
     assert new.source is not None and new.pos == len(head)
     assert new.pending == BLOCK_A[len(head) :]
+    # The head block leaves the stream once the new block has forked from it.
+    assert plan.parked == [(new.source, new.source.seq_id)]
 
 
-def test_idle_blocks_go_when_a_waiting_line_needs_their_cells() -> None:
-    # Room for two blocks and a few lines: A stays idle after its wave, B's lines need A's cells.
-    shared, lines = setup(n_cells=CELL_MARGIN + 300 + 300 + 20)
+def test_a_parked_block_comes_back_for_its_lines_once_the_other_block_is_done() -> None:
+    shared, lines = setup(n_blocks=2)
     a = [line(BLOCK_A, i) for i in range(2)]
     carry_out(shared, lines, shared.plan(a, lines, []))
     carry_out(shared, lines, shared.plan(a, lines, []))
     finish(shared, lines)
-    b = [line(BLOCK_B, i, max_tokens=30) for i in range(2)]
-    carry_out(shared, lines, shared.plan(b, lines, []))  # B opens beside idle A
-    plan = shared.plan(b, lines, [])
-    assert [blk.tokens for blk in plan.dropped] == [BLOCK_A]
-    assert [s.task for s in plan.starts] == b
+    b = [line(BLOCK_B, i) for i in range(2)]
+    carry_out(shared, lines, shared.plan(b, lines, []))  # B opens, A is parked
+    carry_out(shared, lines, shared.plan(b, lines, []))  # B's wave
+    block_a, block_b = shared.blocks
+    assert block_a.parked and not block_b.parked
+    later = [line(BLOCK_A, 10 + i) for i in range(2)]  # the runner's next claim
+    plan = shared.plan(later, lines, [])
+    assert plan.restored == [] and plan.held == {id(t) for t in later}  # B's wave runs
+    finish(shared, lines)
+    plan = shared.plan(later, lines, [])
+    # B leaves, A comes back under a free sequence id, and the lines fork from it at once.
+    assert plan.parked == [(block_b, block_b.seq_id)] and plan.restored == [block_a]
+    assert not block_a.parked and block_a.seq_id != block_b.seq_id
+    assert plan.new_blocks == [] and [s.task for s in plan.starts] == later
+    assert all(s.block is block_a and s.forked == len(BLOCK_A) for s in plan.starts)
+
+
+def test_a_block_that_could_not_come_back_is_forgotten_and_made_again() -> None:
+    shared, lines = setup(n_blocks=2)
+    tasks = [line(BLOCK_A, i) for i in range(2)]
+    carry_out(shared, lines, shared.plan(tasks, lines, []))
+    (block,) = shared.blocks
+    shared.forget(block)  # the engine found no room to put its cells back
+    plan = shared.plan(tasks, lines, [])
+    assert [b.tokens for b in plan.new_blocks] == [BLOCK_A] and plan.starts == []
