@@ -14,9 +14,11 @@ a model as `app/engine/llama/native.py` does (one KV stream per sequence, n_ubat
   sequence: parallel x n_vocab x 4;
 - the shared-prefix context, where the profile has one (engine/llama/shared.py; 8 or more
   sequences): its f16 KV cells (4 x ctx_size by default), a second compute buffer, and an
-  output buffer of at most 256 rows (llama.cpp's most sequences). SmolLM2 at ctx 2048: 180 MiB of KV, 327 MiB in
-  all estimated; the process measured 231 MiB more with it than without (1,211 against
-  980 MiB), its compute buffer's pages untouched until a micro-batch needs them.
+  output buffer of at most 256 rows (llama.cpp's most sequences); and in host memory, the
+  cells of up to 3 parked blocks, each at most ctx_size. SmolLM2 at ctx 2048: 180 MiB of
+  KV and 135 MiB parked at most, 462 MiB in all estimated; the process measured 231 MiB
+  more with the context than without (1,211 against 980 MiB, before blocks were parked),
+  its compute buffer's pages untouched until a micro-batch needs them.
 
 Checked against llama.cpp 0.3.36's own figures (llama-cpp-python, CPU, flash attention):
 SmolLM2-135M at ctx 2048 x 32: KV 765.0 MiB (formula 765.0), compute 99.4 + output 6.0 MiB
@@ -52,6 +54,9 @@ SHARED_KV = "f16"
 LLAMA_MAX_SEQ = 256
 #: Fewer sequences than this, the engine has no shared-prefix context (native.py's).
 MIN_SHARED_SLOTS = 8
+#: Idle blocks the shared-prefix context keeps parked in host memory (shared.py's
+#: KEEP_IDLE), each at most a line's context.
+PARKED_BLOCKS = 3
 #: Bytes per element of each KV cache type (blocks of 32 elements for the quantized ones).
 KV_BYTES_PER_ELEMENT = {
     "f16": 2.0,
@@ -75,7 +80,9 @@ def kv_cache_bytes(facts: HeaderFacts, profile: LoadProfile) -> int:
     per_token = facts.n_layer * facts.n_head_kv * (facts.key_length + facts.value_length)
     cells = profile.ctx_size * sequences(profile)
     main = per_token * KV_BYTES_PER_ELEMENT[profile.kv_cache_type] * cells
-    shared = per_token * KV_BYTES_PER_ELEMENT[SHARED_KV] * shared_cells(profile)
+    cells = shared_cells(profile)
+    parked = PARKED_BLOCKS * min(profile.ctx_size, cells)
+    shared = per_token * KV_BYTES_PER_ELEMENT[SHARED_KV] * (cells + parked)
     return int(main + shared)
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from app.catalog import LoadProfile
 from app.catalog.estimate import DEFAULT_PARALLEL, N_UBATCH, estimate, human_size
 from app.catalog.header import read_facts
-from app.engine.llama import native
+from app.engine.llama import native, shared
 from tests.models import gemma, random_model, smollm2
 
 MiB = 1 << 20
@@ -79,8 +79,9 @@ def test_the_shared_prefix_context_adds_its_f16_cells_and_buffers() -> None:
     )
     assert with_shared.shared_cells == 4 * 2048
     a, b = estimate(facts, plain), estimate(facts, with_shared)
-    # 30 layers x 3 KV heads x (64 + 64) x 2 bytes (f16) x 8,192 cells.
-    assert b.kv_cache - a.kv_cache == 30 * 3 * 128 * 2 * 8192 == 180 * MiB
+    # 30 layers x 3 KV heads x (64 + 64) x 2 bytes (f16) x 8,192 cells, and 3 parked
+    # blocks of at most 2,048 cells in host memory.
+    assert b.kv_cache - a.kv_cache == 30 * 3 * 128 * 2 * (8192 + 3 * 2048) == 315 * MiB
     # A second micro-batch's scratch and 256 rows of logits.
     assert b.compute - a.compute == 512 * (49152 + 1536) * 4 + 256 * 49152 * 4
 
@@ -90,6 +91,7 @@ def test_the_estimate_uses_the_shared_contexts_type_and_sequences() -> None:
 
     assert (est.SHARED_KV, est.LLAMA_MAX_SEQ) == (native.SHARED_KV, native.LLAMA_MAX_SEQ)
     assert est.MIN_SHARED_SLOTS == native.MIN_SHARED_SLOTS
+    assert est.PARKED_BLOCKS == shared.KEEP_IDLE
 
 
 def test_a_load_of_a_few_sequences_has_no_shared_prefix_context() -> None:
