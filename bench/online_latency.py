@@ -6,6 +6,11 @@ times --requests synchronous `/v1/chat/completions` calls idle, then uploads and
 median and p90 of each phase and the ratio busy/idle, then cancels the batch.
 
     python bench/online_latency.py --lines 500 --requests 10
+    python bench/online_latency.py --shared --lines 1024   # lines sharing a ~900-token block
+
+`--shared` gives every batch line throughput.py's shared system prompt (about 900 tokens of
+rules) and a short question, 4 tokens out: the batch runs in the shared-prefix context,
+whose prefill steps the online requests then wait beside.
 """
 
 from __future__ import annotations
@@ -62,13 +67,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-tokens", type=int, default=16, help="max_tokens of each online request")
     p.add_argument("--parallel", type=int, default=32, help="server slots (the CPU default: 32)")
     p.add_argument("--model", default="")
+    p.add_argument("--shared", action="store_true", help="batch lines sharing a long block")
     args = p.parse_args(argv)
+    from bench.throughput import shared_instructions
+
+    block = shared_instructions(0) if args.shared else None
+    batch_max_tokens = 4 if args.shared else args.batch_max_tokens
 
     extra = ["--model", args.model] if args.model else []
     extra += ["--parallel", str(args.parallel)]
     with tempfile.TemporaryDirectory() as tmp:
         server = start_server(
-            Path(tmp) / "data", Path(tmp) / "server.log", args=["--ctx-size", "512", *extra]
+            Path(tmp) / "data",
+            Path(tmp) / "server.log",
+            args=["--ctx-size", "1280" if args.shared else "512", *extra],
         )
         try:
             client = OpenAI(base_url=server.api, api_key="bench", max_retries=0)
@@ -83,10 +95,9 @@ def main(argv: list[str] | None = None) -> int:
                         "url": "/v1/chat/completions",
                         "body": {
                             "model": "any",
-                            "messages": [
-                                {"role": "user", "content": f"Write a story about the number {i}."}
-                            ],
-                            "max_tokens": args.batch_max_tokens,
+                            "messages": ([{"role": "system", "content": block}] if block else [])
+                            + [{"role": "user", "content": f"Write a story about the number {i}."}],
+                            "max_tokens": batch_max_tokens,
                             "temperature": 0,
                         },
                     }

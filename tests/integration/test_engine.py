@@ -583,8 +583,8 @@ def test_a_block_parked_for_another_comes_back_with_its_cells(engine: LlamaEngin
 def test_an_online_request_answers_while_a_wave_runs_in_the_shared_context(
     engine: LlamaEngine,
 ) -> None:
-    """The shared context steps every other time while an online request decodes: the
-    online answer comes back long before the wave's lines end."""
+    """The shared context steps once in ONLINE_SHARED_GAP at most while an online request
+    decodes: the online answer comes back long before the wave's lines end."""
     bodies = [{**body, "max_tokens": 48, "logit_bias": NO_EOG} for body in _lines([_block(5)], 20)]
     with engine._cond:
         wave = [engine.submit(CHAT, b, priority=Priority.BATCH) for b in bodies]

@@ -54,10 +54,18 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("batchyard.engine")
 
-#: While an online request decodes, the shared-prefix context takes one step in this many
-#: (with PROMPT_TOKENS_PER_STEP prompt tokens at most), as the slots' batch lines sit out
-#: in turns (ONLINE_BATCH_WINDOW): a wave's step there takes 0.2-1 s on a CPU.
-ONLINE_SHARED_TURN = 2
+#: While an online request decodes, the shared-prefix context steps once in this many
+#: seconds at most, with ONLINE_SHARED_PROMPT prompt tokens at most besides its decoding
+#: lines. Any step of it costs 0.1-0.3 s on a CPU (every row attends to a long block, and
+#: flash attention pads a micro-batch to tiles of 64 rows), 1-2.5 s with a full prefill.
+#: A 16-token online answer beside a shared-block batch (bench/online_latency.py --shared,
+#: median of 8, idle 0.06-0.09 s): a step every other slots' step with 512 prompt tokens,
+#: 4.4 s; the same with 8 lines a step and 64 tokens, 2.0 s; a step every 0.25 s with 64
+#: tokens, 1.2 s; every 0.5 s with 64 tokens, 0.63 s (kept: beside a plain batch it is
+#: 0.54 s); every 0.25 s with none, 0.58 s, but a steady run of online requests would then
+#: stop the batch's prefill.
+ONLINE_SHARED_GAP = 0.5
+ONLINE_SHARED_PROMPT = 64
 #: An idle engine's wait for a burst of batch lines to end (`_gather`): a pause this long
 #: ends it, and it never lasts longer than BATCH_GATHER_MAX.
 BATCH_GATHER_QUIET = 0.01
@@ -146,7 +154,7 @@ class LlamaEngine:
         self._closing = False
         self._slots = [Slot(i, model.ctx) for i in range(self.n_slots)]
         self._all = self._slots + self._lines  # every sequence of both contexts
-        self._shared_turn = 0
+        self._shared_last = 0.0  # when the shared context's last step ended
         # Slots whose stream copy llama.cpp has queued but not yet done (it happens at the
         # next decode); they are not a source for another copy until then.
         self._copy_pending: set[int] = set()
@@ -413,13 +421,13 @@ class LlamaEngine:
             if n and self._decode(n):
                 self._after_decode(self._slots)
         online = any(s.job is not None and s.job.priority == Priority.ONLINE for s in self._slots)
-        self._shared_turn = (self._shared_turn + 1) % ONLINE_SHARED_TURN if online else 0
-        if self._shared_turn:
-            return  # an online request decodes: the shared context steps every other time
+        if online and time.monotonic() - self._shared_last < ONLINE_SHARED_GAP:
+            return  # an online request decodes: the shared context waits its turn
         if self._shared_work():
             n = self._fill_shared(online)
             if n and self._decode_shared(n):
                 self._after_decode(self._lines)
+            self._shared_last = time.monotonic()
             self._report_shared()
 
     def _report_shared(self) -> None:
@@ -437,7 +445,10 @@ class LlamaEngine:
         request decodes in the main context, and waits for this step too."""
         assert self._shared is not None and self._blocks is not None
         batch, add = self._shared.batch, native.batch_add
-        budget = self._scheduler.prompt_budget(self._lines, self.n_batch, online)
+        if online:
+            budget = ONLINE_SHARED_PROMPT
+        else:
+            budget = self._scheduler.prompt_budget(self._lines, self.n_batch, online)
         n = 0
         for block in self._blocks.blocks:
             if block.pending and budget > 0:
