@@ -80,9 +80,9 @@ def kv_cache_bytes(facts: HeaderFacts, profile: LoadProfile) -> int:
     per_token = facts.n_layer * facts.n_head_kv * (facts.key_length + facts.value_length)
     cells = profile.ctx_size * sequences(profile)
     main = per_token * KV_BYTES_PER_ELEMENT[profile.kv_cache_type] * cells
-    cells = shared_cells(profile)
-    parked = PARKED_BLOCKS * min(profile.ctx_size, cells)
-    shared = per_token * KV_BYTES_PER_ELEMENT[SHARED_KV] * (cells + parked)
+    stream = shared_cells(profile)
+    parked = PARKED_BLOCKS * min(profile.ctx_size, stream)
+    shared = per_token * KV_BYTES_PER_ELEMENT[SHARED_KV] * (stream + parked)
     return int(main + shared)
 
 

@@ -349,8 +349,9 @@ class LlamaEngine:
         self._counters.tokens(prompt=len(prompt))
 
     def _start_shared(self, plan: SharedPlan) -> None:
-        """Carry out the shared context's round: drop blocks, start new ones (forked from a
-        block they extend), and fork each started line from its block's cells."""
+        """Carry out the shared context's round: start new blocks (forked from a block they
+        extend), park idle blocks in host memory and drop those past KEEP_IDLE, put parked
+        blocks back, and fork each started line from its block's cells."""
         assert self._shared is not None and self._blocks is not None
         shared, mem = self._shared, self._shared.mem
         for block in plan.new_blocks:
@@ -445,10 +446,10 @@ class LlamaEngine:
         request decodes in the main context, and waits for this step too."""
         assert self._shared is not None and self._blocks is not None
         batch, add = self._shared.batch, native.batch_add
+        # Its lines are batch lines: the budget is a batch step's, or the online turn's.
+        budget = self._scheduler.prompt_budget(self._lines, self.n_batch)
         if online:
-            budget = ONLINE_SHARED_PROMPT
-        else:
-            budget = self._scheduler.prompt_budget(self._lines, self.n_batch, online)
+            budget = min(budget, ONLINE_SHARED_PROMPT)
         n = 0
         for block in self._blocks.blocks:
             if block.pending and budget > 0:

@@ -181,9 +181,8 @@ class SharedBlocks:
         self._free_ids = sorted(self._free_ids + self._parked_ids)
         self._parked_ids = []
         plan = SharedPlan()
-        running = [b for b in self.blocks if b.users or b.pending]
-        if running:
-            self._park_idle(running[0], plan)  # left beside a block that opened since
+        if any(b.users or b.pending for b in self.blocks):
+            self._park_idle(None, plan)  # idle blocks left beside a block that opened since
         mine = [t for t in window if fits_here(t) and len(_prompt(t)) > MIN_BLOCK_TOKENS]
         if not mine:
             return plan

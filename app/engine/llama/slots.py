@@ -362,12 +362,10 @@ class Scheduler:
             return max(pool, key=lambda s: (common_prefix(s.cached, prompt), -s.seq_id))
         return max(pool, key=lambda s: (common_prefix(s.cached, prompt), -len(s.cached)))
 
-    def prompt_budget(self, slots: list[Slot], n_batch: int, online: bool | None = None) -> int:
-        """Prompt tokens this step may take, besides one row per generating slot; `online`:
-        whether an online request decodes (by default, in `slots`)."""
+    def prompt_budget(self, slots: list[Slot], n_batch: int) -> int:
+        """Prompt tokens this step may take, besides one row per generating slot."""
         generating = sum(1 for s in slots if s.generating)
-        if online is None:
-            online = any(s.job is not None and s.job.priority == Priority.ONLINE for s in slots)
+        online = any(s.job is not None and s.job.priority == Priority.ONLINE for s in slots)
         cap = PROMPT_TOKENS_PER_STEP if online else BATCH_PROMPT_TOKENS_PER_STEP
         return max(0, min(n_batch - generating, cap))
 
