@@ -19,7 +19,12 @@ import pytest
 
 from app.config import Settings
 from app.engine.base import EngineError, Priority, RequestCancelled
-from app.engine.llama.engine import LlamaEngine, load_engine
+from app.engine.llama.engine import (
+    ONLINE_SHARED_GAP,
+    ONLINE_SHARED_PROMPT,
+    LlamaEngine,
+    load_engine,
+)
 from app.engine.llama.shared import KEEP_IDLE
 from app.wire.endpoints import CHAT, COMPLETIONS, EMBEDDINGS
 from tests.waiting import until
@@ -584,17 +589,48 @@ def test_an_online_request_answers_while_a_wave_runs_in_the_shared_context(
     engine: LlamaEngine,
 ) -> None:
     """The shared context steps once in ONLINE_SHARED_GAP at most while an online request
-    decodes: the online answer comes back long before the wave's lines end."""
-    bodies = [{**body, "max_tokens": 48, "logit_bias": NO_EOG} for body in _lines([_block(5)], 20)]
-    with engine._cond:
-        wave = [engine.submit(CHAT, b, priority=Priority.BATCH) for b in bodies]
-    until(lambda: any(line.generating for line in engine._lines), timeout=60)
-    # While the shared context has work, the runner is told to feed its lines too.
-    assert engine.info.lane_slots == SLOTS + len(engine._lines) == SLOTS * 9
-    online = engine.submit(CHAT, chat("Quick question?", max_tokens=4, logit_bias=NO_EOG))
-    online.result(timeout=60)
-    assert sum(f.done() for f in wave) == 0
-    assert all(f.result(timeout=120)["usage"]["completion_tokens"] == 48 for f in wave)
+    decodes, with ONLINE_SHARED_PROMPT prompt rows at most: the online answer comes back
+    long before the wave's lines end."""
+    # Few enough lines of 48 tokens that the 20 later ones find room beside them.
+    bodies = [{**body, "max_tokens": 48, "logit_bias": NO_EOG} for body in _lines([_block(5)], 8)]
+    steps: list[tuple[float, float, int, bool]] = []  # start, end, prompt rows, online
+    decode = engine._decode_shared
+
+    def traced(n: int) -> bool:
+        online = any(s.job is not None and s.job.priority == Priority.ONLINE for s in engine._slots)
+        generating = sum(1 for line in engine._lines if line.generating)
+        start = time.monotonic()
+        ok = decode(n)
+        steps.append((start, time.monotonic(), n - generating, online))
+        return ok
+
+    engine._decode_shared = traced  # type: ignore[method-assign]
+    try:
+        with engine._cond:
+            wave = [engine.submit(CHAT, b, priority=Priority.BATCH) for b in bodies]
+        until(lambda: any(line.generating for line in engine._lines), timeout=60)
+        # While the shared context has work, the runner is told to feed its lines too.
+        assert engine.info.lane_slots == SLOTS + len(engine._lines) == SLOTS * 9
+        online = engine.submit(CHAT, chat("Quick question?", max_tokens=400, logit_bias=NO_EOG))
+        until(lambda: any(s.generating for s in engine._slots), timeout=10)
+        # More lines of the block now: their prompts' rest waits for the turns' few rows.
+        more = [
+            {**body, "max_tokens": 8, "logit_bias": NO_EOG}
+            for body in _lines([_block(5)], 20, first=100)
+        ]
+        with engine._cond:
+            later = [engine.submit(CHAT, b, priority=Priority.BATCH) for b in more]
+        assert online.result(timeout=60)["usage"]["completion_tokens"] == 400
+        assert sum(f.done() for f in wave) == 0
+    finally:
+        del engine._decode_shared
+    # Each step while the online request decoded: after a pause since the step before.
+    during = [(before, step) for before, step in zip(steps, steps[1:], strict=False) if step[3]]
+    assert during, steps
+    assert all(step[2] <= ONLINE_SHARED_PROMPT for _, step in during), during
+    assert all(step[0] - before[1] >= ONLINE_SHARED_GAP for before, step in during), during
+    tokens = [f.result(timeout=120)["usage"]["completion_tokens"] for f in wave + later]
+    assert tokens == [48] * 8 + [8] * 20
     until(lambda: engine.info.lane_slots == SLOTS, timeout=10)  # idle: the slots alone
 
 

@@ -220,6 +220,20 @@ def test_a_parked_block_comes_back_for_its_lines_once_the_other_block_is_done() 
     assert all(s.block is block_a and s.forked == len(BLOCK_A) for s in plan.starts)
 
 
+def test_an_idle_block_leaves_the_stream_when_a_waiting_line_needs_its_cells() -> None:
+    # Two evaluated blocks in the stream, nothing running (a block put back, and another
+    # opened, in one round): B's lines need the cells A holds.
+    shared, lines = setup(n_cells=CELL_MARGIN + 300 + 300 + 20)
+    a, b = Block(seq_id=8, tokens=BLOCK_A, used=1), Block(seq_id=9, tokens=BLOCK_B, used=2)
+    shared.blocks += [a, b]
+    shared._free_ids = [i for i in shared._free_ids if i not in (8, 9)]
+    shared._round = 5  # both were used in earlier rounds
+    tasks = [line(BLOCK_B, i, max_tokens=30) for i in range(2)]
+    plan = shared.plan(tasks, lines, [])
+    assert plan.parked == [(a, 8)] and plan.dropped == [] and a.parked
+    assert [s.task for s in plan.starts] == tasks and {s.block for s in plan.starts} == {b}
+
+
 def test_a_block_that_could_not_come_back_is_forgotten_and_made_again() -> None:
     shared, lines = setup(n_blocks=2)
     tasks = [line(BLOCK_A, i) for i in range(2)]
