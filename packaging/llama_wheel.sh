@@ -33,9 +33,9 @@ VERSION=$(sed -n 's/.*"llama-cpp-python==\([^"]*\)".*/\1/p' pyproject.toml)
 # The one copy of the fix header: `batchyard engine build` uses it from the installed package.
 FIX=app/toolchain/amx_tilecfg.h
 COMMON_OFF=packaging/llama_common_off.cmake
-# libllama and ggml only: no libmtmd (multimodal; llama_cpp loads it only for its image chat
-# handlers) and no llama.cpp common library (see $COMMON_OFF).
-CMAKE_FLAGS="-DLLAVA_BUILD=OFF -DCMAKE_PROJECT_llama_cpp_INCLUDE=$PWD/$COMMON_OFF"
+# libllama, ggml and libmtmd (the multimodal library: images in batch lines), and no llama.cpp
+# common library (see $COMMON_OFF).
+CMAKE_FLAGS="-DCMAKE_PROJECT_llama_cpp_INCLUDE=$PWD/$COMMON_OFF"
 C_FLAGS="-include $PWD/$FIX"
 KEY_CUDA=""
 if [ -n "$CUDA_ARCH" ]; then
@@ -53,7 +53,7 @@ fi
 # The header goes in by its content (below); its flag is keyed by the path it had before it
 # moved into the package, so wheelhouses built before the move stay valid.
 KEY_C_FLAGS="-include packaging/amx_tilecfg.h"
-KEY_CMAKE_FLAGS="-DLLAVA_BUILD=OFF -DCMAKE_PROJECT_llama_cpp_INCLUDE=$COMMON_OFF"
+KEY_CMAKE_FLAGS="-DCMAKE_PROJECT_llama_cpp_INCLUDE=$COMMON_OFF"
 # A CPU build's key is what it was before CUDA builds came (their wheelhouses stay valid).
 KEY=$(printf '%s\n' "$VERSION" "$KEY_CMAKE_FLAGS" "$KEY_C_FLAGS" ${KEY_CUDA:+"$KEY_CUDA"} \
   "CFLAGS=${CFLAGS:-}" "CXXFLAGS=${CXXFLAGS:-}" "CMAKE_ARGS=${CMAKE_ARGS:-}" |

@@ -46,14 +46,14 @@ from app.toolchain.facts import (
 )
 
 FIX_HEADER = Path(__file__).with_name("amx_tilecfg.h")
-#: CMake flags of each backend (`--cpu` needs none); the multimodal library is never loaded.
+#: CMake flags of each backend (`--cpu` needs none). libmtmd, the multimodal library, is built
+#: with every backend: image lines need it.
 BACKENDS = {
     "cpu": "",
     "cuda": "-DGGML_CUDA=on",
     "metal": "-DGGML_METAL=on",
     "vulkan": "-DGGML_VULKAN=on",
 }
-COMMON_CMAKE = "-DLLAVA_BUILD=OFF"
 #: Where a prebuilt wheel may come from instead of a compile (a file or a wheelhouse dir).
 WHEELHOUSE_ENV = "BATCHYARD_ENGINE_WHEELHOUSE"
 GPU_CHECK_TIMEOUT_S = 300.0
@@ -219,7 +219,7 @@ def compile_env(backend: str, cuda_flags: cuda.CudaFlags | None = None) -> dict[
         env[var] = f"{env.get(var, '')} {include}".strip()
     backend_flags = " ".join(cuda_flags.cmake) if cuda_flags is not None else BACKENDS[backend]
     env["CMAKE_ARGS"] = " ".join(
-        x for x in (env.get("CMAKE_ARGS", ""), backend_flags, COMMON_CMAKE) if x
+        x for x in (env.get("CMAKE_ARGS", ""), backend_flags) if x
     )
     return env
 
