@@ -218,9 +218,7 @@ def compile_env(backend: str, cuda_flags: cuda.CudaFlags | None = None) -> dict[
     for var in ("CFLAGS", "CXXFLAGS"):
         env[var] = f"{env.get(var, '')} {include}".strip()
     backend_flags = " ".join(cuda_flags.cmake) if cuda_flags is not None else BACKENDS[backend]
-    env["CMAKE_ARGS"] = " ".join(
-        x for x in (env.get("CMAKE_ARGS", ""), backend_flags) if x
-    )
+    env["CMAKE_ARGS"] = " ".join(x for x in (env.get("CMAKE_ARGS", ""), backend_flags) if x)
     return env
 
 
