@@ -91,7 +91,13 @@ class Batch(SQLModel, table=True):
     input_file_id: str = Field(index=True)
     completion_window: str = "24h"
     status: str = Field(default=BatchStatus.VALIDATING, index=True)
+    #: The `model` its lines name, as written.
     model: str | None = None
+    #: Where its lines run, resolved once at validation (app/batches/routes.py): the id of
+    #: the catalog model or the upstream's model name that `model` means, or "" for a name
+    #: nothing known means (the default model's lines). None: not resolved yet (a batch
+    #: from before routes, or still validating).
+    route: str | None = None
     metadata_json: str | None = Field(default=None, sa_column=Column("metadata", Text))
     errors_json: str | None = Field(default=None, sa_column=Column("errors", Text))
     output_file_id: str | None = None

@@ -19,6 +19,7 @@ from sqlmodel import col, select
 
 from app import __version__
 from app.batches.health import QueueHealth, queue_health
+from app.batches.nodes import unserved_lines
 from app.db import Database
 from app.engine.pool import ModelView
 from app.engine.registry import EngineView, lanes, members, model_pool
@@ -121,6 +122,8 @@ class Figures:
     #: The model pool's views and (reserved, budget) bytes; empty and None without one.
     models: list[ModelView] = field(default_factory=list)
     memory: tuple[int, int] | None = None
+    #: Lines waiting for a model no live node serves now, by that model's id (all nodes).
+    unserved: dict[str, int] = field(default_factory=dict)
 
     @property
     def state(self) -> str:
@@ -382,6 +385,13 @@ FAMILIES: tuple[Family, ...] = (
         "Batch lines waiting to be claimed, by owner (API key id; empty on an open server).",
         _by("owner", lambda f: f.health.pending_by_owner),
     ),
+    Family(
+        "batchyard_unserved_model_lines",
+        "gauge",
+        "Batch lines waiting for a model that no live node serves now, by the model's id: "
+        "never run on another model, they wait for a node that holds it, or their window.",
+        _by("model", lambda f: f.unserved),
+    ),
 )
 
 
@@ -404,7 +414,19 @@ def figures(
         health=queue_health(db, lanes(engine) if engine is not None else []),
         models=pool.views() if pool is not None else [],
         memory=pool.budget() if pool is not None else None,
+        unserved=unserved_by_model(db),
     )
+
+
+def unserved_by_model(db: Database) -> dict[str, int]:
+    """Lines waiting for a model no live node serves, summed by the model's id."""
+    with db.read() as s:
+        waiting = unserved_lines(s)
+    out: dict[str, int] = {}
+    for by_route in waiting.values():
+        for route, n in by_route.items():
+            out[route] = out.get(route, 0) + n
+    return out
 
 
 def render(

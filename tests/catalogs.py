@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from app.catalog import Entry, LoadProfile
+from app.catalog import Entry, LoadProfile, lookup
 from app.config import Settings
 
 
@@ -23,7 +23,14 @@ class DictCatalog:
         self._entries = [entry if e.id == entry.id else e for e in self._entries]
 
     def resolve(self, name: str | None) -> Entry | None:
-        return next((e for e in self._entries if name in e.names), None)
+        """By the catalog's one rule for names (`app.catalog.lookup`)."""
+        if not name:
+            return None
+        by_name: dict[str, Entry] = {}
+        for e in self._entries:
+            for n in e.names:
+                by_name.setdefault(n, e)
+        return lookup(by_name, name)
 
     def default(self) -> Entry:
         return self._entries[0]

@@ -1,6 +1,7 @@
 """A stand-in for the engine pool's dashboard surface (`views()`, `budget()`, `load(id)`,
-`unload(id)`, as app/engine/pool defines them), for integration tests of the Models page,
-"Run with" and /metrics over a fake engine. It keeps the pool's bookkeeping rules the page
+`unload(id)`, as app/engine/pool defines them) and what routing reads of it (`catalog`,
+`active()`, `demand()`), for integration tests of the Models page, "Run with", the batch
+page and /metrics over a fake engine. It keeps the pool's bookkeeping rules the page
 relies on (unknown ids are 404, an unload with requests in flight is refused with 409) and
 nothing else; the real pool is tested with real models (tests/browser/test_models_page_in_browser.py).
 """
@@ -14,6 +15,7 @@ from typing import Any
 
 from app.catalog import Entry, Estimate, HeaderFacts, LoadProfile
 from app.engine.pool import ModelView, model_busy, model_not_found
+from tests.catalogs import DictCatalog
 
 MiB = 1024 * 1024
 
@@ -82,6 +84,19 @@ class PoolDouble:
     def views(self) -> list[ModelView]:
         with self._lock:
             return [dataclasses.replace(v) for v in self._views.values()]
+
+    @property
+    def catalog(self) -> DictCatalog:
+        """Its models by name, the default first, read by the catalog's rules."""
+        entries = [v.entry for v in self.views()]
+        return DictCatalog(sorted(entries, key=lambda e: not e.is_default))
+
+    def active(self) -> list[tuple[Entry, int]]:
+        """The models loaded now, each with 2 slots."""
+        return [(v.entry, 2) for v in self.views() if v.state in ("loaded", "idle")]
+
+    def demand(self, lines: Any) -> None:
+        self.demanded = dict(lines)
 
     def budget(self) -> tuple[int, int]:
         with self._lock:

@@ -1,7 +1,7 @@
 """Claims: the pending lines a node takes next, engine by engine.
 
-Each engine behind a node has a lane (`Lane` in engine/registry.py): the lines whose model
-it serves, or for the default engine every line no other lane takes. A claim gives each
+Each engine behind a node has a lane (`Lane` in engine/registry.py): the lines whose route
+it serves (a model it feeds now, or the default model's lines). A claim gives each
 lane its own room, `Lane.depth` times the engine's slots (twice for the embedded engine,
 four times for an upstream) less the lines it holds already; a lane whose
 engine is down (`Lane.up` false) takes none, and its lines wait for it. So a big batch for
@@ -16,11 +16,12 @@ age); the claim takes the lowest turns, the older batch first on a tie. So a 10-
 created behind a 50,000-line one of another key starts at the next claim, and a key's new
 batch shares that key's room with its older one. Each node shares its own room this way.
 
-A line is routed by its batch's `model`: validation refuses a batch whose lines name
-different models (`mismatched_model`), so the batch row says where each of its lines goes
-without reading the input file, and the query filters on it with the lanes' model names
-of this moment (an upstream's names follow its /v1/models). A batch row without a model
-goes to the default lane, as a body without a known model does.
+A line is routed by its batch's `route`: validation refuses a batch whose lines name
+different models (`mismatched_model`) and resolves the one they name, once, to the id of
+the model that runs them (app/batches/routes.py), so the batch row says where each of its
+lines goes without reading the input file, and the query filters on it with the ids the
+lanes take at this moment. A line whose model is known but that no lane takes waits for
+its model: it is never given to another.
 
 One write transaction (the caller's) claims for every lane: BEGIN IMMEDIATE on SQLite; on PostgreSQL each
 lane's SELECT locks only its request rows, FOR UPDATE SKIP LOCKED, so several nodes never
@@ -65,6 +66,9 @@ class Claim:
     lane: str
     #: Its attempts are used up: it is failed without running.
     exhausted: bool = False
+    #: Its batch's route: the id of the model it runs on ("" for the default model's
+    #: lines; None for a batch not routed yet, on a node with one engine).
+    route: str | None = None
 
 
 def room(lane: Lane, held: int) -> int:
@@ -73,35 +77,20 @@ def room(lane: Lane, held: int) -> int:
     return max(2, lane.slots * lane.depth) - held
 
 
-def routed_to(lane: Lane, lanes: list[Lane]) -> Any:
-    """The WHERE clause of the lane's lines, or None for every line."""
-    return _routed(*_routing(lane, lanes))
-
-
-def _routing(lane: Lane, lanes: list[Lane]) -> tuple[frozenset[str] | None, frozenset[str]]:
-    """What a lane's lines depend on: its own models, else the models the other lanes take
-    and those the lane leaves to models not fed now or to other nodes (`Lane.excludes`)."""
-    if lane.models is not None:
-        return lane.models, frozenset()
-    taken = frozenset(m for other in lanes if other.models is not None for m in other.models)
-    return None, taken | lane.excludes
-
-
-def _routed(models: frozenset[str] | None, taken: frozenset[str]) -> Any:
-    if models is not None:
-        return col(Batch.model).in_(sorted(models))
-    if not taken:
+def _routed(routes: frozenset[str] | None) -> Any:
+    """The WHERE clause of a lane's lines (`Lane.models`), or None for every line."""
+    if routes is None:
         return None
-    return col(Batch.model).is_(None) | col(Batch.model).not_in(sorted(taken))
+    return col(Batch.route).in_(sorted(routes))
 
 
 def waiting_lines(s: Session) -> list[tuple[str | None, int, float]]:
-    """The pending lines of the batches in progress, by the batch's model: (model, lines,
+    """The pending lines of the batches in progress, by the batch's route: (route, lines,
     when the oldest began to wait: its batch's start), for the model pool's plan. One
     GROUP BY over the (batch_id, status, line) index."""
     rows = s.connection().execute(
         select_columns(
-            col(Batch.model),
+            col(Batch.route),
             func.count(col(Request.id)),
             func.min(func.coalesce(col(Batch.in_progress_at), col(Batch.created_at))),
         )
@@ -110,9 +99,9 @@ def waiting_lines(s: Session) -> list[tuple[str | None, int, float]]:
             col(Batch.status) == BatchStatus.IN_PROGRESS,
             col(Request.status) == RequestStatus.PENDING,
         )
-        .group_by(col(Batch.model))
+        .group_by(col(Batch.route))
     )
-    return [(model, int(n), float(oldest)) for model, n, oldest in rows]
+    return [(route, int(n), float(oldest)) for route, n, oldest in rows]
 
 
 def claim(
@@ -140,9 +129,7 @@ def claim(
     claims: list[Claim] = []
     conn = s.connection()
     for lane, n in rooms:
-        claims += _claim_lane(
-            conn, lane, n, _routing(lane, lanes), held.get(lane.name, 0), inflight, t
-        )
+        claims += _claim_lane(conn, lane, n, held.get(lane.name, 0), inflight, t)
     if not claims:
         return []
     conn.execute(
@@ -178,7 +165,6 @@ def _claim_lane(
     conn: Connection,
     lane: Lane,
     n: int,
-    routing: tuple[frozenset[str] | None, frozenset[str]],
     held: int,
     inflight: Container[str],
     t: float,
@@ -188,10 +174,10 @@ def _claim_lane(
     # this node holds are running, not pending, so they take no place in it.
     wanted = n + held
     rows = conn.execute(
-        _claim_query(*routing), {"look": LOOK_AHEAD * n, "lapsed": t, "wanted": wanted}
+        _claim_query(lane.models), {"look": LOOK_AHEAD * n, "lapsed": t, "wanted": wanted}
     ).all()
     claims = []
-    for request_id, batch_id, offset, length, attempts, endpoint, file_id in rows:
+    for request_id, batch_id, offset, length, attempts, endpoint, file_id, route in rows:
         if request_id in inflight:
             continue
         exhausted = attempts >= MAX_ATTEMPTS
@@ -206,6 +192,7 @@ def _claim_lane(
                 file_id,
                 lane.name,
                 exhausted,
+                route,
             )
         )
         if len(claims) == n:
@@ -215,13 +202,13 @@ def _claim_lane(
 
 @functools.lru_cache(maxsize=64)
 def _claim_query(
-    models: frozenset[str] | None, taken: frozenset[str]
-) -> Select[str, str, int, int, int, str, str]:
-    """A lane's claim SELECT, built once for each routing (the lanes' models change only
-    when an upstream's /v1/models does): built every step, it took longer in SQLAlchemy
+    routes: frozenset[str] | None,
+) -> Select[str, str, int, int, int, str, str, str | None]:
+    """A lane's claim SELECT, built once for each set of routes (a lane's change only when
+    the pool feeds another model or an upstream's /v1/models changes): built every step, it took longer in SQLAlchemy
     than in the database (bench/fleet.py). Its parameters: `look`, how far into each batch
     it looks; `lapsed`, the time before which a lease has run out; `wanted`, its LIMIT."""
-    where = _routed(models, taken)
+    where = _routed(routes)
     # The lane's batches in progress, each with its first pending line (one short look
     # into the (batch_id, status, line) index per batch).
     first_pending = (
@@ -299,6 +286,7 @@ def _claim_query(
             col(Request.attempts),
             col(Batch.endpoint),
             col(Batch.input_file_id),
+            col(Batch.route),
         )
         .select_from(Request)
         .join(turns, turns.c.id == col(Request.id))

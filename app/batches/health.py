@@ -2,9 +2,10 @@
 oldest has waited, for /metrics and the engines page.
 
 Read at the moment it is asked for, with one grouped query over the lines waiting to be
-claimed (pending, in a batch in progress), grouped by their batch's model and owner; each
-model is then given to the lane that claims it (claims.routed_to's rule), so a line counts
-for the engine that will run it.
+claimed (pending, in a batch in progress), grouped by their batch's route and owner; each
+route is then given to the lane that claims it (the claims' rule), so a line counts for the
+engine that will run it, and a line no lane here takes now (its model is not loaded, or only
+another node holds it) counts as `unrouted`.
 """
 
 from __future__ import annotations
@@ -30,10 +31,10 @@ class QueueHealth:
     pending_by_owner: dict[str, int] = field(default_factory=dict)
 
 
-def lane_of(model: str | None, lanes: list[Lane]) -> str:
-    """The lane that claims a batch's lines, by its model (see claims.routed_to)."""
+def lane_of(route: str | None, lanes: list[Lane]) -> str:
+    """The lane that claims a batch's lines, by its route (as claims.claim does)."""
     for lane in lanes:
-        if lane.models is not None and model is not None and model in lane.models:
+        if lane.models is not None and route is not None and route in lane.models:
             return lane.name
     for lane in lanes:
         if lane.models is None:
@@ -46,7 +47,7 @@ def queue_health(db: Database, lanes: list[Lane], now: float | None = None) -> Q
     in_progress = select(Batch.id).where(Batch.status == BatchStatus.IN_PROGRESS)
     with db.read() as s:
         rows = s.exec(
-            select(Batch.model, Batch.owner, func.count(), func.min(Batch.created_ns))
+            select(Batch.route, Batch.owner, func.count(), func.min(Batch.created_ns))
             .select_from(Request)
             .join(Batch, col(Batch.id) == col(Request.batch_id))
             .where(
@@ -55,15 +56,15 @@ def queue_health(db: Database, lanes: list[Lane], now: float | None = None) -> Q
                 col(Request.batch_id).in_(in_progress),
                 Request.status == RequestStatus.PENDING,
             )
-            .group_by(col(Batch.model), col(Batch.owner))
+            .group_by(col(Batch.route), col(Batch.owner))
         ).all()
     t = time.time() if now is None else now
     health = QueueHealth(
         pending_by_engine={lane.name: 0 for lane in lanes},
         oldest_by_engine={lane.name: 0.0 for lane in lanes},
     )
-    for model, owner, count, oldest_ns in rows:
-        engine = lane_of(model, lanes)
+    for route, owner, count, oldest_ns in rows:
+        engine = lane_of(route, lanes)
         health.pending_by_engine[engine] = health.pending_by_engine.get(engine, 0) + count
         age = max(0.0, t - oldest_ns / 1e9)
         health.oldest_by_engine[engine] = max(health.oldest_by_engine.get(engine, 0.0), age)

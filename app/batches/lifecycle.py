@@ -20,6 +20,7 @@ from sqlmodel import Session, col, select
 
 from app import jsoncodec
 from app.batches.validate import ModelRules, validate_jsonl
+from app.catalog import DEFAULT_ROUTE
 from app.config import Settings
 from app.db import Database
 from app.errors import APIError, error_body
@@ -204,8 +205,12 @@ def _validate(
             "line": None,
         }
         return fail_validation(db, b.id, [unreadable], ended)
+    # Without model rules (a test's node) a batch's route is the name its lines give.
+    route = result.model if result.model is not None else DEFAULT_ROUTE
     if result.ok and models is not None:
-        result.errors += models.errors(result.model, result.lines)
+        routed = models.route(result.model, result.lines)
+        result.errors += routed.errors
+        route = routed.route
     if not result.ok:
         return fail_validation(db, b.id, result.reported_errors(), ended)
     ids = new_ids("batch_req_", len(result.lines))
@@ -241,9 +246,39 @@ def _validate(
         fresh.in_progress_at = now()
         fresh.total = len(rows)
         fresh.model = result.model
+        fresh.route = route
         s.add(fresh)
     log.info("batch=%s status=in_progress total=%d", b.id, len(rows))
     return True
+
+
+def route_unrouted(db: Database, models: ModelRules) -> int:
+    """Give each batch in progress that has no route (validated before routes were kept,
+    revision 0008) the route validation gives it now; how many were routed. A batch whose
+    model this node cannot judge now (no live node serves it, under --strict-models) keeps
+    none and waits: no lane takes its lines, and the next node to start tries again."""
+    with db.read() as s:
+        rows = s.exec(
+            select(Batch.id, Batch.model).where(
+                col(Batch.route).is_(None), col(Batch.status) == BatchStatus.IN_PROGRESS
+            )
+        ).all()
+    routed = 0
+    for batch_id, model in rows:
+        found = models.route(model, [])
+        if found.errors:
+            log.warning(
+                "batch=%s model=%r not routed: %s", batch_id, model, found.errors[0].message
+            )
+            continue
+        with db.write() as s:
+            b = locked_batch(s, batch_id)
+            if b is not None and b.route is None:
+                b.route = found.route
+                s.add(b)
+                routed += 1
+        log.info("batch=%s model=%r route=%r", batch_id, model, found.route)
+    return routed
 
 
 def insert_lines(s: Session, rows: list[dict[str, Any]], *, copy: bool) -> None:

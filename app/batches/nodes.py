@@ -9,9 +9,11 @@ one stopped cleanly withdraws at once, and the next node to publish deletes the 
 nodes whose lease ran out. A node found gone by its own renewal (a pause past its lease, or
 another node deleted it) publishes again.
 
-The claims and validation ask `NodeNames.elsewhere()`: the names other live nodes serve
-(`names_elsewhere(session, node_id)`, read again at most every ELSEWHERE_LOOK seconds), so
-that a node's default model leaves their lines to them.
+Validation asks `NodeNames.read_elsewhere()`: the names other live nodes serve, each with
+the id of its model there (`names_elsewhere(session, node_id)`), so that a batch naming a
+model only another node holds is routed to that model's id and waits for that node.
+`unserved_lines` counts the lines whose model no live node serves now: they wait for one
+to come (back), or for their batch's window to end.
 """
 
 from __future__ import annotations
@@ -20,38 +22,72 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
 
-from sqlalchemy import delete, insert, update
+from sqlalchemy import delete, func, insert, update
 from sqlmodel import Session, col, select
 
 from app.batches.validate import ModelRules
-from app.catalog import Catalog, Entry
+from app.catalog import DEFAULT_ROUTE, Catalog, Entry
 from app.config import Settings
 from app.db import Database
 from app.engine.base import Engine
 from app.engine.pool.pool import node_budget
 from app.engine.registry import EngineRegistry
-from app.tables import Node, NodeModel, now
+from app.tables import Batch, BatchStatus, Node, NodeModel, Request, RequestStatus, now
 
 log = logging.getLogger("batchyard.nodes")
 
 #: Seconds between two looks at the catalog for a change (it reads its stores again at most
 #: every ~2 s itself).
 CATALOG_LOOK = 2.0
-#: Seconds between two reads of the names other nodes serve: the claims ask on every step.
-ELSEWHERE_LOOK = 1.0
 
 
-def names_elsewhere(s: Session, node_id: str, *, at: float | None = None) -> frozenset[str]:
-    """Every model name another node serves whose lease holds (at `at`, default now): one
-    query over two small tables (a row a node, a row a name)."""
+def names_elsewhere(s: Session, node_id: str, *, at: float | None = None) -> dict[str, str]:
+    """Every model name another node serves whose lease holds (at `at`, default now), with
+    the id of the model it means there: one query over two small tables (a row a node, a
+    row a name). Where two nodes differ on a name's id, the lowest id wins, on every node."""
     t = time.time() if at is None else at
     rows = s.exec(
-        select(NodeModel.name)
+        select(NodeModel.name, NodeModel.model_id)
         .join(Node, col(Node.id) == col(NodeModel.node_id))
         .where(col(Node.id) != node_id, col(Node.lease_until) > t)
-        .distinct()
+        .order_by(col(NodeModel.name), col(NodeModel.model_id))
     ).all()
-    return frozenset(rows)
+    names: dict[str, str] = {}
+    for name, model_id in rows:
+        names.setdefault(name, model_id)
+    return names
+
+
+def unserved_lines(
+    s: Session, *, batch_id: str | None = None, at: float | None = None
+) -> dict[str, dict[str, int]]:
+    """The pending lines of batches in progress (or of `batch_id` alone) whose route no live
+    node serves (none publishes that model id): batch id -> {route: lines}. They are never
+    given to another model; they wait for a node that holds theirs, or for their batch's
+    window to end."""
+    t = time.time() if at is None else at
+    served = (
+        select(NodeModel.model_id)
+        .join(Node, col(Node.id) == col(NodeModel.node_id))
+        .where(col(Node.lease_until) > t)
+    )
+    rows = s.exec(
+        select(Batch.id, Batch.route, func.count(col(Request.id)))
+        .join(Request, col(Request.batch_id) == col(Batch.id))
+        .where(
+            col(Batch.status) == BatchStatus.IN_PROGRESS,
+            col(Batch.route).is_not(None),
+            col(Batch.route) != DEFAULT_ROUTE,
+            col(Batch.route).not_in(served),
+            col(Request.status) == RequestStatus.PENDING,
+            *([col(Batch.id) == batch_id] if batch_id is not None else []),
+        )
+        .group_by(col(Batch.id), col(Batch.route))
+    ).all()
+    out: dict[str, dict[str, int]] = {}
+    for batch_id, route, n in rows:
+        out.setdefault(batch_id, {})[str(route)] = int(n)
+    return out
 
 
 def served_names(entries: Iterable[Entry], budget: int) -> dict[str, str]:
@@ -97,12 +133,20 @@ def node_models(
             names.setdefault(name, name)
         return names
 
+    def serving(model: str) -> tuple[str, Entry | None] | None:
+        if not isinstance(engine, EngineRegistry):
+            entry = catalog.resolve(model)
+            return (entry.id, entry) if entry is not None else None
+        found = engine.serving(model)
+        return (found[1], found[2]) if found is not None else None
+
     nodes = NodeNames(db, node_id, served, lease_seconds=settings.lease_seconds)
     rules = ModelRules(
         catalog,
-        elsewhere=lambda: nodes.read_elsewhere() | upstream_names(engine),
+        elsewhere=nodes.read_elsewhere,
         budget=budget,
         strict=settings.strict_models,
+        serving=serving,
     )
     return nodes, rules
 
@@ -112,9 +156,8 @@ class NodeNames:
     id, read again every CATALOG_LOOK seconds).
 
     `beat()` is called on every step of the runner's thread and keeps its own pace: it
-    publishes when the names changed (or were never published), renews the lease every
-    third of `lease_seconds` and reads the names other nodes serve (`elsewhere()`) every
-    ELSEWHERE_LOOK seconds. `withdraw()` deletes this node's rows on a clean stop.
+    publishes when the names changed (or were never published) and renews the lease every
+    third of `lease_seconds`. `withdraw()` deletes this node's rows on a clean stop.
     """
 
     def __init__(
@@ -135,27 +178,15 @@ class NodeNames:
         self.published: dict[str, str] | None = None
         self._renewed = 0.0
         self._looked = float("-inf")
-        self._elsewhere: frozenset[str] = frozenset()
-        self._read = float("-inf")
 
-    def elsewhere(self) -> frozenset[str]:
-        """The names other live nodes serve, as last read (at most ELSEWHERE_LOOK old while
-        the runner steps): what the claims ask on every step."""
-        return self._elsewhere
-
-    def read_elsewhere(self) -> frozenset[str]:
-        """The names other live nodes serve, read now (and kept for elsewhere()): what
+    def read_elsewhere(self) -> dict[str, str]:
+        """The names other live nodes serve (name -> model id there), read now: what
         validation asks, once a batch, so that a node that published a moment ago counts."""
-        t = self._clock()
         with self.db.read() as s:
-            self._elsewhere = names_elsewhere(s, self.node_id, at=t)
-        self._read = t
-        return self._elsewhere
+            return names_elsewhere(s, self.node_id, at=self._clock())
 
     def beat(self) -> None:
         t = self._clock()
-        if t - self._read >= ELSEWHERE_LOOK:
-            self.read_elsewhere()
         if self.published is None or t - self._looked >= CATALOG_LOOK:
             self._looked = t
             names = dict(self._names())
@@ -227,10 +258,10 @@ class NodeNames:
 
 __all__ = [
     "CATALOG_LOOK",
-    "ELSEWHERE_LOOK",
     "NodeNames",
     "names_elsewhere",
     "node_models",
     "served_names",
+    "unserved_lines",
     "upstream_names",
 ]

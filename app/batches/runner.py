@@ -148,6 +148,8 @@ class Runner:
         self._paused: dict[str, float] = {}
         self._last_demand = 0.0
         self._demand_cost = 0.0  # seconds the last count of waiting lines took
+        # Batches from before routes get theirs once, at this node's first poll.
+        self._routed_old = False
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -248,6 +250,7 @@ class Runner:
             recorded = self._record_results()
             self._poked = False
             self._last_poll = time.monotonic()
+            self._route_old_batches()
             self._validate_next()
             self._cancel_requested()
             self._expire_due()
@@ -310,6 +313,17 @@ class Runner:
             # (a model with room for it loads at once).
             self._last_demand = float("-inf")
 
+    def _route_old_batches(self) -> None:
+        """Route the batches validated before routes were kept (lifecycle.route_unrouted),
+        once, once this node knows the names other nodes serve."""
+        if self._routed_old or self.models is None:
+            return
+        if self.nodes is not None:
+            self.nodes.read_elsewhere()
+        if lifecycle.route_unrouted(self.db, self.models):
+            self._last_demand = float("-inf")
+        self._routed_old = True
+
     def cancel(self, batch_id: str) -> Batch:
         """The API's cancel (called from an API thread, on any node)."""
         b = lifecycle.request_cancel(self.db, batch_id)
@@ -346,11 +360,6 @@ class Runner:
 
     # -- claims (claims.py) -------------------------------------------------------------
 
-    def names_elsewhere(self) -> frozenset[str]:
-        """The model names other live nodes serve (nodes.py): the default lane leaves their
-        lines to them."""
-        return self.nodes.elsewhere() if self.nodes is not None else frozenset()
-
     def _feed_demand(self) -> None:
         """Tell the engine's model pool which lines wait for which model (each second at
         most), so that it plans loads for models nothing asked for online. A node without
@@ -364,14 +373,14 @@ class Runner:
             lines = waiting_lines(s)
         self._last_demand = time.monotonic()
         self._demand_cost = self._last_demand - start
-        demand(self._engine, lines, self.names_elsewhere())
+        demand(self._engine, lines)
 
     def _open_lanes(self) -> list[Lane]:
         """The engine's lanes, those paused here (their engine was found down) marked down;
         a paused lane opens again once its engine says it is up."""
         now = time.monotonic()
         out = []
-        for lane in lanes(self._engine, self.names_elsewhere()):
+        for lane in lanes(self._engine):
             since = self._paused.get(lane.name)
             if since is not None:
                 if lane.up and now - since >= LANE_PAUSE_MIN:
@@ -438,6 +447,10 @@ class Runner:
         except Exception as exc:  # the file changed under us: fail this line alone
             self._hand_back(c, unreadable(exc))
             return
+        if c.route:
+            # The model its batch was routed to at validation, by id: the engine reads no
+            # other name (the one written may differ in case, or be an alias).
+            body["model"] = c.route
         fut = self._engine.submit(c.endpoint, body, priority=Priority.BATCH)
         self._inflight[c.request_id] = Held(c.batch_id, fut, c.lane)
         fut.add_done_callback(partial(self._on_done, c.request_id, c.batch_id))

@@ -10,12 +10,12 @@ each line), and a model that cannot fit the memory budget alone fails the batch
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
 from app import jsoncodec
-from app.catalog import Catalog, Entry
+from app.catalog import DEFAULT_ROUTE, Catalog, Entry, lookup
 from app.catalog.budget import gib
 from app.wire.endpoints import CHAT, ENDPOINTS
 
@@ -337,47 +337,83 @@ def _stream_error(body: dict[str, Any], number: int) -> LineError | None:
 
 
 @dataclass
+class Routed:
+    """Where a batch's lines run, or why they cannot."""
+
+    #: The id of the model they run on (a catalog entry's id, or an upstream's name of its
+    #: model), or "" for a name nothing known means: the default model's lines.
+    route: str
+    errors: list[LineError] = field(default_factory=list)
+
+
+@dataclass
 class ModelRules:
     """How validation judges the model a batch names, as the node knows models now.
 
-    A name is known when this node's catalog resolves it, another live node publishes it
-    (app/batches/nodes.py), or an upstream engine serves it: `elsewhere()` gives the last
-    two. A name nothing knows runs on the catalog's default model, or with `strict`
-    (--strict-models) fails every line as `model_not_found`. The model that would run the
-    batch here must fit `budget()` (bytes) alone, or the batch fails as `model_too_large`;
-    a model another node publishes fits that node's budget (it publishes only those).
+    `route()` is the one place a line's model name is read: once, at validation, into the
+    route its batch keeps (`Batch.route`), which the claims, the model pool's demand, the
+    batch page and /metrics use and nothing else. A name is known when this node's engines
+    serve it (`serving`: its catalog by `app.catalog.lookup`'s rules, or an upstream), or
+    another live node publishes it (`elsewhere()`: name -> id, read by the same rules). A
+    name nothing knows runs on the default model, or with `strict` (--strict-models)
+    fails every line as `model_not_found`. The model that would run the batch here must fit
+    `budget()` (bytes) alone, or the batch fails as `model_too_large`; a model another node
+    publishes fits that node's budget (it publishes only those).
     """
 
     catalog: Catalog
-    elsewhere: Callable[[], frozenset[str]]
+    elsewhere: Callable[[], Mapping[str, str]]
     budget: Callable[[], int]
     strict: bool = False
+    #: This node's engines: the id that serves a name here and its catalog entry (None for
+    #: an upstream's model), or None; by default this node's catalog alone.
+    serving: Callable[[str], tuple[str, Entry | None] | None] | None = None
 
-    def errors(self, model: str | None, lines: list[Line]) -> list[LineError]:
-        """The batch's errors for its model (none when it may run)."""
+    def route(self, model: str | None, lines: list[Line]) -> Routed:
+        """The route of a batch whose lines name `model`, with its errors (none when it may
+        run)."""
         if model is None:
-            return []
-        entry = self.catalog.resolve(model)
+            return self._on_default(model, lines)
+        here = self._here(model)
         budget = self.budget()
-        if (entry is None or _needs_more(entry, budget)) and model in self.elsewhere():
-            return []  # another node or an upstream serves it
-        what = f"The model '{model}'"
-        if entry is None:
-            if self.strict:
-                return [_not_found(model, line.number) for line in lines]
-            entry = self.catalog.default()
-            what += f" names no model here and runs on the default model '{entry.id}', which"
-        if entry.estimate is not None and _needs_more(entry, budget):
-            return [
-                LineError(
-                    "model_too_large",
-                    f"{what} needs {gib(entry.estimate.total)}, the budget is {gib(budget)} "
-                    "(--models-memory, by default the free memory less 1 GiB): it cannot be "
-                    "loaded.",
-                    param="body.model",
-                )
-            ]
-        return []
+        if here is not None and (here[1] is None or not _needs_more(here[1], budget)):
+            return Routed(here[0])
+        there = lookup(self.elsewhere(), model)
+        if there is not None:
+            return Routed(there)  # another node serves it
+        if here is None:
+            return self._on_default(model, lines)
+        entry = here[1]
+        assert entry is not None and entry.estimate is not None
+        return Routed(here[0], [_too_large(f"The model '{model}'", entry, budget)])
+
+    def _here(self, model: str) -> tuple[str, Entry | None] | None:
+        if self.serving is not None:
+            return self.serving(model)
+        entry = self.catalog.resolve(model)
+        return (entry.id, entry) if entry is not None else None
+
+    def _on_default(self, model: str | None, lines: list[Line]) -> Routed:
+        """A batch whose lines name no known model: the default model's, unless strict."""
+        if model is not None and self.strict:
+            return Routed(DEFAULT_ROUTE, [_not_found(model, line.number) for line in lines])
+        entry = self.catalog.default()
+        budget = self.budget()
+        if model is None or not _needs_more(entry, budget):
+            return Routed(DEFAULT_ROUTE)
+        what = f"The model '{model}' names no model here and runs on the default model "
+        what += f"'{entry.id}', which"
+        return Routed(DEFAULT_ROUTE, [_too_large(what, entry, budget)])
+
+
+def _too_large(what: str, entry: Entry, budget: int) -> LineError:
+    assert entry.estimate is not None
+    return LineError(
+        "model_too_large",
+        f"{what} needs {gib(entry.estimate.total)}, the budget is {gib(budget)} "
+        "(--models-memory, by default the free memory less 1 GiB): it cannot be loaded.",
+        param="body.model",
+    )
 
 
 def _needs_more(entry: Entry, budget: int) -> bool:

@@ -23,11 +23,12 @@ Inside: `stores.py` (where each tool keeps its models, and the names it gives th
 
 from __future__ import annotations
 
-from app.catalog.catalog import Catalog
+from app.catalog.catalog import DEFAULT_ROUTE, Catalog, lookup
 from app.catalog.entry import SOURCES, Entry, Estimate, HeaderFacts, LoadProfile
 from app.catalog.header import FILE_TYPES, quantization
 
 __all__ = [
+    "DEFAULT_ROUTE",
     "FILE_TYPES",
     "SOURCES",
     "Catalog",
@@ -35,5 +36,6 @@ __all__ = [
     "Estimate",
     "HeaderFacts",
     "LoadProfile",
+    "lookup",
     "quantization",
 ]

@@ -15,6 +15,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
+from typing import TypeVar
 
 from app.catalog import presets
 from app.catalog.entry import Entry, LoadProfile
@@ -24,10 +25,14 @@ from app.catalog.stores import FilesStore, FoldersStore, Found, Signature, Store
 from app.config import Settings, default_model_path
 
 log = logging.getLogger("batchyard.catalog")
+T = TypeVar("T")
 
 #: How often, at most, entries() looks whether a store changed.
 RECHECK_SECONDS = 2.0
 LATEST = ":latest"
+#: A batch's route (`Batch.route`) when its model names nothing known: the lines of
+#: whichever node's default model takes them. Any other route is a model's id.
+DEFAULT_ROUTE = ""
 #: The clock of the recheck interval (a test steps it).
 clock = time.monotonic
 #: Sources that name a file by its path alone.
@@ -82,24 +87,14 @@ class Catalog:
         return list(self._entries)
 
     def resolve(self, name: str | None) -> Entry | None:
-        """The entry `name` means: an id, an alias or another name; `name` alone for
-        `name:latest`; letter case aside when nothing matches exactly. None when nothing
-        known is meant."""
+        """The entry `name` means, by `lookup`'s rules (an id, an alias or another name;
+        `name` alone for `name:latest`; letter case aside when nothing matches exactly).
+        None when nothing known is meant."""
         if not name:
             return None
         self._refresh()
-        name = name.strip()
-        tries = [name]
-        if ":" not in name.rsplit("/", 1)[-1]:
-            tries.append(name + LATEST)
         with self._lock:
-            for key in tries:
-                if key in self._by_name:
-                    return self._by_name[key]
-            for key in tries:
-                if key.casefold() in self._by_folded:
-                    return self._by_folded[key.casefold()]
-        return None
+            return lookup(self._by_name, name, self._by_folded)
 
     def default(self) -> Entry:
         """The model of lines whose name means nothing known: --default-model, else
@@ -198,7 +193,7 @@ class Catalog:
         by_name = {n: i for i, e in enumerate(entries) for n in e.names}
         # Aliases, then per-model sections, each found by the names they use.
         for alias, target in self._config.aliases.items():
-            i = _lookup(by_name, target)
+            i = lookup(by_name, target)
             if i is None:
                 log.warning("models config: alias %r names no model (%r)", alias, target)
             elif alias in by_name and by_name[alias] != i:
@@ -207,7 +202,7 @@ class Catalog:
                 entries[i] = _with_names(entries[i], {alias})
                 by_name[alias] = i
         for section, preset in self._config.models.items():
-            i = _lookup(by_name, section)
+            i = lookup(by_name, section)
             if i is None:
                 log.warning("models config: [%r] names no model", section)
                 continue
@@ -225,7 +220,7 @@ class Catalog:
     def _default_index(self, entries: list[Entry], by_name: dict[str, int]) -> int | None:
         wanted = self._settings.default_model
         if wanted:
-            i = _lookup(by_name, wanted)
+            i = lookup(by_name, wanted)
             if i is not None:
                 return i
         for source in ("model", "default"):
@@ -251,12 +246,23 @@ def _real(path: Path) -> Path:
         return path
 
 
-def _lookup(by_name: dict[str, int], name: str) -> int | None:
+def lookup(by_name: Mapping[str, T], name: str, folded: Mapping[str, T] | None = None) -> T | None:
+    """What `name` means in `by_name`: the one rule by which a model's name is read,
+    wherever it is read (this catalog, models.toml, the names other nodes publish).
+
+    As Ollama reads names: `name` exactly, else `name:latest` where `name` has no tag;
+    then the same with letter case aside (`folded`: `by_name` keyed by casefolded names,
+    the first entry winning, when the caller keeps one). Ids, aliases from models.toml and
+    a hub-cache model's bare `ORG/REPO` are names of their entry already."""
+    name = name.strip()
     tries = [name] if ":" in name.rsplit("/", 1)[-1] else [name, name + LATEST]
     for key in tries:
         if key in by_name:
             return by_name[key]
-    folded = {n.casefold(): i for n, i in by_name.items()}
+    if folded is None:
+        folded = {}
+        for n, value in by_name.items():
+            folded.setdefault(n.casefold(), value)
     for key in tries:
         if key.casefold() in folded:
             return folded[key.casefold()]

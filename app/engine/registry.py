@@ -19,7 +19,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from app.catalog import Catalog, Entry
+from app.catalog import DEFAULT_ROUTE, Catalog, Entry
 from app.engine.base import ChunkCallback, Engine, EngineError, EngineStats, ModelInfo, Priority
 from app.engine.pool.pool import ModelPool, node_budget
 from app.engine.upstream.engine import UpstreamEngine, UpstreamStatus
@@ -43,8 +43,9 @@ Upstream = UpstreamEngine | UpstreamProcess
 
 @dataclass(frozen=True)
 class Lane:
-    """The batch lines one engine takes, for the runner's claims: those whose model is in
-    `models`, or (`models` None, the default lane) every line that no other lane takes."""
+    """The batch lines one engine takes, for the runner's claims: those whose batch's route
+    (the model id resolved at validation, "" for a name nothing knows) is in `models`, or
+    with `models` None (a node with one engine) every line."""
 
     name: str
     slots: int
@@ -56,9 +57,6 @@ class Lane:
     #: slots take seconds a line, so a queue as deep as its slots keeps them busy; an
     #: upstream answering in milliseconds needs more queued to cover the runner's steps.
     depth: int = 2
-    #: Names the default lane never takes though no other lane does now: every name the
-    #: catalog knows for another model (loaded or not) and the names other nodes serve.
-    excludes: frozenset[str] = frozenset()
 
 
 @dataclass
@@ -93,10 +91,9 @@ class EngineRegistry:
         if default is None and not upstreams:
             raise ValueError("a registry needs the embedded engine or at least one upstream")
         self.default = default
-        #: The embedded engine when it is a pool of models: what the dashboard and /metrics
-        #: read (`views()`, `budget()`); routing, lanes and cards use `_pool`, the same pool.
+        #: The embedded engine when it is a pool of models (routing, lanes, cards, and what
+        #: the dashboard and /metrics read of it).
         self.pool = default if isinstance(default, ModelPool) else None
-        self._pool = self.pool
         self.upstreams = upstreams
         self.owns_default = owns_default
         #: Why the embedded model is missing, when it failed to load (upstreams still serve).
@@ -115,14 +112,15 @@ class EngineRegistry:
     def _engines(self) -> list[Engine]:
         return ([self.default] if self.default is not None else []) + list(self.upstreams)
 
-    def lanes(self, elsewhere: frozenset[str] = frozenset()) -> list[Lane]:
-        """Which lines each engine takes, as `route` would send them now (an upstream's
-        models change as its /v1/models does): each upstream's lane names its models, each
-        model the pool feeds now has a lane, and the default lane takes the rest (but the
-        names of other models and those other nodes serve, `elsewhere`). One engine alone
-        takes every line."""
+    def lanes(self) -> list[Lane]:
+        """Which lines each engine takes, by their batch's route: each upstream's lane its
+        models (as `route` would send them now: an upstream's models change as its
+        /v1/models does), each model the pool feeds now its id, and the default model's
+        lane the lines whose name means nothing known (route ""). A line whose model is
+        known but fed by no engine here waits: no lane takes it. One engine alone takes
+        every line."""
         engines = self._engines()
-        if len(engines) == 1 and self._pool is None:
+        if len(engines) == 1 and self.pool is None:
             if self.default is not None:
                 return [Lane(EMBEDDED, engines[0].info.lane_slots)]
             only = self.upstreams[0]
@@ -145,46 +143,46 @@ class EngineRegistry:
             for u in self.upstreams
             if routed[u.name]
         ]
-        if self._pool is not None:
-            lanes += self._pool_lanes(self._pool, elsewhere)
+        if self.pool is not None:
+            default = self.pool.catalog.default()
+            for entry, slots in self.pool.active():
+                if entry.key == default.key:
+                    lanes.append(Lane(EMBEDDED, slots, frozenset({entry.id, DEFAULT_ROUTE})))
+                else:
+                    lanes.append(Lane(f"{EMBEDDED}:{entry.id}", slots, frozenset({entry.id})))
         elif self.default is not None:
-            lanes.append(Lane(EMBEDDED, self.default.info.lane_slots))
+            ids = frozenset({self.default.info.id, DEFAULT_ROUTE})
+            lanes.append(Lane(EMBEDDED, self.default.info.lane_slots, ids))
         else:
-            lanes.append(Lane(UNROUTED, sum(e.info.n_slots for e in engines)))
+            slots = sum(e.info.n_slots for e in engines)
+            lanes.append(Lane(UNROUTED, slots, frozenset({DEFAULT_ROUTE})))
         return lanes
 
-    def _pool_lanes(self, pool: ModelPool, elsewhere: frozenset[str]) -> list[Lane]:
-        """One lane per model the pool feeds now. The default model's takes the names
-        nothing knows too: never a name of another model of the catalog (its lines wait for
-        their own model) nor one another node serves."""
-        default = pool.catalog.default()
-        lanes = []
-        for entry, slots in pool.active():
-            if entry.key == default.key:
-                excludes = (pool.catalog.names() | elsewhere) - entry.names
-                lanes.append(Lane(EMBEDDED, slots, excludes=excludes))
-            else:
-                lanes.append(Lane(f"{EMBEDDED}:{entry.id}", slots, entry.names))
-        return lanes
-
-    def route(self, model: Any) -> Engine | None:
-        """The engine for a request's `model`: an upstream configured with that name
-        (`models=`), the embedded engine for a name its catalog knows, an upstream whose
-        `/v1/models` lists it, else the default engine."""
-        if not isinstance(model, str):
-            return self.default
+    def serving(self, model: str) -> tuple[Engine, str, Entry | None] | None:
+        """The engine here that serves `model`, the id it knows it by and its catalog entry
+        (None for an upstream's model), in the order `route` takes them: an upstream
+        configured with that name (`models=`), the embedded catalog by its name rules
+        (`app.catalog.lookup`), an upstream whose `/v1/models` lists it. None when no
+        engine here knows the name."""
         for upstream in self.upstreams:
             if model in upstream.spec.models:
-                return upstream
-        if self._pool is not None:
-            if self._pool.catalog.resolve(model) is not None:
-                return self._pool
+                return upstream, model, None
+        if self.pool is not None:
+            entry = self.pool.catalog.resolve(model)
+            if entry is not None:
+                return self.pool, entry.id, entry
         elif self.default is not None and model == self.default.info.id:
-            return self.default
+            return self.default, model, None
         for upstream in self.upstreams:
             if upstream.serves(model):
-                return upstream
-        return self.default
+                return upstream, model, None
+        return None
+
+    def route(self, model: Any) -> Engine | None:
+        """The engine for a request's `model`: the one `serving` names, else the default
+        engine."""
+        found = self.serving(model) if isinstance(model, str) else None
+        return found[0] if found is not None else self.default
 
     def prompt_tokens(self, endpoint: str, body: dict[str, Any]) -> int | None:
         """A request's prompt tokens by its model's own tokenizer, where that model is
@@ -193,22 +191,24 @@ class EngineRegistry:
         counter = getattr(engine, "prompt_tokens", None)
         return counter(endpoint, body) if counter is not None else None
 
-    def demand(
-        self, lines: list[tuple[str | None, int, float]], elsewhere: frozenset[str] = frozenset()
-    ) -> None:
-        """Tell the pool the batch lines that wait for it: (the batch's model, lines, the
-        oldest's unix time), of every model this node would run on it (not an upstream's,
-        not a name only other nodes serve)."""
-        if self._pool is None:
+    def demand(self, lines: list[tuple[str | None, int, float]]) -> None:
+        """Tell the pool the batch lines that wait for it: (the batch's route, lines, the
+        oldest's unix time), of every model of this node's catalog that it could load (not
+        an upstream's, not a model only other nodes hold or one past the pool's budget)."""
+        if self.pool is None:
             return
+        catalog = self.pool.catalog
+        budget = self.pool.budget()[1]
         mine: dict[str | None, tuple[int, float]] = {}
-        for model, count, oldest in lines:
-            if self.route(model) is not self._pool:
+        for route, count, oldest in lines:
+            if route is None:
+                continue  # not resolved yet: no lane takes it either
+            entry = catalog.default() if route == DEFAULT_ROUTE else catalog.get(route)
+            if entry is None or (entry.estimate is not None and entry.estimate.total > budget):
                 continue
-            if model in elsewhere and self._pool.catalog.resolve(model) is None:
-                continue
-            mine[model] = (count, oldest)
-        self._pool.demand(mine)
+            n, t = mine.get(entry.id, (0, oldest))
+            mine[entry.id] = (n + count, min(t, oldest))
+        self.pool.demand(mine)
 
     def submit(
         self,
@@ -275,8 +275,8 @@ class EngineRegistry:
         what loading it takes), or the lone embedded model, then each upstream's, each
         name once."""
         cards: dict[str, dict[str, Any]] = {}
-        if self._pool is not None:
-            for entry in self._pool.catalog.entries():
+        if self.pool is not None:
+            for entry in self.pool.catalog.entries():
                 cards.setdefault(entry.id, catalog_card(entry))
         elif self.default is not None:
             info = self.default.info
@@ -292,7 +292,7 @@ class EngineRegistry:
     def members(self) -> list[EngineView]:
         views = []
         if self.default is not None:
-            loaded = [e.id for e, _ in self._pool.active()] if self._pool is not None else []
+            loaded = [e.id for e, _ in self.pool.active()] if self.pool is not None else []
             views.append(
                 EngineView(
                     name=EMBEDDED,
@@ -408,20 +408,18 @@ def model_pool(engine: Engine | None) -> ModelPool | None:
     return engine.pool if isinstance(engine, EngineRegistry) else None
 
 
-def lanes(engine: Engine, elsewhere: frozenset[str] = frozenset()) -> list[Lane]:
+def lanes(engine: Engine) -> list[Lane]:
     """The lanes behind `engine`: a registry's, or one lane with every line for a lone
-    engine. `elsewhere`: the names other nodes serve (the default lane leaves them)."""
+    engine."""
     if isinstance(engine, EngineRegistry):
-        return engine.lanes(elsewhere)
+        return engine.lanes()
     return [Lane(EMBEDDED, engine.info.lane_slots)]
 
 
-def demand(
-    engine: Engine, lines: list[tuple[str | None, int, float]], elsewhere: frozenset[str]
-) -> None:
+def demand(engine: Engine, lines: list[tuple[str | None, int, float]]) -> None:
     """Tell the engine's pool, if it has one, which batch lines wait for which model."""
     if isinstance(engine, EngineRegistry):
-        engine.demand(lines, elsewhere)
+        engine.demand(lines)
 
 
 __all__ = [

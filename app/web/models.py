@@ -20,6 +20,8 @@ from litestar.enums import RequestEncodingType
 from litestar.params import Body
 from litestar.response import Template
 
+from app.batches.nodes import unserved_lines
+from app.catalog import DEFAULT_ROUTE
 from app.engine.base import EngineError
 from app.engine.pool import ModelView
 from app.engine.registry import EMBEDDED, members, model_pool
@@ -108,28 +110,33 @@ def model_choices(services: Services) -> list[str]:
 
 
 def batch_model(services: Services, batch: Batch) -> dict[str, Any] | None:
-    """The pool's model that runs the batch's lines (a batch page's "Model"), with its
-    state now, its loads since start and those it took while the batch ran (this node's,
-    since it started); None without a pool, or when an upstream engine serves the name."""
-    name = batch.model
+    """The model that runs the batch's lines, by its route (a batch page's "Model"): the
+    pool's model with its state now, its loads since start and those it took while the
+    batch ran (this node's, since it started), and `unserved`, the lines that wait because
+    no live node serves that model now. None before the batch is routed, or when an
+    upstream engine or only another node serves it and every node that does is up."""
+    route = batch.route
+    if route is None:
+        return None
+    with services.db.read() as s:
+        unserved = unserved_lines(s, batch_id=batch.id).get(batch.id, {}).get(route, 0)
     pool = model_pool(services.engine)
-    if pool is None:
-        return None
-    if name and any(name in e.models for e in members(services.engine) if e.kind != EMBEDDED):
-        return None
-    found = pool.views()
-    view = next((v for v in found if name and name in v.entry.names), None)
-    named = view is not None
-    view = view or next((v for v in found if v.entry.is_default), None)
+    upstream = any(route in e.models for e in members(services.engine) if e.kind != EMBEDDED)
+    found = pool.views() if pool is not None and not upstream else []
+    if route == DEFAULT_ROUTE:
+        view = next((v for v in found if v.entry.is_default), None)
+    else:
+        view = next((v for v in found if v.entry.id == route), None)
     if view is None:
-        return None
+        return {"id": route, "named": True, "unserved": unserved} if unserved else None
     return {
         "id": view.entry.id,
-        "named": named,  # False: no model has that name, so the default model runs it
+        "named": route != DEFAULT_ROUTE,  # False: no model has that name: the default runs it
         "state": view.state,
         "tone": STATE_TONE.get(view.state, "muted"),
         "loads": view.loads,
         "while_running": _loads_while_running(view.loaded_at, batch),
+        "unserved": unserved,
     }
 
 

@@ -6,12 +6,14 @@ its own. Neither reads the home stores (--no-discover), both refuse unknown name
 (--strict-models). Each node publishes its names in the database (app/batches/nodes.py);
 a batch for each model, both made on A, completes with every line claimed by the node that
 holds its model (Request.claimed_by) and every answer's `model` that model's id, and a batch
-naming a model no node has fails at validation, line by line.
+naming a model no node has fails at validation, line by line. When the only node holding a
+model is killed, its lines wait for it: never answered by another node's model.
 """
 
 from __future__ import annotations
 
 import shutil
+import signal
 import time
 from collections import Counter
 from pathlib import Path
@@ -21,10 +23,10 @@ import openai
 import pytest
 from sqlalchemy import create_engine, text
 
-from app.batches.nodes import ELSEWHERE_LOOK
 from tests.factories import batch_line, jsonl, jsonl_lines
 from tests.http_helpers import wait_for_status
 from tests.live import OUTPUT, start_server, stop_server
+from tests.metrics import scrape, value
 from tests.models import gemma, smollm2
 from tests.waiting import until
 
@@ -72,16 +74,13 @@ def test_each_nodes_model_runs_on_that_node(tmp_path: Path, postgres_url: str) -
                 names.setdefault(node_id, set()).add(name)
             return names
 
-        # Both nodes' names are in before a line is made: until then a node takes a name
-        # only the other serves for an unknown one.
+        # Both nodes' names are in before a line is made: until then a node knows no model
+        # of the other's (--strict-models).
         names = until(
             published, 60, "both nodes' model names", accept=lambda n: {a_id, b_id} <= set(n)
         )
         assert "smol-a" in names[a_id] and "smol-a" not in names[b_id]
         assert "gemma3-270m" in names[b_id] and "gemma3-270m" not in names[a_id]
-        # Validation reads the names at once; the claims read them once a look: let both
-        # nodes' claims have read the other's.
-        time.sleep(2 * ELSEWHERE_LOOK)
 
         sdk = openai.OpenAI(base_url=a.api, api_key="unused", max_retries=0)
         batches = {}
@@ -126,3 +125,100 @@ def test_each_nodes_model_runs_on_that_node(tmp_path: Path, postgres_url: str) -
     with db.connect() as conn:
         assert conn.execute(text("SELECT count(*) FROM nodemodel")).scalar() == 0
     db.dispose()
+
+
+KILLED_LINES = 16
+
+
+def test_the_only_node_holding_a_model_killed_its_lines_wait_for_it(
+    tmp_path: Path, postgres_url: str
+) -> None:
+    """Gemma's lines, named in other letter case, run on node B; B is killed with SIGKILL
+    mid-batch. Past B's lease, A (SmolLM2 only) answers none of them: they wait, shown on
+    the batch page and in /metrics, until B comes back and finishes them, every answer
+    gemma's."""
+    data = tmp_path / "shared"
+    dir_a, dir_b = tmp_path / "models-a", tmp_path / "models-b"
+    dir_a.mkdir()
+    dir_b.mkdir()
+    shutil.copyfile(smollm2(), dir_a / "smol-a.gguf")
+    (dir_b / "gemma3-270m.gguf").symlink_to(gemma())
+    common = ["--database-url", postgres_url, *NODE_ARGS]
+    b_args = [*common, "--node-name", "nodeB", "--models-dir", str(dir_b)]
+    a = start_server(
+        data,
+        OUTPUT / "holder-killed-a.log",
+        args=[*common, "--node-name", "nodeA", "--models-dir", str(dir_a)],
+        timeout=START_TIMEOUT,
+    )
+    b = b2 = None
+    db = create_engine(postgres_url)
+    try:
+        b = start_server(data, OUTPUT / "holder-killed-b.log", args=b_args, timeout=START_TIMEOUT)
+        a_id = httpx.get(a.url + "/health", timeout=60).json()["node"]
+
+        def b_published() -> bool:
+            with db.connect() as conn:
+                return bool(
+                    conn.execute(
+                        text("SELECT count(*) FROM nodemodel WHERE model_id = 'gemma3-270m'")
+                    ).scalar()
+                )
+
+        until(b_published, 60, "node B's names")
+        sdk = openai.OpenAI(base_url=a.api, api_key="unused", max_retries=0)
+        lines = [
+            batch_line(f"g-{i}", f"Count to {i}.", model="GEMMA3-270M", max_tokens=24)
+            for i in range(KILLED_LINES)
+        ]
+        f = sdk.files.create(file=("in.jsonl", jsonl(*lines)), purpose="batch")
+        batch_id = sdk.batches.create(
+            input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h"
+        ).id
+
+        def claimed() -> Counter[str]:
+            with db.connect() as conn:
+                return Counter(
+                    conn.execute(
+                        text(
+                            "SELECT claimed_by FROM request WHERE batch_id = :b"
+                            " AND claimed_by IS NOT NULL"
+                        ),
+                        {"b": batch_id},
+                    ).scalars()
+                )
+
+        def done() -> int:
+            counts = sdk.batches.retrieve(batch_id).request_counts
+            return counts.completed + counts.failed if counts else 0
+
+        until(lambda: done() >= 2, 240, "two of gemma's lines done on B")
+        b.process.send_signal(signal.SIGKILL)
+        b.process.wait(10)
+        at_kill = done()
+        assert at_kill < KILLED_LINES
+        # Past B's lease (6 s) and a few of A's steps: not one line is A's.
+        time.sleep(3 * 6)
+        assert a_id not in claimed()
+        assert done() == at_kill
+        left = KILLED_LINES - at_kill
+        page = httpx.get(f"{a.url}/batches/{batch_id}", timeout=30).text
+        assert 'id="batch-unserved"' in page and "gemma3-270m" in page
+        waiting = value(scrape(a.url), "batchyard_unserved_model_lines", model="gemma3-270m")
+        assert 0 < waiting <= left
+
+        # B comes back and finishes them.
+        b2 = start_server(data, OUTPUT / "holder-back-b.log", args=b_args, timeout=START_TIMEOUT)
+        final = wait_for_status(sdk.batches.retrieve, batch_id, timeout=300, poll=0.5)
+        assert final.status == "completed", final
+        assert final.request_counts and final.request_counts.completed == KILLED_LINES
+        out = jsonl_lines(sdk.files.content(final.output_file_id or "").text)
+        assert sorted(o["custom_id"] for o in out) == sorted(f"g-{i}" for i in range(KILLED_LINES))
+        assert {o["response"]["body"]["model"] for o in out} == {"gemma3-270m"}
+        assert a_id not in claimed()
+    finally:
+        db.dispose()
+        stop_server(a)
+        for node in (b, b2):
+            if node is not None:
+                stop_server(node)

@@ -66,11 +66,12 @@ def test_a_big_older_batch_for_one_engine_leaves_the_other_its_room(
     assert sent(remote)[6:] == ["r6", "r7"] and len(local.submitted) == 4
     assert (running(svc, big), running(svc, small)) == (4, 6)
 
-    # A model the upstream starts to list (its /v1/models changed) moves to its room.
-    late = make_batch(svc, hanging_lines("l", 3, "late-model"))
-    svc.runner.step()  # validated; until now its lines are the embedded engine's (full)
-    assert running(svc, late) == 0 and len(local.submitted) == 4
+    # A model the upstream starts to list (its /v1/models changed): a batch validated
+    # since is routed to it, and waits for the upstream's room (full now).
     remote.served.append("late-model")
+    late = make_batch(svc, hanging_lines("l", 3, "late-model"))
+    svc.runner.step()  # validated
+    assert running(svc, late) == 0 and len(local.submitted) == 4
     assert finish(remote) == 6
     svc.runner.step()  # the upstream's room is 6 again: its batches' oldest lines first
     assert sent(remote)[8:] == ["r8", "r9", "l0", "l1", "l2"]
@@ -152,12 +153,12 @@ def test_the_lanes_follow_the_registrys_routing() -> None:
     assert lanes(EngineRegistry(local, [a, b])) == [
         Lane("a", 3, frozenset({"a1"})),
         Lane("b", 4, frozenset({"b1", "shared"})),
-        Lane(EMBEDDED, 2),
+        Lane(EMBEDDED, 2, frozenset({LOCAL, ""})),  # its model, and names nothing knows
     ]
     # An upstream that serves nothing now has no lane; without the embedded engine the
     # rest is a lane of its own.
     a.served = []
     assert lanes(EngineRegistry(None, [a, b])) == [
         Lane("b", 4, frozenset({"b1", "shared"})),
-        Lane(UNROUTED, 7),
+        Lane(UNROUTED, 7, frozenset({""})),
     ]

@@ -16,7 +16,6 @@ from sqlmodel import delete, select
 
 from app.batches.nodes import (
     CATALOG_LOOK,
-    ELSEWHERE_LOOK,
     NodeNames,
     names_elsewhere,
     served_names,
@@ -72,9 +71,9 @@ def db(migrated: Database) -> Database:
     return migrated
 
 
-def elsewhere(db: Database, node_id: str, at: float) -> frozenset[str]:
+def elsewhere(db: Database, node_id: str, at: float) -> set[str]:
     with db.read() as s:
-        return names_elsewhere(s, node_id, at=at)
+        return set(names_elsewhere(s, node_id, at=at))
 
 
 def node(db: Database, node_id: str, names: dict[str, str], clock: Clock) -> NodeNames:
@@ -85,7 +84,7 @@ def test_each_node_sees_the_names_the_others_serve(db: Database) -> None:
     clock = Clock()
     a = node(db, "a", {"gemma3:270m": "gemma3:270m", "gemma3": "gemma3:270m"}, clock)
     b = node(db, "b", {"smol": "smol", "gemma3:270m": "gemma3:270m"}, clock)
-    assert elsewhere(db, "a", T0) == frozenset()
+    assert elsewhere(db, "a", T0) == set()
     a.beat()
     b.beat()
     assert elsewhere(db, "a", T0) == {"smol", "gemma3:270m"}
@@ -96,20 +95,15 @@ def test_each_node_sees_the_names_the_others_serve(db: Database) -> None:
         assert sorted(rows.all()) == [("gemma3", "gemma3:270m"), ("gemma3:270m", "gemma3:270m")]
 
 
-def test_the_claims_read_the_other_nodes_names_at_most_a_look_old(db: Database) -> None:
+def test_validation_reads_each_name_with_the_id_it_means_on_the_other_node(db: Database) -> None:
     clock = Clock()
     a = node(db, "a", {"smol": "smol"}, clock)
-    b = node(db, "b", {"gemma3:270m": "gemma3:270m"}, clock)
+    b = node(db, "b", {"gemma3:270m": "gemma3:270m", "gemma3": "gemma3:270m"}, clock)
     a.beat()
+    assert a.read_elsewhere() == {}  # b has not published yet
     b.beat()
-    assert b.elsewhere() == {"smol"}
-    assert a.elsewhere() == frozenset()  # read before b published
-    clock.t += ELSEWHERE_LOOK / 2
-    a.beat()
-    assert a.elsewhere() == frozenset()
-    clock.t += ELSEWHERE_LOOK / 2
-    a.beat()
-    assert a.elsewhere() == {"gemma3:270m"}
+    assert b.read_elsewhere() == {"smol": "smol"}
+    assert a.read_elsewhere() == {"gemma3:270m": "gemma3:270m", "gemma3": "gemma3:270m"}
 
 
 def test_a_catalog_change_is_published_at_the_next_look(db: Database) -> None:
@@ -127,7 +121,7 @@ def test_a_catalog_change_is_published_at_the_next_look(db: Database) -> None:
     names = {}
     clock.t += CATALOG_LOOK
     a.beat()
-    assert elsewhere(db, "b", clock.t) == frozenset()
+    assert elsewhere(db, "b", clock.t) == set()
 
 
 def test_names_stop_counting_when_the_lease_runs_out(db: Database) -> None:
@@ -160,7 +154,7 @@ def test_a_clean_stop_withdraws_the_names_at_once(db: Database) -> None:
     a.beat()
     assert elsewhere(db, "b", T0) == {"gemma3:270m"}
     a.withdraw()
-    assert elsewhere(db, "b", T0) == frozenset()
+    assert elsewhere(db, "b", T0) == set()
     with db.read() as s:
         assert s.exec(select(Node)).all() == []
 
@@ -213,14 +207,13 @@ def test_two_nodes_services_publish_and_validate_by_each_others_models(
         nodes.append(build_services(settings, FakeEngine()))
     a, b = nodes
     try:
-        for svc in (a, b, a):  # a looks again once b has published
-            assert svc.runner.nodes is not None
-            svc.runner.nodes._read = float("-inf")
+        for svc in (a, b):
             svc.runner.step()
         assert a.runner.nodes is not None and b.runner.nodes is not None
-        assert "only-b" in a.runner.nodes.elsewhere() and "only-a" not in a.runner.nodes.elsewhere()
+        there = a.runner.nodes.read_elsewhere()
+        assert there["only-b"] == "only-b" and "only-a" not in there
         # Both know the embedded default: its name is served by the other node too.
-        assert "SmolLM2-135M-Instruct.Q4_1" in a.runner.nodes.elsewhere()
+        assert "SmolLM2-135M-Instruct.Q4_1" in there
         made = {
             model: make_batch(a, [batch_line("c0", "hi", model=model)])
             for model in ("only-a", "only-b", "nowhere")
@@ -229,6 +222,9 @@ def test_two_nodes_services_publish_and_validate_by_each_others_models(
             a.runner.step()
         assert batch(a, made["only-a"]).status != BatchStatus.FAILED
         assert batch(a, made["only-b"]).status != BatchStatus.FAILED
+        # Each routed to its model's id, whichever node holds it.
+        assert batch(a, made["only-a"]).route == "only-a"
+        assert batch(a, made["only-b"]).route == "only-b"
         failed = batch(a, made["nowhere"])
         assert failed.status == BatchStatus.FAILED
         assert [e["code"] for e in json.loads(failed.errors_json or "[]")] == ["model_not_found"]

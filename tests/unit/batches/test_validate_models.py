@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from app.batches.validate import Line, ModelRules
+from app.batches.validate import Line, ModelRules, Routed
 from app.catalog import Catalog
 from app.catalog.budget import gib
 from app.config import Settings
@@ -53,19 +53,29 @@ def smol_need(catalog: Catalog) -> int:
 
 
 def rules(
-    catalog: Catalog, *, strict: bool, budget: int, elsewhere: frozenset[str] = frozenset()
+    catalog: Catalog, *, strict: bool, budget: int, elsewhere: dict[str, str] | None = None
 ) -> ModelRules:
-    return ModelRules(catalog, elsewhere=lambda: elsewhere, budget=lambda: budget, strict=strict)
+    there = elsewhere or {}
+    return ModelRules(catalog, elsewhere=lambda: there, budget=lambda: budget, strict=strict)
 
 
 def test_a_known_name_or_alias_passes(catalog: Catalog) -> None:
     roomy = rules(catalog, strict=True, budget=2 * smol_need(catalog))
-    assert roomy.errors("smol-a", LINES) == []
-    assert roomy.errors("gpt-4o-mini", LINES) == []
+    # smol-a is the default model's file under another name: one entry, the default's id.
+    smol = catalog.resolve("smol-a")
+    assert smol is not None and smol.is_default
+    assert roomy.route("smol-a", LINES).route == smol.id
+    # An alias, another letter case, a bare name for name:latest: the model's id.
+    assert roomy.route("gpt-4o-mini", LINES).route == "tiny"
+    assert roomy.route("GPT-4o-Mini", LINES).route == "tiny"
+    assert roomy.route("Smol-A", LINES).route == smol.id
+    assert roomy.route("tiny", LINES).errors == []
 
 
 def test_strict_fails_each_line_of_a_name_nothing_knows(catalog: Catalog) -> None:
-    errors = rules(catalog, strict=True, budget=2 * smol_need(catalog)).errors("gemma3", LINES)
+    errors = (
+        rules(catalog, strict=True, budget=2 * smol_need(catalog)).route("gemma3", LINES).errors
+    )
     assert [e.to_openai()["line"] for e in errors] == [1, 2, 4]
     assert {e.code for e in errors} == {"model_not_found"}
     assert {e.param for e in errors} == {"body.model"}
@@ -74,9 +84,10 @@ def test_strict_fails_each_line_of_a_name_nothing_knows(catalog: Catalog) -> Non
 
 def test_without_strict_an_unknown_name_runs_on_the_default_model(catalog: Catalog) -> None:
     need = smol_need(catalog)
-    assert rules(catalog, strict=False, budget=need).errors("gemma3", LINES) == []
+    unknown = rules(catalog, strict=False, budget=need).route("gemma3", LINES)
+    assert unknown.errors == [] and unknown.route == ""  # the default model's lines
     # ... which must fit the budget itself: the default is SmolLM2, as smol-a is.
-    errors = rules(catalog, strict=False, budget=need - 1).errors("gemma3", LINES)
+    errors = rules(catalog, strict=False, budget=need - 1).route("gemma3", LINES).errors
     assert [e.code for e in errors] == ["model_too_large"]
     assert errors[0].message.startswith(
         "The model 'gemma3' names no model here and runs on the default model "
@@ -86,23 +97,29 @@ def test_without_strict_an_unknown_name_runs_on_the_default_model(catalog: Catal
 
 def test_a_name_another_node_or_an_upstream_serves_passes_strict(catalog: Catalog) -> None:
     budget = smol_need(catalog)
-    gemma = frozenset({"gemma3"})
-    assert rules(catalog, strict=True, budget=budget, elsewhere=gemma).errors("gemma3", []) == []
+    gemma = {"gemma3:270m": "gemma3:270m"}
+    there = rules(catalog, strict=True, budget=budget, elsewhere=gemma)
+    # Read by the same rules as this node's names: case aside, `:latest` added.
+    assert there.route("Gemma3:270M", []) == Routed("gemma3:270m")
+    assert there.route("gemma3", LINES).errors[0].code == "model_not_found"
 
 
 def test_a_model_that_cannot_fit_alone_fails_its_batch_with_both_sizes(catalog: Catalog) -> None:
     need = smol_need(catalog)
-    errors = rules(catalog, strict=False, budget=need // 2).errors("smol-a", LINES)
+    errors = rules(catalog, strict=False, budget=need // 2).route("smol-a", LINES).errors
     assert len(errors) == 1
     error = errors[0].to_openai()
     assert error["code"] == "model_too_large" and error["line"] is None
     assert (
         f"The model 'smol-a' needs {gib(need)}, the budget is {gib(need // 2)}" in error["message"]
     )
-    assert rules(catalog, strict=False, budget=need // 2).errors("tiny", LINES) == []
-    # A node that publishes it fits it in its own budget: the batch waits for that node.
-    elsewhere = frozenset({"smol-a"})
-    assert rules(catalog, strict=False, budget=1, elsewhere=elsewhere).errors("smol-a", []) == []
+    assert rules(catalog, strict=False, budget=need // 2).route("tiny", LINES).errors == []
+    # A node that publishes it fits it in its own budget: the batch waits for that node,
+    # by the id the name has there.
+    elsewhere = {"smol-a": "smol-a-there"}
+    assert rules(catalog, strict=False, budget=1, elsewhere=elsewhere).route(
+        "smol-a", []
+    ) == Routed("smol-a-there")
 
 
 def test_the_runner_fails_such_a_batch_at_validation(catalog: Catalog, tmp_path: Path) -> None:
