@@ -1,0 +1,124 @@
+"""The test vision model (bench/vision_model.py) in llama.cpp's own libmtmd: it loads, frames
+an image as SmolVLM does, and what the image shows changes the next token's logits.
+
+llama-server's check of the same pair (`--mmproj`, an image request) is in bench/README.md.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tests.vision import MMPROJ_FILE, MODEL_FILE, png, vision_model  # noqa: F401 (fixture)
+
+llama_cpp = pytest.importorskip("llama_cpp")
+mtmd = pytest.importorskip("llama_cpp.mtmd_cpp")
+
+RED = png((200, 30, 30))
+BLUE_STRIPED = png((20, 60, 220), stripes=8)
+IMAGE_CHUNK = 1  # MTMD_INPUT_CHUNK_TYPE_IMAGE
+
+
+class Mtmd:
+    """The text model and its projector, loaded as llama-server loads them."""
+
+    def __init__(self, folder: Path) -> None:
+        llama_cpp.llama_backend_init()
+        self.model = llama_cpp.llama_model_load_from_file(
+            str(folder / MODEL_FILE).encode(), llama_cpp.llama_model_default_params()
+        )
+        assert self.model, "the text model did not load"
+        params = mtmd.mtmd_context_params_default()
+        params.use_gpu = False
+        params.n_threads = 2
+        params.print_timings = False
+        self.ctx = mtmd.mtmd_init_from_file(str(folder / MMPROJ_FILE).encode(), self.model, params)
+        assert self.ctx, "the projector did not load"
+        self.n_vocab = llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(self.model))
+
+    def close(self) -> None:
+        mtmd.mtmd_free(self.ctx)
+        llama_cpp.llama_model_free(self.model)
+
+    def chunks(self, image: bytes, question: str) -> Any:
+        """The chat prompt for `question` about `image`, tokenized into text and image chunks."""
+        buf = (ctypes.c_uint8 * len(image)).from_buffer_copy(image)
+        bitmap = mtmd.mtmd_helper_bitmap_init_from_buf(self.ctx, buf, len(image), False)
+        assert bitmap, "the image did not decode"
+        marker = mtmd.mtmd_default_marker().decode()
+        prompt = (
+            f"<|im_start|>user\n{marker}{question}<|im_end|>\n<|im_start|>assistant\n"
+        ).encode()
+        text = mtmd.mtmd_input_text(prompt, len(prompt), True, True)
+        chunks = mtmd.mtmd_input_chunks_init()
+        bitmaps = (mtmd.mtmd_bitmap_p_ctypes * 1)(bitmap)
+        try:
+            assert mtmd.mtmd_tokenize(self.ctx, chunks, ctypes.byref(text), bitmaps, 1) == 0
+        finally:
+            mtmd.mtmd_bitmap_free(bitmap)
+        return chunks
+
+    def next_logits(self, image: bytes, question: str) -> np.ndarray:
+        """The next token's logits after the prompt, evaluated in a fresh context."""
+        params = llama_cpp.llama_context_default_params()
+        params.n_ctx, params.n_batch = 512, 512
+        params.n_threads = params.n_threads_batch = 2
+        context = llama_cpp.llama_init_from_model(self.model, params)
+        chunks = self.chunks(image, question)
+        try:
+            n_past = llama_cpp.llama_pos(0)
+            rc = mtmd.mtmd_helper_eval_chunks(
+                self.ctx, context, chunks, 0, 0, 512, True, ctypes.byref(n_past)
+            )
+            assert rc == 0
+            assert n_past.value == mtmd.mtmd_helper_get_n_pos(chunks)
+            logits = llama_cpp.llama_get_logits_ith(context, -1)
+            return np.ctypeslib.as_array(logits, shape=(self.n_vocab,)).copy()
+        finally:
+            mtmd.mtmd_input_chunks_free(chunks)
+            llama_cpp.llama_free(context)
+
+
+@pytest.fixture(scope="module")
+def pair(vision_model: Path) -> Iterator[Mtmd]:  # noqa: F811 (the imported fixture)
+    loaded = Mtmd(vision_model)
+    yield loaded
+    loaded.close()
+
+
+def test_the_pair_is_small() -> None:
+    from tests.vision import vision_model_dir
+
+    folder = vision_model_dir()
+    for name in (MODEL_FILE, MMPROJ_FILE):
+        assert (folder / name).stat().st_size < 200_000_000
+
+
+def test_an_image_is_two_tiles_of_16_embeddings(pair: Mtmd) -> None:
+    assert mtmd.mtmd_support_vision(pair.ctx)
+    chunks = pair.chunks(RED, "What is in this picture?")
+    try:
+        n = mtmd.mtmd_input_chunks_size(chunks)
+        parts = [mtmd.mtmd_input_chunks_get(chunks, i) for i in range(n)]
+        images = [p for p in parts if mtmd.mtmd_input_chunk_get_type(p) == IMAGE_CHUNK]
+        # The overview and the one tile of a SmolVLM-framed image.
+        assert [mtmd.mtmd_input_chunk_get_n_tokens(p) for p in images] == [16, 16]
+        text = mtmd.mtmd_helper_get_n_tokens(chunks) - 32
+        assert 20 <= text <= 30  # the chat frame, the question and the image's framing tokens
+    finally:
+        mtmd.mtmd_input_chunks_free(chunks)
+
+
+def test_what_the_image_shows_changes_the_next_token(pair: Mtmd) -> None:
+    question = "What colour is this picture?"
+    red = pair.next_logits(RED, question)
+    again = pair.next_logits(RED, question)
+    blue = pair.next_logits(BLUE_STRIPED, question)
+    assert np.isfinite(red).all() and np.isfinite(blue).all()
+    np.testing.assert_array_equal(red, again)  # the same image: the same logits
+    assert np.abs(red - blue).max() > 0.1  # another image: other logits
