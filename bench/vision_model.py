@@ -1,18 +1,23 @@
 """A small vision model pair for tests and benches: a language model and its projector.
 
-    python bench/vision_model.py DIR
+    python bench/vision_model.py DIR [--projector idefics3|gemma3]
 
-writes DIR/model.gguf and DIR/mmproj.gguf, a SmolVLM-shaped pair that llama.cpp's libmtmd
-(clip.cpp) and llama-server `--mmproj` load:
+writes DIR/model.gguf and DIR/mmproj.gguf, a pair that llama.cpp's libmtmd (clip.cpp) and
+llama-server `--mmproj` load:
 
 - model.gguf: the embedded SmolLM2-135M-Instruct (its real Q4_1 weights, tokenizer, ChatML
-  template and `<|im_end|>` end of turn), with SmolVLM's image tokens added to its vocabulary
-  (`<fake_token_around_image>`, `<global-img>`, `<row_R_col_C>`, `<image>`), since libmtmd
-  frames each image with them. Text lines answer as the embedded model does.
-- mmproj.gguf: an `idefics3` projector (SmolVLM's) with random weights: a 4-layer SigLIP-style
-  encoder of width 192 on 128x128 tiles of 16-pixel patches, a 2x2 pixel shuffle and a linear
-  map onto the text model's 576-wide embeddings, scaled like its token embeddings. An image is
-  one tile plus the overview, 16 embeddings each: 32 image positions, and a few framing tokens.
+  template and `<|im_end|>` end of turn), with SmolVLM's and Gemma 3's image tokens added to
+  its vocabulary (`<fake_token_around_image>`, `<global-img>`, `<row_R_col_C>`, `<image>`,
+  `<start_of_image>`, `<end_of_image>`), since libmtmd frames each image with them. Text lines
+  answer as the embedded model does.
+- mmproj.gguf: a projector with random weights: a 4-layer SigLIP-style encoder of width 192 on
+  128x128 images in 16-pixel patches, then either
+  - `idefics3` (SmolVLM's, the default): a 2x2 pixel shuffle and a linear map onto the text
+    model's 576-wide embeddings. An image is one tile plus the overview, 16 embeddings each:
+    32 image positions, and a few framing tokens;
+  - `gemma3` (Gemma 3's): a 2x2 average pool, an RMS norm and a linear map. An image is 16
+    embeddings between `<start_of_image>` and `<end_of_image>`, decoded non-causally.
+  Either output is scaled like the text model's token embeddings.
 
 No registry ships a vision GGUF this small. The weights say nothing about the picture, but
 different pictures give different embeddings and so different next-token logits, which is what
@@ -38,27 +43,33 @@ MODEL_FILE = "model.gguf"
 MMPROJ_FILE = "mmproj.gguf"
 SEED = 20261205
 
-#: SmolVLM's added tokens; libmtmd looks the first two up to frame an idefics3 image, and
-#: tokenizes `<fake_token_around_image><row_R_col_C>` before each tile.
+PROJECTORS = ("idefics3", "gemma3")
+
+#: SmolVLM's added tokens (libmtmd looks `<fake_token_around_image>` and `<global-img>` up to
+#: frame an idefics3 image, and tokenizes `<fake_token_around_image><row_R_col_C>` before each
+#: tile), then Gemma 3's, which frame a gemma3 image.
 IMAGE_TOKENS = (
     "<fake_token_around_image>",
     "<image>",
     "<global-img>",
     *(f"<row_{r}_col_{c}>" for r in range(1, 7) for c in range(1, 7)),
+    "<start_of_image>",
+    "<end_of_image>",
 )
 
 
 @dataclass(frozen=True)
 class Projector:
-    """The random idefics3 projector's shapes."""
+    """A random projector's kind and shapes."""
 
+    kind: str = "idefics3"  # or "gemma3"
     image_size: int = 128  # one tile's side in pixels; preproc_image_size too: one tile
     patch_size: int = 16
     n_embd: int = 192
     n_ff: int = 768
     n_head: int = 3
     n_layer: int = 4
-    scale_factor: int = 2  # pixel shuffle: 2x2 patches make one embedding
+    scale_factor: int = 2  # 2x2 patches make one embedding (idefics3 shuffles, gemma3 pools)
     eps: float = 1e-6
 
     @property
@@ -125,19 +136,26 @@ def write_text_model(src: Path, out: Path, rng: np.random.Generator) -> tuple[in
 def write_projector(
     out: Path, n_embd_text: int, out_std: float, rng: np.random.Generator, p: Projector
 ) -> int:
-    """Write a random idefics3 projector whose embeddings are `n_embd_text` wide with about
-    `out_std` standard deviation. Returns its parameter count."""
+    """Write a random projector whose embeddings are `n_embd_text` wide with about `out_std`
+    standard deviation. Returns its parameter count.
+
+    Both kinds share a SigLIP-style encoder. idefics3 (SmolVLM) shuffles each 2x2 block of
+    patches into one vector and maps it linearly; gemma3 average-pools the blocks, applies an
+    RMS norm and maps linearly, and its image tokens attend to each other both ways."""
     import gguf
 
+    if p.kind not in PROJECTORS:
+        raise ValueError(f"projector {p.kind!r}: one of {', '.join(PROJECTORS)}")
     w = gguf.GGUFWriter(str(out), "clip")
-    w.add_name("random idefics3 projector (batchyard tests)")
-    w.add_description("random weights: SigLIP-style encoder, pixel shuffle, linear projection")
+    w.add_name(f"random {p.kind} projector (batchyard tests)")
+    w.add_description(f"random weights: SigLIP-style encoder and {p.kind}'s projection")
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
     w.add_bool("clip.has_vision_encoder", True)
-    w.add_string("clip.projector_type", "idefics3")
+    w.add_string("clip.projector_type", p.kind)
     w.add_bool("clip.use_gelu", True)
     w.add_uint32("clip.vision.image_size", p.image_size)
-    w.add_uint32("clip.vision.preproc_image_size", p.image_size)
+    if p.kind == "idefics3":  # tiles of image_size, the longest side fitted to one tile
+        w.add_uint32("clip.vision.preproc_image_size", p.image_size)
     w.add_uint32("clip.vision.patch_size", p.patch_size)
     w.add_uint32("clip.vision.embedding_length", p.n_embd)
     w.add_uint32("clip.vision.feed_forward_length", p.n_ff)
@@ -179,9 +197,14 @@ def write_projector(
         add(f"v.blk.{i}.ffn_down.bias", np.zeros(d))
     add("v.post_ln.weight", np.ones(d))
     add("v.post_ln.bias", np.zeros(d))
-    # After the post norm each of the shuffled inputs has unit variance.
-    shuffled = d * p.scale_factor**2
-    add("mm.model.fc.weight", normal(out_std * shuffled**-0.5, n_embd_text, shuffled))
+    # After the post norm (idefics3) or the soft embedding norm (gemma3) each input of the
+    # projection has about unit variance.
+    if p.kind == "idefics3":
+        shuffled = d * p.scale_factor**2
+        add("mm.model.fc.weight", normal(out_std * shuffled**-0.5, n_embd_text, shuffled))
+    else:
+        add("mm.soft_emb_norm.weight", np.ones(d))
+        add("mm.input_projection.weight", normal(out_std * d**-0.5, d, n_embd_text))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -206,9 +229,12 @@ def main(argv: list[str]) -> int:
     )
     parser.add_argument("dir", type=Path, help="where model.gguf and mmproj.gguf go")
     parser.add_argument("--source", type=Path, help="the SmolLM2 GGUF (default: embedded)")
+    parser.add_argument(
+        "--projector", choices=PROJECTORS, default="idefics3", help="the projector's kind"
+    )
     args: Any = parser.parse_args(argv)
     start = time.perf_counter()
-    write(args.dir, args.source)
+    write(args.dir, args.source, Projector(kind=args.projector))
     for name in (MODEL_FILE, MMPROJ_FILE):
         path = args.dir / name
         print(f"{path} ({path.stat().st_size / 1e6:.1f} MB)")

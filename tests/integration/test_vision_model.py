@@ -1,5 +1,6 @@
-"""The test vision model (bench/vision_model.py) in llama.cpp's own libmtmd: it loads, frames
-an image as SmolVLM does, and what the image shows changes the next token's logits.
+"""The test vision models (bench/vision_model.py) in llama.cpp's own libmtmd: each pair loads,
+frames an image as SmolVLM or Gemma 3 does, and what the image shows changes the next token's
+logits.
 
 llama-server's check of the same pair (`--mmproj`, an image request) is in bench/README.md.
 """
@@ -14,7 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.vision import MMPROJ_FILE, MODEL_FILE, png, vision_model  # noqa: F401 (fixture)
+from tests.vision import MMPROJ_FILE, MODEL_FILE, png, vision_model_dir
 
 llama_cpp = pytest.importorskip("llama_cpp")
 mtmd = pytest.importorskip("llama_cpp.mtmd_cpp")
@@ -26,6 +27,8 @@ IMAGE_CHUNK = 1  # MTMD_INPUT_CHUNK_TYPE_IMAGE
 
 class Mtmd:
     """The text model and its projector, loaded as llama-server loads them."""
+
+    projector = ""
 
     def __init__(self, folder: Path) -> None:
         llama_cpp.llama_backend_init()
@@ -84,32 +87,39 @@ class Mtmd:
             llama_cpp.llama_free(context)
 
 
-@pytest.fixture(scope="module")
-def pair(vision_model: Path) -> Iterator[Mtmd]:  # noqa: F811 (the imported fixture)
-    loaded = Mtmd(vision_model)
+#: Each projector's image chunks, and the text tokens of the chat prompt in test_framing: the
+#: chat frame, the question (6 tokens) and the image's framing tokens.
+FRAMING = {
+    # <fake><row_1_col_1> tile \n\n<fake><global-img> overview <fake>
+    "idefics3": ([16, 16], 21),
+    "gemma3": ([16], 17),  # <start_of_image> image <end_of_image>
+}
+
+
+@pytest.fixture(scope="module", params=sorted(FRAMING))
+def pair(request: pytest.FixtureRequest) -> Iterator[Mtmd]:
+    loaded = Mtmd(vision_model_dir(request.param))
+    loaded.projector = request.param
     yield loaded
     loaded.close()
 
 
-def test_the_pair_is_small() -> None:
-    from tests.vision import vision_model_dir
-
-    folder = vision_model_dir()
+def test_the_pair_is_small(pair: Mtmd) -> None:
+    folder = vision_model_dir(pair.projector)
     for name in (MODEL_FILE, MMPROJ_FILE):
         assert (folder / name).stat().st_size < 200_000_000
 
 
-def test_an_image_is_two_tiles_of_16_embeddings(pair: Mtmd) -> None:
+def test_framing(pair: Mtmd) -> None:
     assert mtmd.mtmd_support_vision(pair.ctx)
     chunks = pair.chunks(RED, "What is in this picture?")
     try:
         n = mtmd.mtmd_input_chunks_size(chunks)
         parts = [mtmd.mtmd_input_chunks_get(chunks, i) for i in range(n)]
         images = [p for p in parts if mtmd.mtmd_input_chunk_get_type(p) == IMAGE_CHUNK]
-        # The overview and the one tile of a SmolVLM-framed image.
-        assert [mtmd.mtmd_input_chunk_get_n_tokens(p) for p in images] == [16, 16]
-        text = mtmd.mtmd_helper_get_n_tokens(chunks) - 32
-        assert 20 <= text <= 30  # the chat frame, the question and the image's framing tokens
+        tiles, text = FRAMING[pair.projector]
+        assert [mtmd.mtmd_input_chunk_get_n_tokens(p) for p in images] == tiles
+        assert mtmd.mtmd_helper_get_n_tokens(chunks) == sum(tiles) + text
     finally:
         mtmd.mtmd_input_chunks_free(chunks)
 
