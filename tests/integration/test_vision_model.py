@@ -153,3 +153,20 @@ def test_what_the_image_shows_changes_the_next_token(pair: Mtmd) -> None:
     assert np.isfinite(red).all() and np.isfinite(blue).all()
     np.testing.assert_array_equal(red, again)  # the same image: the same logits
     assert np.abs(red - blue).max() > 0.1  # another image: other logits
+
+
+def test_text_lines_answer_as_the_embedded_model() -> None:
+    from app.config import default_model_path
+
+    messages = [{"role": "user", "content": "What is 2 + 2? Answer with a number only."}]
+    answers = []
+    for path in (default_model_path(), vision_model_dir("idefics3") / MODEL_FILE):
+        llm = llama_cpp.Llama(str(path), n_ctx=256, n_threads=2, verbose=False)
+        try:
+            answer = llm.create_chat_completion(messages, max_tokens=48, temperature=0)
+        finally:
+            llm.close()
+        answers.append(answer["choices"][0])
+    # The chat template and the end of turn came along: the answer stops by itself.
+    assert answers[1]["finish_reason"] == "stop"
+    assert answers[1]["message"]["content"] == answers[0]["message"]["content"]
