@@ -589,6 +589,7 @@ def models(settings: Settings, *, as_json: bool = False) -> int:
                 "architecture": e.architecture,
                 "context_length": e.context_length,
                 "estimated_bytes": e.estimate.total if e.estimate else None,
+                "projector": str(e.projector) if e.projector else None,
                 "ctx_size": e.profile.ctx_size,
                 "parallel": e.profile.parallel,
                 "kv_cache_type": e.profile.kv_cache_type,
