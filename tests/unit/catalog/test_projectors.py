@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from app.catalog import Catalog, Entry
@@ -16,6 +17,7 @@ from app.catalog.estimate import DEFAULT_PATCHES, MAX_PATCHES, projector_bytes
 from app.catalog.header import read_projector
 from app.catalog.stores import pick_projector
 from app.engine.registry import catalog_card
+from app.wire.inference import CatalogModel
 from tests.models import gemma, header_model, header_projector, smollm2
 from tests.stores import Home
 
@@ -332,3 +334,6 @@ def test_models_cards_say_which_models_take_images(
     plain = catalog_card(text)
     assert plain["input_modalities"] == ["text"] and plain["projector"] is None
     assert plain["estimated_projector_bytes"] is None
+    # As /v1/models sends them (app/api/inference.py).
+    sent = msgspec.json.decode(msgspec.json.encode(CatalogModel(**card)))
+    assert sent["input_modalities"] == ["text", "image"] and sent["projector"] == card["projector"]
