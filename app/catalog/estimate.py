@@ -25,9 +25,13 @@ a model as `app/engine/llama/native.py` does (one KV stream per sequence, n_ubat
   the backend has it), so it grows with the patches, not their square: n_patches x
   (4 x n_embd + n_ff) x 4 bytes, n_patches = (image_size / patch_size)^2 capped at
   MAX_PATCHES (projectors of dynamic resolution warm up on a bounded image too), or
-  DEFAULT_PATCHES where the header gives no sizes. Gemma 3's SigLIP (896 px, 14 px
-  patches, 1152 wide, 4304 feed-forward): 4096 x 8912 x 4 = 139 MiB. A formula, not a
-  measure: the pool's measure after a load replaces it, as for the other terms.
+  DEFAULT_PATCHES where the header gives no sizes. Checked against libmtmd 0.3.36's own
+  `CPU compute buffer size` for random projectors of real widths (bench/vision_model.py's
+  writer): Gemma 3's SigLIP (896 px, 14 px patches, 1152 wide, 4304 feed-forward)
+  4096 x 8912 x 4 = 139.3 MiB against 121.25 measured; SmolVLM-like idefics3 (512 px, 16 px
+  patches, 768 wide, 3072 feed-forward) 24.0 against 21.0 MiB. The buffer does not grow
+  with the encoder's depth (121.25 MiB at 2 and at 6 layers): ggml reuses it layer after
+  layer. The pool's measure after a load replaces the estimate, as for the other terms.
 
 Checked against llama.cpp 0.3.36's own figures (llama-cpp-python, CPU, flash attention):
 SmolLM2-135M at ctx 2048 x 32: KV 765.0 MiB (formula 765.0), compute 99.4 + output 6.0 MiB
