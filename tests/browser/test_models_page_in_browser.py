@@ -148,6 +148,12 @@ def test_the_table_fits_a_1280_pixel_window_and_says_which_models_take_images(
     for item in cells + buttons:
         found = item.bounding_box()
         assert found is not None and inside(found, wrap), (item, found, wrap)
+    # /v1/models says the same.
+    cards = {m["id"]: m for m in httpx.get(two_models.api + "/models", timeout=10).json()["data"]}
+    assert cards[VISION]["input_modalities"] == ["text", "image"]
+    assert cards[VISION]["projector"] == "mmproj-Qwen2.5-VL-7B-Instruct-f16.gguf"
+    assert cards[VISION]["estimated_projector_bytes"] > 0
+    assert cards[GEMMA]["input_modalities"] == ["text"] and cards[GEMMA]["projector"] is None
     # Nothing hidden to scroll to.
     assert (
         page.evaluate("(w => w.scrollWidth - w.clientWidth)(document.querySelector('.table-wrap'))")
