@@ -209,14 +209,15 @@ class Store:
 
 
 class FilesStore(Store):
-    """Single files: the embedded default and --model. Their own mtimes are the signature."""
+    """Single files: the embedded default and --model. Their own mtimes, and their
+    folders' (a projector put beside one), are the signature."""
 
     def __init__(self, source: str, paths: list[Path]) -> None:
         self.source = source
         self.paths = paths
 
     def signature(self) -> Signature:
-        return tuple((str(p), _mtime_ns(p)) for p in self.paths)
+        return tuple((str(q), _mtime_ns(q)) for p in self.paths for q in (p, p.parent))
 
     def scan(self) -> list[Found]:
         found = []

@@ -337,3 +337,29 @@ def test_models_cards_say_which_models_take_images(
     # As /v1/models sends them (app/api/inference.py).
     sent = msgspec.json.decode(msgspec.json.encode(CatalogModel(**card)))
     assert sent["input_modalities"] == ["text", "image"] and sent["projector"] == card["projector"]
+
+
+def test_beside_the_model_flag_a_projector_that_shares_its_name(
+    make_catalog: MakeCatalog, tmp_path: Path
+) -> None:
+    mine = tmp_path / "mine"
+    [model] = header_model(mine / "gemma-3-4b-it-Q4_K_M.gguf")
+    header_model(mine / "other-Q8_0.gguf")
+    catalog = make_catalog(model=str(model))
+    assert seen(catalog.default()) is None
+    header_projector(mine / "mmproj-gemma-3-4b-it-f16.gguf")  # put there while it runs
+    assert seen(catalog.default()) == "mmproj-gemma-3-4b-it-f16.gguf"
+    assert seen(make_catalog(model=str(mine / "other-Q8_0.gguf")).default()) is None
+    assert seen(catalog.get(SMOLLM2_ID)) is None  # the embedded default reads text
+
+
+def test_a_projector_added_later_shows_up_without_a_restart(
+    make_catalog: MakeCatalog, home: Home, tmp_path: Path
+) -> None:
+    folder = home.lmstudio("ggml-org/gemma-3-4b-it-GGUF", *header_model(tmp_path / "g-Q4_0.gguf"))
+    catalog = make_catalog()
+    assert seen(catalog.get("ggml-org/gemma-3-4b-it-GGUF")) is None
+    header_projector(folder / "mmproj-model-f16.gguf")
+    assert seen(catalog.get("ggml-org/gemma-3-4b-it-GGUF")) == "mmproj-model-f16.gguf"
+    (folder / "mmproj-model-f16.gguf").unlink()
+    assert seen(catalog.get("ggml-org/gemma-3-4b-it-GGUF")) is None
