@@ -566,7 +566,8 @@ def retry(settings: Settings, batch_id: str) -> int:
 
 def models(settings: Settings, *, as_json: bool = False) -> int:
     """Every model the catalog finds: its id, source, size, quantization, architecture,
-    trained context and the memory it is estimated to take at its load profile."""
+    trained context, the memory it is estimated to take at its load profile and whether it
+    takes images (has a projector)."""
     import json
 
     from app.catalog import Catalog
@@ -589,6 +590,7 @@ def models(settings: Settings, *, as_json: bool = False) -> int:
                 "architecture": e.architecture,
                 "context_length": e.context_length,
                 "estimated_bytes": e.estimate.total if e.estimate else None,
+                "projector": str(e.projector) if e.projector else None,
                 "ctx_size": e.profile.ctx_size,
                 "parallel": e.profile.parallel,
                 "kv_cache_type": e.profile.kv_cache_type,
@@ -599,7 +601,7 @@ def models(settings: Settings, *, as_json: bool = False) -> int:
         ]
         print(json.dumps(rows, indent=2))
         return 0
-    header = ("ID", "SOURCE", "SIZE", "QUANT", "ARCH", "CONTEXT", "MEMORY")
+    header = ("ID", "SOURCE", "SIZE", "QUANT", "ARCH", "CONTEXT", "MEMORY", "INPUT")
     table = [header]
     for e in entries:
         memory = human_size(e.estimate.total) if e.estimate else "-"
@@ -612,6 +614,7 @@ def models(settings: Settings, *, as_json: bool = False) -> int:
                 e.architecture or "-",
                 str(e.context_length) if e.context_length else "-",
                 memory,
+                "text+image" if e.projector else "text",
             )
         )
     widths = [max(len(row[i]) for row in table) for i in range(len(header))]
@@ -626,8 +629,9 @@ def models(settings: Settings, *, as_json: bool = False) -> int:
         if e.error:
             print(f"{e.id}: {e.error} ({e.path})", file=sys.stderr)
     print(
-        "* the default model. MEMORY: weights + KV cache + compute buffers, estimated at "
-        "each model's context x parallel (the server's flags, or models.toml's).",
+        "* the default model. MEMORY: weights + KV cache + compute buffers (and a projector's "
+        "share), estimated at each model's context x parallel (the server's flags, or "
+        "models.toml's). INPUT: text+image for a model with a multimodal projector (mmproj).",
         file=sys.stderr,
     )
     return 0

@@ -145,3 +145,36 @@ def header_model(
 def tensor_bytes(n_layer: int = 2, n_embd: int = 64, n_ff: int = 128, n_vocab: int = 1500) -> int:
     """What header_model's tensors hold, computed by hand (f32: 4 bytes a weight)."""
     return 4 * (n_vocab * n_embd + n_layer * (n_embd * n_embd + n_ff * n_embd))
+
+
+def header_projector(
+    path: Path,
+    *,
+    projector_type: str = "gemma3",
+    image_size: int = 896,
+    patch_size: int = 14,
+    n_embd: int = 64,
+    n_ff: int = 128,
+) -> Path:
+    """A multimodal projector's header (a `clip` GGUF, as llama.cpp's mmproj files are) with
+    one small f32 tensor: never loaded, enough for the catalog to know it for a projector
+    and size it. (bench/vision_model.py writes a loadable pair.)"""
+    import gguf
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    writer = gguf.GGUFWriter(str(path), "clip")
+    writer.add_type("mmproj")
+    writer.add_name(path.stem)
+    writer.add_string("clip.projector_type", projector_type)
+    writer.add_bool("clip.has_vision_encoder", True)
+    writer.add_uint32("clip.vision.image_size", image_size)
+    writer.add_uint32("clip.vision.patch_size", patch_size)
+    writer.add_uint32("clip.vision.embedding_length", n_embd)
+    writer.add_uint32("clip.vision.feed_forward_length", n_ff)
+    rng = np.random.default_rng(1)
+    writer.add_tensor("v.patch_embd.weight", rng.standard_normal((n_embd, 48), np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path

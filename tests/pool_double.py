@@ -42,8 +42,10 @@ def entry(
     estimate: int = 160 * MiB,
     is_default: bool = False,
     error: str = "",
+    projector: int = 0,
 ) -> Entry:
-    """A catalog entry with the facts the page shows (its file need not exist)."""
+    """A catalog entry with the facts the page shows (its file need not exist); `projector`:
+    the bytes of a multimodal projector it has (mmproj-ID.gguf), within `estimate`."""
     facts = HeaderFacts(
         architecture="llama",
         n_layer=30,
@@ -66,9 +68,15 @@ def entry(
         quantization="Q4_K_M",
         profile=LoadProfile(ctx_size=2048, parallel=4, n_gpu_layers=0, kv_cache_type="f16"),
         facts=facts,
-        estimate=Estimate(weights=size, kv_cache=estimate - size - 10 * MiB, compute=10 * MiB),
+        estimate=Estimate(
+            weights=size,
+            kv_cache=estimate - size - 10 * MiB - projector,
+            compute=10 * MiB,
+            projector=projector,
+        ),
         error=error,
         is_default=is_default,
+        projector=Path(f"/models/mmproj-{id.replace(':', '-')}.gguf") if projector else None,
     )
 
 

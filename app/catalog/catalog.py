@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from app.catalog import presets
-from app.catalog.entry import Entry, LoadProfile
+from app.catalog.entry import Entry, LoadProfile, ProjectorFacts
 from app.catalog.estimate import estimate
 from app.catalog.header import FACTS, NotAModel, quantization
 from app.catalog.stores import FilesStore, FoldersStore, Found, Signature, Store, home_stores
@@ -207,6 +207,8 @@ class Catalog:
                 log.warning("models config: [%r] names no model", section)
                 continue
             entries[i] = _with_profile(entries[i], preset.apply(entries[i].profile))
+            if preset.mmproj is not None:  # `mmproj` wins over the projector found beside
+                entries[i] = _with_projector(entries[i], preset.mmproj or None)
         default = self._default_index(entries, by_name)
         if default is not None:
             entries.insert(0, replace(entries.pop(default), is_default=True))
@@ -286,13 +288,34 @@ def _with_names(entry: Entry, names: set[str]) -> Entry:
 
 
 def _with_profile(entry: Entry, profile: LoadProfile) -> Entry:
-    est = estimate(entry.facts, profile) if entry.facts else None
+    est = estimate(entry.facts, profile, entry.projector_facts) if entry.facts else None
     return replace(entry, profile=profile, estimate=est)
 
 
+def _with_projector(entry: Entry, path: Path | None) -> Entry:
+    projector, facts = _projector(path)
+    est = estimate(entry.facts, entry.profile, facts) if entry.facts else None
+    return replace(entry, projector=projector, projector_facts=facts, estimate=est)
+
+
+def _projector(path: Path | None) -> tuple[Path | None, ProjectorFacts | None]:
+    """A projector file and its facts; (None, None) for none, or for one that cannot be
+    read (logged: the model then reads text only)."""
+    if path is None:
+        return None, None
+    try:
+        return path, FACTS.projector(path)
+    except OSError as exc:
+        log.warning("projector %s not used: unreadable (%s)", path, exc.strerror or exc)
+    except ValueError as exc:
+        log.warning("projector %s not used: %s", path, exc)
+    return None, None
+
+
 def _entry(found: Found, profile: LoadProfile) -> Entry | None:
-    """An Entry for what a store found: its header read (from the cache), its estimate for
-    `profile`; None for a GGUF that is not a language model (a projector)."""
+    """An Entry for what a store found: its header read (from the cache), its projector's
+    too, its estimate for `profile`; None for a GGUF that is not a language model (a
+    projector)."""
     size, mtime = 0, 0.0
     for part in found.paths:
         try:
@@ -309,6 +332,7 @@ def _entry(found: Found, profile: LoadProfile) -> Entry | None:
             return None
         except (OSError, ValueError) as exc:
             error = str(exc) if isinstance(exc, ValueError) else f"unreadable ({exc.strerror})"
+    projector, projector_facts = _projector(found.projector)
     return Entry(
         id=found.id,
         names=frozenset({found.id, *found.names}),
@@ -319,7 +343,9 @@ def _entry(found: Found, profile: LoadProfile) -> Entry | None:
         quantization=quantization(facts.file_type if facts else None, found.paths[0]),
         profile=profile,
         facts=facts,
-        estimate=estimate(facts, profile) if facts else None,
+        estimate=estimate(facts, profile, projector_facts) if facts else None,
         paths=found.paths,
         error=error,
+        projector=projector,
+        projector_facts=projector_facts,
     )

@@ -57,16 +57,32 @@ class HeaderFacts:
 
 
 @dataclass(frozen=True)
+class ProjectorFacts:
+    """What a multimodal projector's header (a `clip` GGUF, llama.cpp's mmproj) says, as far
+    as the memory estimate needs it. Zeros where the header does not say."""
+
+    projector_type: str  # clip.projector_type: gemma3, idefics3, qwen2.5vl_merger, ...
+    tensor_bytes: int
+    image_size: int  # clip.vision.image_size, in pixels a side
+    patch_size: int  # clip.vision.patch_size
+    n_embd: int  # clip.vision.embedding_length
+    n_ff: int  # clip.vision.feed_forward_length
+
+
+@dataclass(frozen=True)
 class Estimate:
     """Bytes a loaded model is expected to hold, before it is loaded."""
 
     weights: int
     kv_cache: int
     compute: int
+    #: Its multimodal projector's weights and image-encoding buffer (0 without one): the
+    #: pool's budget counts it, the Models page shows it apart.
+    projector: int = 0
 
     @property
     def total(self) -> int:
-        return self.weights + self.kv_cache + self.compute
+        return self.weights + self.kv_cache + self.compute + self.projector
 
 
 @dataclass(frozen=True)
@@ -86,6 +102,14 @@ class Entry:
     paths: tuple[Path, ...] = field(default=())  # every part of a split model, in order
     error: str = ""  # why the file cannot be used, as a user should read it
     is_default: bool = False  # the model of lines whose `model` names nothing known
+    #: Its multimodal projector (an mmproj GGUF): the model takes images when it has one.
+    #: Found beside the model by its store, or named by models.toml's `mmproj`.
+    projector: Path | None = None
+    projector_facts: ProjectorFacts | None = None  # None when projector is
+
+    @property
+    def takes_images(self) -> bool:
+        return self.projector is not None
 
     @property
     def key(self) -> tuple[str, LoadProfile]:

@@ -18,7 +18,20 @@ a model as `app/engine/llama/native.py` does (one KV stream per sequence, n_ubat
   cells of up to 3 parked blocks, each at most ctx_size. SmolLM2 at ctx 2048: 180 MiB of
   KV and 135 MiB parked at most, 462 MiB in all estimated; the process measured 231 MiB
   more with the context than without (1,211 against 980 MiB, before blocks were parked),
-  its compute buffer's pages untouched until a micro-batch needs them.
+  its compute buffer's pages untouched until a micro-batch needs them;
+- the projector, where the model has one (a separate field, `Estimate.projector`): its
+  tensors' bytes plus the image encoder's compute buffer. libmtmd reserves that buffer for
+  one image of the projector's own input size, with flash attention (on by default where
+  the backend has it), so it grows with the patches, not their square: n_patches x
+  (4 x n_embd + n_ff) x 4 bytes, n_patches = (image_size / patch_size)^2 capped at
+  MAX_PATCHES (projectors of dynamic resolution warm up on a bounded image too), or
+  DEFAULT_PATCHES where the header gives no sizes. Checked against libmtmd 0.3.36's own
+  `CPU compute buffer size` for random projectors of real widths (bench/vision_model.py's
+  writer): Gemma 3's SigLIP (896 px, 14 px patches, 1152 wide, 4304 feed-forward)
+  4096 x 8912 x 4 = 139.3 MiB against 121.25 measured; SmolVLM-like idefics3 (512 px, 16 px
+  patches, 768 wide, 3072 feed-forward) 24.0 against 21.0 MiB. The buffer does not grow
+  with the encoder's depth (121.25 MiB at 2 and at 6 layers): ggml reuses it layer after
+  layer. The pool's measure after a load replaces the estimate, as for the other terms.
 
 Checked against llama.cpp 0.3.36's own figures (llama-cpp-python, CPU, flash attention):
 SmolLM2-135M at ctx 2048 x 32: KV 765.0 MiB (formula 765.0), compute 99.4 + output 6.0 MiB
@@ -41,7 +54,7 @@ from __future__ import annotations
 
 import gguf
 
-from app.catalog.entry import Estimate, HeaderFacts, LoadProfile
+from app.catalog.entry import Estimate, HeaderFacts, LoadProfile, ProjectorFacts
 
 #: Rows of a micro-batch: native.py's N_UBATCH (a test keeps the two equal).
 N_UBATCH = 512
@@ -65,6 +78,10 @@ KV_BYTES_PER_ELEMENT = {
     "q4_0": gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType.Q4_0][1] / 32,
 }
 _F32 = 4
+#: The most image patches the projector's compute buffer is estimated for, and the patches
+#: of a projector whose header gives no image or patch size (see the module's note).
+MAX_PATCHES = 4096
+DEFAULT_PATCHES = 1024
 
 
 def sequences(profile: LoadProfile) -> int:
@@ -97,12 +114,27 @@ def compute_bytes(facts: HeaderFacts, profile: LoadProfile) -> int:
     return scratch + output
 
 
-def estimate(facts: HeaderFacts, profile: LoadProfile) -> Estimate:
-    """The bytes a model loaded with `profile` is expected to hold (see the module's note)."""
+def projector_bytes(projector: ProjectorFacts) -> int:
+    """A projector's weights and its image encoder's compute buffer (see the module's note)."""
+    if projector.image_size > 0 and projector.patch_size > 0:
+        side = projector.image_size // projector.patch_size
+        patches = min(side * side, MAX_PATCHES)
+    else:
+        patches = DEFAULT_PATCHES
+    n_ff = projector.n_ff or 4 * projector.n_embd
+    return projector.tensor_bytes + patches * (4 * projector.n_embd + n_ff) * _F32
+
+
+def estimate(
+    facts: HeaderFacts, profile: LoadProfile, projector: ProjectorFacts | None = None
+) -> Estimate:
+    """The bytes a model loaded with `profile` (and `projector`, where it has one) is
+    expected to hold (see the module's note)."""
     return Estimate(
         weights=facts.tensor_bytes,
         kv_cache=kv_cache_bytes(facts, profile),
         compute=compute_bytes(facts, profile),
+        projector=projector_bytes(projector) if projector is not None else 0,
     )
 
 

@@ -23,7 +23,7 @@ from typing import Any, Literal
 import gguf
 import numpy as np
 
-from app.catalog.entry import HeaderFacts
+from app.catalog.entry import HeaderFacts, ProjectorFacts
 
 #: llama.cpp's llama_ftype values (`general.file_type`) by name.
 FILE_TYPES = {
@@ -88,6 +88,13 @@ def quant_tag(file_name: str) -> str:
     """The quantization tag llama.cpp's -hf gives a file (`Q4_K_M`), or "" when its name has none."""
     match = _TAG.search(split_name(file_name).prefix)
     return match.group(1).upper() if match else ""
+
+
+def is_projector_name(file_name: str) -> bool:
+    """A .gguf whose name says it is a multimodal projector (`mmproj` anywhere in it, as
+    llama.cpp's -hf and --models-dir look for one)."""
+    name = file_name.lower()
+    return name.endswith(".gguf") and "mmproj" in name
 
 
 def is_model_name(file_name: str) -> bool:
@@ -229,6 +236,24 @@ def read_facts(paths: Sequence[Path]) -> HeaderFacts:
     )
 
 
+def read_projector(path: Path) -> ProjectorFacts:
+    """The facts of a multimodal projector file. Raises OSError or ValueError for a file that
+    cannot be read or is no projector (a GGUF whose architecture is not `clip`)."""
+    reader = _open(path)
+    arch = str(_value(reader, "general.architecture") or "")
+    if arch not in _NOT_MODEL_ARCHS:
+        raise ValueError(f"not a projector: a {arch or 'unnamed'} GGUF, not a clip one")
+    kind = _value(reader, "clip.projector_type") or _value(reader, "clip.vision.projector_type")
+    return ProjectorFacts(
+        projector_type=str(kind or ""),
+        tensor_bytes=sum(t.n_bytes for t in reader.tensors),
+        image_size=_int(_value(reader, "clip.vision.image_size")),
+        patch_size=_int(_value(reader, "clip.vision.patch_size")),
+        n_embd=_int(_value(reader, "clip.vision.embedding_length")),
+        n_ff=_int(_value(reader, "clip.vision.feed_forward_length")),
+    )
+
+
 def _identity(path: Path) -> tuple[int, int, int, int]:
     st = os.stat(path)  # follows symlinks: a hub snapshot's link reads as its blob
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
@@ -243,6 +268,7 @@ class FactsCache:
         self._limit = limit
         self._lock = threading.Lock()
         self._facts: OrderedDict[tuple[Any, ...], HeaderFacts | Exception] = OrderedDict()
+        self._projectors: OrderedDict[tuple[Any, ...], ProjectorFacts | Exception] = OrderedDict()
 
     def facts(self, paths: Sequence[Path]) -> HeaderFacts:
         """As read_facts, from the cache when no part changed."""
@@ -260,6 +286,24 @@ class FactsCache:
                 self._facts[key] = found
                 while len(self._facts) > self._limit:
                     self._facts.popitem(last=False)
+        if isinstance(found, Exception):
+            raise found
+        return found
+
+    def projector(self, path: Path) -> ProjectorFacts:
+        """As read_projector, from the cache when the file did not change."""
+        key = _identity(path)
+        with self._lock:
+            found = self._projectors.get(key)
+        if found is None:
+            try:
+                found = read_projector(path)
+            except (OSError, ValueError) as exc:
+                found = exc
+            with self._lock:
+                self._projectors[key] = found
+                while len(self._projectors) > self._limit:
+                    self._projectors.popitem(last=False)
         if isinstance(found, Exception):
             raise found
         return found

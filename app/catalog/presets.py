@@ -10,6 +10,7 @@ and llama-swap lay theirs, one section per model:
     n_gpu_layers = -1           # -1 all, 0 none
     kv_cache_type = "f16"       # f16, bf16, q8_0, q4_0
     chat_template = "gemma.jinja"   # a file (relative to models.toml) or a template itself
+    mmproj = "mmproj-gemma3.gguf"   # its projector (relative to models.toml); false: none
     aliases = ["gemma"]
 
     [aliases]
@@ -17,8 +18,10 @@ and llama-swap lay theirs, one section per model:
 
 A setting applies in this order: the server's flags, then `["*"]`, then the model's own
 section. `chat_template` is read as a file when such a file exists, else taken as the
-template itself if it looks like one (holds `{{` or `{%`). Every mistake is a ValueError
-that names the file and the key.
+template itself if it looks like one (holds `{{` or `{%`). `mmproj` names the model's
+multimodal projector, in place of the one its store keeps beside it (stores.py), or
+`false` for none; it is a model's own setting, never `["*"]`'s. Every mistake is a
+ValueError that names the file and the key.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from app.catalog.entry import LoadProfile
 from app.config.settings import KV_CACHE_TYPES
@@ -38,7 +41,7 @@ else:  # pragma: no cover - Python 3.10
 
 ALL_MODELS = "*"
 ALIASES = "aliases"
-SETTINGS = ("ctx_size", "parallel", "n_gpu_layers", "kv_cache_type", "chat_template")
+SETTINGS = ("ctx_size", "parallel", "n_gpu_layers", "kv_cache_type", "chat_template", "mmproj")
 
 
 @dataclass(frozen=True)
@@ -47,6 +50,8 @@ class Preset:
 
     settings: dict[str, Any] = field(default_factory=dict)
     aliases: tuple[str, ...] = ()
+    #: The model's projector file; False: none, whatever its store keeps; None: not said.
+    mmproj: Path | Literal[False] | None = None
 
     def apply(self, profile: LoadProfile) -> LoadProfile:
         return replace(profile, **self.settings) if self.settings else profile
@@ -87,6 +92,8 @@ def load(path: Path | None) -> ModelsConfig:
             every = _preset(path, section, body)
             if every.aliases:
                 raise ValueError(f'{path}: ["*"] aliases: an alias names one model')
+            if every.mmproj is not None:
+                raise ValueError(f'{path}: ["*"] mmproj: a projector belongs to one model')
         else:
             models[section] = preset = _preset(path, section, body)
             for alias in preset.aliases:
@@ -98,6 +105,7 @@ def _preset(path: Path, section: str, body: dict[str, Any]) -> Preset:
     where = f'{path}: ["{section}"]'
     settings: dict[str, Any] = {}
     aliases: tuple[str, ...] = ()
+    mmproj: Path | Literal[False] | None = None
     for key, value in body.items():
         if key == "aliases":
             if not isinstance(value, list) or not all(isinstance(a, str) and a for a in value):
@@ -115,12 +123,25 @@ def _preset(path: Path, section: str, body: dict[str, Any]) -> Preset:
             settings[key] = kind
         elif key == "chat_template":
             settings[key] = _template(path, where, value)
+        elif key == "mmproj":
+            mmproj = _mmproj(path, where, value)
         else:
             raise ValueError(
                 f"{where} {key}: unknown setting; the settings are "
                 f"{', '.join(SETTINGS)} and aliases"
             )
-    return Preset(settings, aliases)
+    return Preset(settings, aliases, mmproj)
+
+
+def _mmproj(path: Path, where: str, value: Any) -> Path | Literal[False]:
+    if value is False:
+        return False
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"{where} mmproj: must be a projector file (a string) or false")
+    file = (path.parent / Path(value.strip()).expanduser()).resolve()
+    if not file.is_file():
+        raise ValueError(f"{where} mmproj: {file} is not a file; give the model's mmproj GGUF")
+    return file
 
 
 def _template(path: Path, where: str, value: Any) -> str:

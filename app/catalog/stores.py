@@ -9,22 +9,44 @@ folders and files on this machine, read as the tool that wrote them lays them ou
   `models--ORG--REPO/refs/main` names a revision, `snapshots/REV/...` holds its files;
 - llama.cpp's older flat cache: `manifest=ORG=REPO=TAG.json` beside `ORG_REPO_FILE.gguf`.
 
-Each store returns what it found as `Found` (an id, its other names, the file's parts) and
-a signature of its folders' mtimes, so the catalog reads a store again only when a model
-was added or removed there.
+Each store returns what it found as `Found` (an id, its other names, the file's parts, its
+projector) and a signature of its folders' mtimes, so the catalog reads a store again only
+when a model was added or removed there.
+
+A model's multimodal projector (llama.cpp's mmproj GGUF), where each tool keeps it:
+
+- Ollama: the manifest's `application/vnd.ollama.image.projector` layer, a blob;
+- LM Studio: an `mmproj*.gguf` in the model's own PUBLISHER/REPO folder;
+- the hub cache: an `mmproj*.gguf` in the model's snapshot folder, else in the nearest
+  folder above it within the snapshot (as llama.cpp's -hf picks one);
+- llama.cpp's flat cache: the manifest's `mmprojFile`, kept as `ORG_REPO_FILE`;
+- plain folders: an `mmproj*.gguf` in the model's subfolder (as llama.cpp's router finds
+  one); at a models dir's top level and beside --model, where unrelated models sit side by
+  side, only one whose name shares the model's (see `pick_projector`).
+
+Where a folder holds several, `pick_projector` ranks them. models.toml's `mmproj` wins
+over all of these (presets.py).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from app.catalog.header import is_model_name, quant_tag, split_name, split_parts
+from app.catalog.header import (
+    is_model_name,
+    is_projector_name,
+    quant_tag,
+    split_name,
+    split_parts,
+)
 
 OLLAMA_MODEL_LAYER = "application/vnd.ollama.image.model"
+OLLAMA_PROJECTOR_LAYER = "application/vnd.ollama.image.projector"
 OLLAMA_REGISTRY = "registry.ollama.ai"
 OLLAMA_LIBRARY = "library"
 
@@ -38,6 +60,7 @@ class Found:
     paths: tuple[Path, ...]  # the parts, in order; paths[0] is what llama.cpp opens
     names: tuple[str, ...] = ()  # other spellings that mean it
     error: str = ""  # what the store itself says is wrong (a missing blob or part)
+    projector: Path | None = None  # its multimodal projector, where the store keeps one
 
 
 Signature = tuple[tuple[str, int], ...]
@@ -130,6 +153,48 @@ def _model_stem(path: Path) -> str:
     return split_name(path.name).prefix
 
 
+#: A quantization at the end of a file's stem: `-Q4_K_M`, `.Q8_0`, `-f16`, `_BF16`.
+_QUANT_SUFFIX = re.compile(r"[-._](I?Q\d+(?:_[A-Z0-9]+)*|BF16|F16|F32)$", re.I)
+_SEPARATORS = re.compile(r"[-._ ]+")
+
+
+def _base_and_quant(stem: str) -> tuple[str, str]:
+    """A stem's name without its quantization, lower case and without separators, and the
+    quantization (upper case, "" when the stem names none)."""
+    match = _QUANT_SUFFIX.search(stem)
+    quant = match.group(1).upper() if match else ""
+    base = stem[: match.start()] if match else stem
+    return _SEPARATORS.sub("", base.lower()), quant
+
+
+def projectors_among(files: list[Path]) -> list[Path]:
+    """The projector files among a folder's files, by their names (`mmproj` in them)."""
+    return sorted(p for p in files if is_projector_name(p.name))
+
+
+def pick_projector(
+    model: Path, candidates: list[Path], *, related_only: bool = False
+) -> Path | None:
+    """The projector of `model` among `candidates` (projector files of one folder): the one
+    whose name shares the model's name (`mmproj-gemma-3-4b-it-f16.gguf` for
+    `gemma-3-4b-it-Q4_K_M.gguf`), then the one of the model's own quantization, then the
+    f16 one, then the first by name. `related_only`: only one whose name shares the
+    model's, for folders where unrelated models sit side by side."""
+    model_base, model_quant = _base_and_quant(_model_stem(model))
+
+    def rank(path: Path) -> tuple[bool, bool, bool, str]:
+        stem = _model_stem(path)
+        base, quant = _base_and_quant(re.sub("mmproj", "", stem, flags=re.I))
+        shares_name = bool(base) and (base in model_base or model_base in base)
+        shares_quant = bool(quant) and quant == model_quant
+        return (not shares_name, not shares_quant, quant != "F16", path.name)
+
+    ranked = sorted(candidates, key=rank)
+    if not ranked or (related_only and rank(ranked[0])[0]):
+        return None
+    return ranked[0]
+
+
 class Store:
     """A place models are. `scan()` lists them; `signature()` changes when it should be
     scanned again."""
@@ -144,14 +209,15 @@ class Store:
 
 
 class FilesStore(Store):
-    """Single files: the embedded default and --model. Their own mtimes are the signature."""
+    """Single files: the embedded default and --model. Their own mtimes, and their
+    folders' (a projector put beside one), are the signature."""
 
     def __init__(self, source: str, paths: list[Path]) -> None:
         self.source = source
         self.paths = paths
 
     def signature(self) -> Signature:
-        return tuple((str(p), _mtime_ns(p)) for p in self.paths)
+        return tuple((str(q), _mtime_ns(q)) for p in self.paths for q in (p, p.parent))
 
     def scan(self) -> list[Found]:
         found = []
@@ -163,7 +229,9 @@ class FilesStore(Store):
             error = "missing" if not path.is_file() else ""
             if missing and not error:
                 error = f"missing {', '.join(p.name for p in missing)}"
-            found.append(Found(ident, self.source, parts, (path.name,), error))
+            beside = projectors_among(_files(path.parent)) if not error else []
+            projector = pick_projector(path, beside, related_only=True)
+            found.append(Found(ident, self.source, parts, (path.name,), error, projector))
         return found
 
 
@@ -171,7 +239,8 @@ class FoldersStore(Store):
     """Plain folders of GGUF files (--models-dir). A file directly in a folder is named by
     its stem; a subfolder holding one model (a split model's parts, a projector beside it)
     by the subfolder's name, as llama.cpp's router names them; a subfolder holding several
-    by `SUBFOLDER/STEM`."""
+    by `SUBFOLDER/STEM`. A projector in a subfolder is its models'; one at the top level
+    only a model's whose name it shares."""
 
     source = "models-dir"
     DEPTH = 3
@@ -190,8 +259,10 @@ class FoldersStore(Store):
                 by_dir.setdefault(path.parent, []).append(path)
             for parent, files in by_dir.items():
                 models = models_among(files)
+                projectors = projectors_among(files)
                 rel = parent.relative_to(folder).as_posix() if parent != folder else ""
                 for model in models:
+                    projector = pick_projector(model.paths[0], projectors, related_only=not rel)
                     stem = _model_stem(model.paths[0])
                     names: tuple[str, ...]
                     if not rel:
@@ -200,7 +271,9 @@ class FoldersStore(Store):
                         ident, names = rel, (f"{rel}/{stem}",)
                     else:
                         ident, names = f"{rel}/{stem}", ()
-                    found.append(Found(ident, self.source, model.paths, names, model.error))
+                    found.append(
+                        Found(ident, self.source, model.paths, names, model.error, projector)
+                    )
         return found
 
 
@@ -249,6 +322,14 @@ class OllamaStore(Store):
             digest = next(
                 layer["digest"] for layer in layers if layer.get("mediaType") == OLLAMA_MODEL_LAYER
             )
+            projector_digest = next(
+                (
+                    layer["digest"]
+                    for layer in layers
+                    if layer.get("mediaType") == OLLAMA_PROJECTOR_LAYER
+                ),
+                None,
+            )
         except StopIteration:
             return None  # no model layer: not a language model (an embedding-less adapter...)
         except (OSError, ValueError, AttributeError, TypeError, KeyError) as exc:
@@ -257,7 +338,12 @@ class OllamaStore(Store):
             )
         blob = self.root / "blobs" / str(digest).replace(":", "-")
         error = "" if blob.is_file() else f"missing blob {blob.name}"
-        return Found(name, self.source, (blob,), tuple(names), error)
+        projector = None
+        if projector_digest is not None:
+            projector = self.root / "blobs" / str(projector_digest).replace(":", "-")
+            if not projector.is_file():
+                projector = None  # a pull cut short: the model still reads text
+        return Found(name, self.source, (blob,), tuple(names), error, projector)
 
 
 class LMStudioStore(Store):
@@ -279,6 +365,7 @@ class LMStudioStore(Store):
                 for repo in _subdirs(publisher):
                     files = [p for p in _files(repo) if p.name.lower().endswith(".gguf")]
                     models = models_among(files)
+                    projectors = projectors_among(files)
                     base = f"{publisher.name}/{repo.name}"
                     for model in models:
                         file_id = f"{base}/{model.paths[0].name}"
@@ -287,7 +374,10 @@ class LMStudioStore(Store):
                             ident, names = base, (file_id,)
                         else:
                             ident, names = file_id, ()
-                        found.append(Found(ident, self.source, model.paths, names, model.error))
+                        projector = pick_projector(model.paths[0], projectors)
+                        found.append(
+                            Found(ident, self.source, model.paths, names, model.error, projector)
+                        )
         return found
 
 
@@ -328,6 +418,7 @@ class HubStore(Store):
         by_dir: dict[Path, list[Path]] = {}
         for path in _gguf_files(snapshot, 3):
             by_dir.setdefault(path.parent, []).append(path)
+        projectors = {folder: projectors_among(files) for folder, files in by_dir.items()}
         models = [m for files in by_dir.values() for m in models_among(files)]
         models.sort(key=lambda m: m.paths[0].relative_to(snapshot).as_posix())
         picked = self._pick(models, snapshot)
@@ -339,7 +430,10 @@ class HubStore(Store):
             names = [f"{repo}/{rel}"] if tag else []
             if model is picked:
                 names.append(repo)
-            found.append(Found(ident, self.source, model.paths, tuple(names), model.error))
+            projector = _nearest_projector(model.paths[0], snapshot, projectors)
+            found.append(
+                Found(ident, self.source, model.paths, tuple(names), model.error, projector)
+            )
         return found
 
     def _pick(self, models: list[Model], snapshot: Path) -> Model | None:
@@ -348,6 +442,21 @@ class HubStore(Store):
                 if quant_tag(model.paths[0].name) == tag:
                     return model
         return models[0] if models else None
+
+
+def _nearest_projector(
+    model: Path, snapshot: Path, projectors: dict[Path, list[Path]]
+) -> Path | None:
+    """The projector in the model's own folder of a snapshot, else in the nearest folder
+    above it (within the snapshot) that holds one."""
+    folder = model.parent
+    while True:
+        candidates = projectors.get(folder)
+        if candidates:
+            return pick_projector(model, candidates)
+        if folder == snapshot or snapshot not in folder.parents:
+            return None
+        folder = folder.parent
 
 
 def _revision(refs: Path) -> str:
@@ -368,7 +477,8 @@ def _revision(refs: Path) -> str:
 
 class LlamaFlatStore(Store):
     """llama.cpp's older -hf cache: `manifest=ORG=REPO=TAG.json` files whose `ggufFile`
-    names the downloaded file, kept beside them as `ORG_REPO_FILE` (slashes as `_`)."""
+    names the downloaded file, kept beside them as `ORG_REPO_FILE` (slashes as `_`), and
+    whose `mmprojFile`, where there is one, names the projector kept the same way."""
 
     source = "hf"
 
@@ -386,8 +496,11 @@ class LlamaFlatStore(Store):
                 continue
             _, org, repo, _tag = parts
             try:
-                rfilename = str(json.loads(manifest.read_text())["ggufFile"]["rfilename"])
-            except (OSError, ValueError, KeyError, TypeError):
+                data = json.loads(manifest.read_text())
+                rfilename = str(data["ggufFile"]["rfilename"])
+                mmproj = data.get("mmprojFile") or {}
+                mmproj_name = str(mmproj.get("rfilename") or "") if isinstance(mmproj, dict) else ""
+            except (OSError, ValueError, KeyError, TypeError, AttributeError):
                 continue
             if not is_model_name(rfilename):
                 continue
@@ -398,7 +511,11 @@ class LlamaFlatStore(Store):
             tag = quant_tag(path.name)
             ident = f"{org}/{repo}:{tag}" if tag else f"{org}/{repo}/{rfilename}"
             error = f"missing {', '.join(missing)}" if missing else ""
-            found.append(Found(ident, self.source, parts_, (), error))
+            projector = None
+            if mmproj_name:
+                projector = self.root / f"{org}_{repo}_{mmproj_name}".replace("/", "_")
+                projector = projector if projector.is_file() else None
+            found.append(Found(ident, self.source, parts_, (), error, projector))
         return found
 
 

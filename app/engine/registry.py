@@ -380,6 +380,12 @@ def catalog_card(entry: Entry) -> dict[str, Any]:
         "architecture": entry.architecture,
         "context_length": entry.context_length,
         "estimated_memory_bytes": entry.estimate.total if entry.estimate else None,
+        # A model with a multimodal projector takes images (OpenRouter's field name).
+        "input_modalities": ["text", "image"] if entry.projector else ["text"],
+        "projector": entry.projector.name if entry.projector else None,
+        "estimated_projector_bytes": (
+            entry.estimate.projector if entry.estimate and entry.projector else None
+        ),
     }
 
 

@@ -63,6 +63,13 @@ def model_row(view: ModelView, now: float | None = None) -> dict[str, Any]:
         "ctx_size": entry.profile.ctx_size,
         "context_length": entry.context_length,
         "estimate": views.size(estimate) if estimate is not None else None,
+        # A model with a multimodal projector takes images; its share of the estimate.
+        "images": entry.projector is not None,
+        "projector": entry.projector.name if entry.projector else None,
+        "projector_path": str(entry.projector) if entry.projector else None,
+        "projector_estimate": views.size(entry.estimate.projector)
+        if entry.projector is not None and entry.estimate is not None
+        else None,
         "measured": views.size(measured) if measured is not None else None,
         # How far the estimate was off once the model was loaded (issue 32: "report it").
         "off_pct": round(100 * (measured - estimate) / estimate)

@@ -28,7 +28,11 @@ class CatalogModel(Model, kw_only=True):
     quantization: str
     architecture: str
     context_length: int
-    estimated_memory_bytes: int | None
+    estimated_memory_bytes: int | None  # the projector's share too, where it has one
+    #: ["text", "image"] for a model with a multimodal projector, else ["text"].
+    input_modalities: list[str]
+    projector: str | None  # the projector's file name
+    estimated_projector_bytes: int | None  # its weights and image-encoding buffer
 
 
 class ModelPage(Struct, kw_only=True):

@@ -1,7 +1,9 @@
 """The Models page in a real browser over a real pool: the default SmolLM2 and Gemma 3 270M
 in a models dir; Load brings Gemma from "on disk" to loaded (its load counted, its measured
 memory shown), Unload takes it back; "Run with" on the New batch card runs a file written
-for another model on Gemma, and the batch's page says so."""
+for another model on Gemma, and the batch's page says so. A vision model's folder (a model
+header and its projector beside it, never loaded) shows the model takes images, and the
+table fits a 1,280-pixel window: its last column and buttons inside the card."""
 
 from __future__ import annotations
 
@@ -17,9 +19,11 @@ from tests.browser.pages import drop_file, shoot
 from tests.factories import batch_line, jsonl, jsonl_lines
 from tests.live import OUTPUT, LiveServer, start_server, stop_server
 from tests.metrics import scrape, value
-from tests.models import GEMMA_FILE, gemma
+from tests.models import GEMMA_FILE, gemma, header_model, header_projector
 
 GEMMA = Path(GEMMA_FILE).stem
+#: A folder as `hf download` or LM Studio leaves one: a model and its projector.
+VISION = "Qwen2.5-VL-7B-Instruct-GGUF"
 
 
 @pytest.fixture(scope="module")
@@ -28,6 +32,8 @@ def two_models(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]
     models = root / "models"
     models.mkdir()
     (models / GEMMA_FILE).symlink_to(gemma())
+    header_model(models / VISION / "Qwen2.5-VL-7B-Instruct-Q4_K_M.gguf", context_length=128000)
+    header_projector(models / VISION / "mmproj-Qwen2.5-VL-7B-Instruct-f16.gguf")
     server = start_server(
         root / "data",
         OUTPUT / "browser-models.log",
@@ -106,3 +112,50 @@ def test_run_with_runs_a_file_on_the_model_chosen(page: Page, two_models: LiveSe
         out = jsonl_lines(http.get(f"/files/{batch['output_file_id']}/content").text)
     answers = [line["response"]["body"]["model"] for line in out]
     assert answers == [GEMMA, GEMMA]
+
+
+def test_the_table_fits_a_1280_pixel_window_and_says_which_models_take_images(
+    page: Page, two_models: LiveServer
+) -> None:
+    assert page.viewport_size is not None and page.viewport_size["width"] == 1280
+    page.goto(two_models.url + "/models")
+    vision = page.locator(f'tr[data-model="{VISION}"]')
+    expect(vision.locator('[data-col="images"]')).to_have_text("images")
+    expect(vision.locator('[data-col="images"]')).to_have_attribute(
+        "title", re.compile(r"projector is .*mmproj-Qwen2.5-VL-7B-Instruct-f16.gguf$")
+    )
+    expect(vision.locator('[data-col="projector"]')).to_contain_text("projector")
+    expect(page.locator(f'tr[data-model="{GEMMA}"] [data-col="images"]')).to_have_count(0)
+    expect(page.locator("table.models button").first).to_be_visible()
+    shoot(page, "models-1280")
+
+    def box(selector: str) -> dict[str, float]:
+        found = page.locator(selector).first.bounding_box()
+        assert found is not None, selector
+        return found
+
+    def inside(inner: dict[str, float], outer: dict[str, float]) -> bool:
+        return (
+            outer["x"] <= inner["x"] and inner["x"] + inner["width"] <= outer["x"] + outer["width"]
+        )
+
+    card, wrap = box("section.card"), box(".table-wrap")
+    assert inside(wrap, card)
+    header = page.locator("table.models thead th")
+    cells = [header.nth(header.count() - 1), *page.locator("table.models tbody td.actions").all()]
+    buttons = page.locator("table.models button").all()
+    assert len(cells) == 1 + page.locator("table.models tbody tr").count() and buttons
+    for item in cells + buttons:
+        found = item.bounding_box()
+        assert found is not None and inside(found, wrap), (item, found, wrap)
+    # /v1/models says the same.
+    cards = {m["id"]: m for m in httpx.get(two_models.api + "/models", timeout=10).json()["data"]}
+    assert cards[VISION]["input_modalities"] == ["text", "image"]
+    assert cards[VISION]["projector"] == "mmproj-Qwen2.5-VL-7B-Instruct-f16.gguf"
+    assert cards[VISION]["estimated_projector_bytes"] > 0
+    assert cards[GEMMA]["input_modalities"] == ["text"] and cards[GEMMA]["projector"] is None
+    # Nothing hidden to scroll to.
+    assert (
+        page.evaluate("(w => w.scrollWidth - w.clientWidth)(document.querySelector('.table-wrap'))")
+        == 0
+    )

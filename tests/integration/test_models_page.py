@@ -106,6 +106,26 @@ def test_the_models_page_lists_every_model_with_its_facts_and_state(
     assert re.search(r'id="models-reserved">150.0 MB<.*id="models-budget">2.0 GB<', html, re.S)
 
 
+def test_a_model_with_a_projector_says_it_takes_images_and_its_share_of_memory(
+    make_client: MakeClient,
+) -> None:
+    vision = "gemma3:4b"
+    models = PoolDouble(
+        [
+            model_view(entry(SMOL, is_default=True, source="default"), "idle"),
+            model_view(entry(vision, source="ollama", projector=139 * MiB), "on disk"),
+        ]
+    )
+    client = with_pool(make_client(FakeEngine()), models)
+    html = client.get("/models").text
+    seeing = row(html, vision)
+    assert re.search(r'data-col="images" title="Takes images: its projector is '
+                     r'/models/mmproj-gemma3-4b.gguf">images<', seeing)  # fmt: skip
+    assert cell(html, vision, "memory") == "~160.0 MB incl. 139.0 MB projector"
+    assert 'data-col="images"' not in row(html, SMOL)
+    assert cell(html, SMOL, "memory") == "~160.0 MB"
+
+
 def test_the_buttons_load_and_unload_and_an_unload_with_lines_in_flight_is_refused(
     make_client: MakeClient,
 ) -> None:

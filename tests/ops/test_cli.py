@@ -18,7 +18,7 @@ from app.catalog.estimate import human_size
 from app.cli import build_parser
 from app.config import Settings, default_model_path
 from tests.live import ROOT, batchyard, start_server, stop_process
-from tests.models import gemma
+from tests.models import gemma, header_projector
 from tests.stores import Home
 
 
@@ -87,7 +87,7 @@ def test_models_lists_every_store_with_size_quantization_context_and_memory(
     tmp_path: Path,
 ) -> None:
     home = Home(tmp_path / "home")
-    home.ollama("gemma3:270m", gemma())
+    home.ollama("gemma3:270m", gemma(), projector=header_projector(tmp_path / "proj.gguf"))
     data = tmp_path / "data"
     (data / "models").mkdir(parents=True)
     # A copy under another name: its quantisation must come from the header, not the name.
@@ -99,7 +99,9 @@ def test_models_lists_every_store_with_size_quantization_context_and_memory(
 
     assert r.returncode == 0, r.stderr
     header, *lines = r.stdout.splitlines()
-    assert header.split() == ["ID", "SOURCE", "SIZE", "QUANT", "ARCH", "CONTEXT", "MEMORY"]
+    assert header.split() == [
+        "ID", "SOURCE", "SIZE", "QUANT", "ARCH", "CONTEXT", "MEMORY", "INPUT"
+    ]  # fmt: skip
     rows = {line.split()[0]: line.split()[1:] for line in lines}
     assert list(rows) == [
         "elsewhere-Q8_0",  # --model: the default, marked *
@@ -118,16 +120,22 @@ def test_models_lists_every_store_with_size_quantization_context_and_memory(
         "llama",
         "8192",
         *memory,
+        "text",
     ]
-    assert rows["tiny-chat-Q8_0"] == ["models-dir", *size, "Q4_1", "llama", "8192", *memory]
+    assert rows["tiny-chat-Q8_0"] == [
+        "models-dir", *size, "Q4_1", "llama", "8192", *memory, "text"
+    ]  # fmt: skip
     assert rows["gemma3:270m"][:6] == ["ollama", "241.4", "MiB", "Q4_K_M", "gemma3", "32768"]
+    assert rows["gemma3:270m"][-1] == "text+image"  # its projector layer
     # Not a GGUF: listed, with the name's quantisation, its real size and why.
-    assert rows["elsewhere-Q8_0"] == ["*", "model", "22", "B", "Q8_0", "-", "-", "-"]
+    assert rows["elsewhere-Q8_0"] == ["*", "model", "22", "B", "Q8_0", "-", "-", "-", "text"]
     assert f"elsewhere-Q8_0: not a GGUF file (it does not start with GGUF) ({other})" in r.stderr
 
     r = batchyard("models", "--data-dir", str(data), "--json", env=home.environ)
     listed = {m["id"]: m for m in json.loads(r.stdout)}
     assert listed["gemma3:270m"]["size_bytes"] == gemma().stat().st_size
+    assert listed["gemma3:270m"]["projector"].startswith(str(home.ollama_root / "blobs"))
+    assert listed["tiny-chat-Q8_0"]["projector"] is None
     assert listed["SmolLM2-135M-Instruct.Q4_1"]["default"] is True
     assert listed["SmolLM2-135M-Instruct.Q4_1"]["estimated_bytes"] == smol.estimate.total
 

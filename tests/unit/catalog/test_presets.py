@@ -112,7 +112,7 @@ def test_an_edited_models_toml_applies_without_a_restart_and_a_bad_edit_keeps_th
     [
         ("[aliases\n", "not valid TOML: "),
         ('ctx_size = 4\n', 'ctx_size = ... must be inside a section: ["MODEL"], ["*"] or [aliases]'),
-        ('["m"]\nctx = 4\n', '["m"] ctx: unknown setting; the settings are ctx_size, parallel, n_gpu_layers, kv_cache_type, chat_template and aliases'),
+        ('["m"]\nctx = 4\n', '["m"] ctx: unknown setting; the settings are ctx_size, parallel, n_gpu_layers, kv_cache_type, chat_template, mmproj and aliases'),
         ('["m"]\nctx_size = "big"\n', '["m"] ctx_size: must be a whole number, 1 or more'),
         ('["m"]\nparallel = -1\n', '["m"] parallel: must be a whole number, 0 or more'),
         ('["m"]\nn_gpu_layers = -2\n', '["m"] n_gpu_layers: must be a whole number, -1 or more'),

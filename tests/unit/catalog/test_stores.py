@@ -12,7 +12,7 @@ import pytest
 
 from app.catalog import Catalog, header
 from app.catalog import catalog as catalog_module
-from tests.models import gemma, header_model, smollm2
+from tests.models import gemma, header_model, header_projector, smollm2
 from tests.stores import Home, sha256
 
 SMOLLM2_ID = "SmolLM2-135M-Instruct.Q4_1"
@@ -101,11 +101,14 @@ def test_a_corrupt_file_is_listed_with_its_error_and_never_raises(
     assert cut.size_bytes == 4096
 
 
-def test_ollama_names_as_ollama_list_prints_them(make_catalog: MakeCatalog, home: Home) -> None:
+def test_ollama_names_as_ollama_list_prints_them(
+    make_catalog: MakeCatalog, home: Home, tmp_path: Path
+) -> None:
     home.ollama("gemma3:270m", gemma())
     home.ollama("smollm2", smollm2())  # no tag: latest
     home.ollama("someone/tiny:q4", smollm2())
-    home.ollama("hf.co/unsloth/gemma-3-270m-it-GGUF:Q4_K_M", gemma(), projector=smollm2())
+    projector = header_projector(tmp_path / "proj.gguf")
+    home.ollama("hf.co/unsloth/gemma-3-270m-it-GGUF:Q4_K_M", gemma(), projector=projector)
 
     catalog = make_catalog()
 
