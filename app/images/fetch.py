@@ -12,8 +12,12 @@ import http.client
 import ipaddress
 import socket
 import ssl
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import urljoin, urlsplit
 
 from app import __version__
@@ -24,6 +28,9 @@ from app.images.errors import IMAGE_FETCH_FAILED, IMAGE_URL_REFUSED, ImageError
 MAX_REDIRECTS = 5
 CHUNK = 64 * 1024
 REDIRECTS = (301, 302, 303, 307, 308)
+#: The threads that resolve image hosts (made on first use).
+_dns: ThreadPoolExecutor | None = None
+_dns_lock = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -75,7 +82,26 @@ def fetch_image(url: str, rules: FetchRules) -> bytes:
     )
 
 
-def checked_address(url: str, allow_private: bool) -> tuple[str, str, int, str]:
+def _resolve(host: str, port: int, timeout: float | None) -> list[Any]:
+    """getaddrinfo within `timeout` seconds (it has no timeout of its own: it runs in a
+    thread of its own and is left to finish there when it takes longer)."""
+    global _dns
+    if timeout is None:
+        return socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    with _dns_lock:
+        if _dns is None:
+            _dns = ThreadPoolExecutor(4, thread_name_prefix="image-dns")
+        pool = _dns
+    lookup = pool.submit(socket.getaddrinfo, host, port, type=socket.SOCK_STREAM)
+    try:
+        return lookup.result(timeout=timeout)
+    except FutureTimeout:
+        raise TimeoutError from None
+
+
+def checked_address(
+    url: str, allow_private: bool, timeout: float | None = None
+) -> tuple[str, str, int, str]:
     """(scheme, host, port, the address to connect to) of an http(s) URL whose host may be
     fetched; ImageError (`image_url_refused`) otherwise. Every address the name resolves to
     is checked, so a name with one public and one private address is refused too."""
@@ -95,7 +121,7 @@ def checked_address(url: str, allow_private: bool) -> tuple[str, str, int, str]:
     if not host:
         raise ImageError(f"The image URL {_shown(url)} has no host.", code=IMAGE_URL_REFUSED)
     try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        infos = _resolve(host, port, timeout)
     except (socket.gaierror, UnicodeError) as exc:
         raise ImageError(
             f"The image URL's host {host!r} could not be resolved: {exc}.",
@@ -168,7 +194,7 @@ def _left(deadline: float) -> float:
 
 def _get(url: str, rules: FetchRules, deadline: float) -> tuple[int, str | None, bytes]:
     """One GET: (status, Location, body); the body only for a 2xx answer."""
-    scheme, host, port, address = checked_address(url, rules.allow_private)
+    scheme, host, port, address = checked_address(url, rules.allow_private, _left(deadline))
     parts = urlsplit(url)
     path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
     kind = _PinnedHTTPS if scheme == "https" else _PinnedHTTP

@@ -118,3 +118,22 @@ def test_a_fetch_over_the_time_cap_fails_naming_the_cap(server: ImageServer) -> 
 def test_a_host_that_does_not_resolve_fails_the_fetch() -> None:
     err = refused("http://no-such-host.invalid/a.png", DEFAULT)
     assert err.code == "image_fetch_failed" and "could not be resolved" in err.message
+
+
+def test_a_name_that_resolves_slowly_counts_against_the_time_cap(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """getaddrinfo has no timeout of its own: a resolver that hangs must not hold the line
+    past the cap (the system's resolver is made slow here: there is no slow DNS server)."""
+    import socket
+    import time
+
+    real = socket.getaddrinfo
+
+    def slow(*args: object, **kwargs: object) -> object:
+        time.sleep(2.0)
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(socket, "getaddrinfo", slow)
+    err = refused("http://images.example/a.png", FetchRules(max_bytes=100, timeout=0.3))
+    assert err.code == "image_fetch_failed" and "0.3 s limit" in err.message
