@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import io
+import ssl
 import threading
 import time
 from collections import Counter
@@ -56,6 +57,8 @@ class ImageServer:
     slow: float = 0.0
     port: int = field(default_factory=free_port)
     asked: Counter[str] = field(default_factory=Counter)
+    #: (certificate file, key file): serve HTTPS with them.
+    tls: tuple[str, str] | None = None
 
     def __post_init__(self) -> None:
         server = self
@@ -112,13 +115,18 @@ class ImageServer:
 
         self._server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
         self._server.daemon_threads = True
+        if self.tls is not None:
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.load_cert_chain(*self.tls)
+            self._server.socket = context.wrap_socket(self._server.socket, server_side=True)
         self._thread = threading.Thread(
             target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
         )
         self._thread.start()
 
-    def url(self, path: str) -> str:
-        return f"http://127.0.0.1:{self.port}/{path.lstrip('/')}"
+    def url(self, path: str, host: str = "127.0.0.1") -> str:
+        scheme = "https" if self.tls is not None else "http"
+        return f"{scheme}://{host}:{self.port}/{path.lstrip('/')}"
 
     def close(self) -> None:
         self._server.shutdown()

@@ -101,8 +101,8 @@ def _resolve(host: str, port: int, timeout: float | None) -> list[Any]:
 
 def checked_address(
     url: str, allow_private: bool, timeout: float | None = None
-) -> tuple[str, str, int, str]:
-    """(scheme, host, port, the address to connect to) of an http(s) URL whose host may be
+) -> tuple[str, str, int, list[str]]:
+    """(scheme, host, port, the addresses to connect to) of an http(s) URL whose host may be
     fetched; ImageError (`image_url_refused`) otherwise. Every address the name resolves to
     is checked, so a name with one public and one private address is refused too."""
     parts = urlsplit(url)
@@ -138,7 +138,7 @@ def checked_address(
                     "--allow-private-image-urls.",
                     code=IMAGE_URL_REFUSED,
                 )
-    return scheme, host, port, addresses[0]
+    return scheme, host, port, addresses
 
 
 def refused_address(address: str) -> str | None:
@@ -161,27 +161,42 @@ def refused_address(address: str) -> str | None:
     return None
 
 
+def _connect(addresses: list[str], port: int, timeout: float | None) -> socket.socket:
+    """A connection to the first of the checked addresses that answers (a host's IPv6
+    address may be unreachable from here while its IPv4 one is not)."""
+    failure: OSError | None = None
+    for address in addresses:
+        try:
+            return socket.create_connection((address, port), timeout)
+        except TimeoutError:
+            raise
+        except OSError as exc:
+            failure = exc
+    assert failure is not None
+    raise failure
+
+
 class _PinnedHTTP(http.client.HTTPConnection):
-    """An HTTP connection to the address that was checked, whatever the name resolves to
+    """An HTTP connection to an address that was checked, whatever the name resolves to
     now; the Host header still names the host."""
 
-    def __init__(self, host: str, port: int, address: str, timeout: float) -> None:
+    def __init__(self, host: str, port: int, addresses: list[str], timeout: float) -> None:
         super().__init__(host, port, timeout=timeout)
-        self._address = address
+        self._addresses = addresses
 
     def connect(self) -> None:
-        self.sock = socket.create_connection((self._address, self.port), self.timeout)
+        self.sock = _connect(self._addresses, self.port, self.timeout)
 
 
 class _PinnedHTTPS(http.client.HTTPSConnection):
-    """HTTPS to the checked address; the certificate is checked against the host's name."""
+    """HTTPS to a checked address; the certificate is checked against the host's name."""
 
-    def __init__(self, host: str, port: int, address: str, timeout: float) -> None:
+    def __init__(self, host: str, port: int, addresses: list[str], timeout: float) -> None:
         super().__init__(host, port, timeout=timeout, context=ssl.create_default_context())
-        self._address = address
+        self._addresses = addresses
 
     def connect(self) -> None:
-        sock = socket.create_connection((self._address, self.port), self.timeout)
+        sock = _connect(self._addresses, self.port, self.timeout)
         self.sock = self._context.wrap_socket(sock, server_hostname=self.host)  # type: ignore[attr-defined]
 
 
@@ -194,11 +209,11 @@ def _left(deadline: float) -> float:
 
 def _get(url: str, rules: FetchRules, deadline: float) -> tuple[int, str | None, bytes]:
     """One GET: (status, Location, body); the body only for a 2xx answer."""
-    scheme, host, port, address = checked_address(url, rules.allow_private, _left(deadline))
+    scheme, host, port, addresses = checked_address(url, rules.allow_private, _left(deadline))
     parts = urlsplit(url)
     path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
     kind = _PinnedHTTPS if scheme == "https" else _PinnedHTTP
-    conn = kind(host, port, address, _left(deadline))
+    conn = kind(host, port, addresses, _left(deadline))
     try:
         conn.request(
             "GET",

@@ -4,7 +4,10 @@ and the time cap, each named with its value; redirects checked again."""
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -137,3 +140,37 @@ def test_a_name_that_resolves_slowly_counts_against_the_time_cap(
     monkeypatch.setattr(socket, "getaddrinfo", slow)
     err = refused("http://images.example/a.png", FetchRules(max_bytes=100, timeout=0.3))
     assert err.code == "image_fetch_failed" and "0.3 s limit" in err.message
+
+
+@pytest.fixture
+def tls_files(tmp_path: Path) -> tuple[str, str]:
+    """A self-signed certificate for `localhost`, made with the openssl command."""
+    if shutil.which("openssl") is None:
+        pytest.skip("the openssl command is not installed")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+         "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost",
+         "-keyout", str(key), "-out", str(cert)],
+        check=True,
+        capture_output=True,
+    )  # fmt: skip
+    return str(cert), str(key)
+
+
+def test_https_checks_the_certificate_against_the_host_name(
+    tls_files: tuple[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The connection goes to the checked address, and TLS still names the host: a
+    certificate nobody trusts is refused; once trusted, the image comes back by its host
+    name, and not by an address the certificate does not name."""
+    server = ImageServer(files={"a.png": image_bytes("PNG")}, tls=tls_files)
+    try:
+        err = refused(server.url("a.png", host="localhost"), ALLOWED)
+        assert err.code == "image_fetch_failed" and "certificate" in err.message
+        monkeypatch.setenv("SSL_CERT_FILE", tls_files[0])
+        assert fetch_image(server.url("a.png", host="localhost"), ALLOWED) == image_bytes("PNG")
+        err = refused(server.url("a.png", host="127.0.0.1"), ALLOWED)
+        assert err.code == "image_fetch_failed" and "certificate" in err.message
+    finally:
+        server.close()
