@@ -134,6 +134,18 @@ SERVE_FLAGS: list[tuple[str, str, Any, str]] = [
     ),
     ("--node-name", "node_name", str, "this node's name in claims, /health and /metrics"),
     (
+        "--max-image-bytes",
+        "max_image_bytes",
+        int,
+        "the largest image a line may hold, by data URL, file id or fetched URL, in bytes",
+    ),
+    (
+        "--image-fetch-timeout",
+        "image_fetch_timeout",
+        float,
+        "seconds an image URL's fetch may take, redirects included",
+    ),
+    (
         "--lease-seconds",
         "lease_seconds",
         int,
@@ -146,6 +158,7 @@ WORKER_FLAGS = (
     "shared_prefix_cells", "threads", "engine_priority", "cpu_extra_buffers", "cache_dir", "log_level", "database_url", "node_name",
     "lease_seconds", "files_url", "s3_endpoint", "models_config", "default_model",
     "max_loaded_models", "models_memory", "model_ttl", "model_switch_after",
+    "max_image_bytes", "image_fetch_timeout",
     # A batch that ends on a worker queues its webhook there: the same endpoints as serve's.
     "api_keys_file", "webhook_url", "webhook_secret",
 )  # fmt: skip
@@ -187,6 +200,17 @@ def _add_upstream_flags(p: argparse.ArgumentParser) -> None:
         default=None,
         help="do not load the embedded model: serve the --engine upstreams only, and answer "
         f"404 for other models [env {Settings.env_name('no_embedded')}=1; default: load it]",
+    )
+
+
+def _add_image_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--allow-private-image-urls",
+        dest="allow_private_image_urls",
+        action="store_true",
+        default=None,
+        help="fetch image URLs on loopback, private and link-local addresses too "
+        f"[env {Settings.env_name('allow_private_image_urls')}=1; default: public addresses only]",
     )
 
 
@@ -233,6 +257,7 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"an API key clients must send (repeatable) [env {Settings.env_name('api_keys')}, comma-separated; default: none, no key needed]",
     )
     _add_upstream_flags(serve)
+    _add_image_flags(serve)
     _add_catalog_flags(serve)
     serve.add_argument(
         "--strict-models",
@@ -260,6 +285,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_engine_flags(worker, WORKER_FLAGS)
     _add_upstream_flags(worker)
+    _add_image_flags(worker)
     _add_catalog_flags(worker)
 
     run = sub.add_parser(
@@ -335,8 +361,11 @@ def build_parser() -> argparse.ArgumentParser:
             "cpu_extra_buffers",
             "cache_dir",
             "log_level",
+            "max_image_bytes",
+            "image_fetch_timeout",
         ),
     )
+    _add_image_flags(run)
 
     retry = sub.add_parser(
         "retry",

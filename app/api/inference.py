@@ -2,7 +2,9 @@
 
 They share the engine with the batch runner and go ahead of batch lines in its queue.
 Their bodies go to the engine as sent: it checks every parameter and names it in its
-error (the Structs in schemas.py only describe them for /schema).
+error (the Structs in schemas.py only describe them for /schema). The images of a chat or
+Responses body are read first, in a worker thread, into the form its engine takes
+(app/images/): a bad image is the request's 400.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from app.api.openapi import errors
 from app.engine.base import Engine, ModelInfo, Priority
 from app.engine.registry import EngineRegistry, members
 from app.errors import APIError, error_body
+from app.images import has_images, target_for
 from app.services import Services
 from app.wire.endpoints import CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES
 from app.wire.inference import (
@@ -60,6 +63,19 @@ async def _run(engine: Engine, endpoint: str, body: dict[str, Any], receive: Rec
         return await _stream(engine, endpoint, body, receive)
     fut = engine.submit(endpoint, body, priority=Priority.ONLINE)
     return await _unless_gone(engine, fut, _settled(fut), receive)
+
+
+async def _with_images(
+    services: Services, engine: Engine, endpoint: str, body: dict[str, Any], owner: str
+) -> dict[str, Any]:
+    """`body` with its images in the form of the engine its model routes to; as it is when
+    it has none. A bad image is an ImageError (400), raised here."""
+    if not has_images(endpoint, body):
+        return body
+    target = target_for(engine, body.get("model"))
+    resolver = services.runner.images
+    resolved = await asyncio.to_thread(resolver.resolve, endpoint, body, target=target, owner=owner)
+    return resolved.body
 
 
 def _settled(fut: Future[dict[str, Any]]) -> asyncio.Future[dict[str, Any]]:
@@ -183,9 +199,12 @@ def model_card(info: ModelInfo) -> Model:
 async def chat_completions(
     data: JSONBody[Annotated[dict[str, Any], EngineBody(ChatCompletionCreateParams)]],
     engine: NamedDependency[SkipValidation[Engine]],
+    services: NamedDependency[Services],
+    owner: NamedDependency[str],
     request: Request[Any, Any, Any],
 ) -> Any:
     """Answer a chat (`messages`), whole or streamed."""
+    data = await _with_images(services, engine, CHAT, data, owner)
     return await _run(engine, CHAT, data, request.receive)
 
 
@@ -202,9 +221,12 @@ async def chat_completions(
 async def create_response(
     data: JSONBody[Annotated[dict[str, Any], EngineBody(ResponseCreateParams)]],
     engine: NamedDependency[SkipValidation[Engine]],
+    services: NamedDependency[Services],
+    owner: NamedDependency[str],
     request: Request[Any, Any, Any],
 ) -> Any:
     """Answer a Responses request, whole or streamed."""
+    data = await _with_images(services, engine, RESPONSES, data, owner)
     return await _run(engine, RESPONSES, data, request.receive)
 
 

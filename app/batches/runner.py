@@ -45,6 +45,7 @@ from app.engine.base import Engine, EngineError, EngineUnavailable, Priority, Re
 from app.engine.registry import Lane, demand, lanes, model_pool
 from app.files.service import FileService
 from app.files.storage import Storage
+from app.images import ImageResolver
 from app.polling import PollingThread
 from app.tables import Batch, BatchStatus, File, Request, RequestStatus
 
@@ -101,6 +102,9 @@ class Runner:
         self.storage = storage
         self.files = files
         self.engine = engine
+        #: Reads each line's images into its engine's form before the line reaches it
+        #: (app/images/); lines without images go straight to the engine.
+        self.images = ImageResolver(settings, files)
         #: Who holds a claim (Request.claimed_by): unique to this process, so a restarted
         #: node never renews the leases of the one that died.
         self.worker_id = node_id or settings.new_node_id()
@@ -204,7 +208,7 @@ class Runner:
         """The thread's last act once stopped: withdraw what the engine still runs and
         hand the claims back."""
         for _, fut, _ in list(self._inflight.values()):
-            self._engine.cancel(fut)
+            self.images.cancel(self._engine, fut)
         try:
             self._release_claims()
         except Exception:
@@ -334,7 +338,7 @@ class Runner:
     def _withdraw(self, batch_id: str) -> None:
         for bid, fut, _ in list(self._inflight.values()):
             if bid == batch_id:
-                self._engine.cancel(fut)
+                self.images.cancel(self._engine, fut)
 
     def _cancel_requested(self) -> None:
         with self.db.read() as s:
@@ -451,7 +455,9 @@ class Runner:
             # The model its batch was routed to at validation, by id: the engine reads no
             # other name (the one written may differ in case, or be an alias).
             body["model"] = c.route
-        fut = self._engine.submit(c.endpoint, body, priority=Priority.BATCH)
+        fut = self.images.submit(
+            self._engine, c.endpoint, body, priority=Priority.BATCH, batch_id=c.batch_id
+        )
         self._inflight[c.request_id] = Held(c.batch_id, fut, c.lane)
         fut.add_done_callback(partial(self._on_done, c.request_id, c.batch_id))
 

@@ -139,6 +139,13 @@ class Settings:
     engine: list[str] = field(default_factory=list)
     # Serve upstreams only: the embedded model is not loaded, an unknown model is a 404.
     no_embedded: bool = False
+    # Images in lines (app/images/): an http(s) image URL is fetched only from a public
+    # address unless this allows loopback, private and link-local ones too; an image may be
+    # at most max_image_bytes (a data URL's, a file's or a fetch's), and a fetch may take at
+    # most image_fetch_timeout seconds, redirects included.
+    allow_private_image_urls: bool = False
+    max_image_bytes: int = 20 * 1024 * 1024
+    image_fetch_timeout: float = 10.0
     # The model catalog (app/catalog/): GGUF folders to list (empty: the data dir's models/),
     # and whether the home stores (Ollama, LM Studio, the Hugging Face cache) are read too.
     models_dir: list[str] = field(default_factory=list)
@@ -214,6 +221,10 @@ class Settings:
         self.models_memory_bytes  # noqa: B018
         if self.max_loaded_models < 0:
             raise ValueError("--max-loaded-models must be 0 (no count) or more")
+        if self.max_image_bytes <= 0:
+            raise ValueError("--max-image-bytes must be a number of bytes above 0")
+        if self.image_fetch_timeout <= 0:
+            raise ValueError("--image-fetch-timeout must be a number of seconds above 0")
         if self.no_embedded and not self.engine:
             raise ValueError("--no-embedded needs at least one --engine to serve requests")
 
@@ -339,6 +350,8 @@ def _parse(type_name: Any, raw: str, separator: str = ",") -> Any:
         return raw.strip().lower() in ("1", "true", "yes", "on")
     if t == "int":
         return int(raw)
+    if t == "float":
+        return float(raw)
     if t.startswith("list"):
         parts = raw.replace("\n", separator).split(separator)
         return [part.strip() for part in parts if part.strip()]

@@ -8,7 +8,17 @@ from typing import Any
 from urllib.parse import urlsplit
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-SPEC_HELP = "NAME=openai:URL[,key=KEY,models=a|b,concurrency=N,retries=N,timeout=SECONDS]"
+SPEC_HELP = (
+    "NAME=openai:URL[,key=KEY,models=a|b,concurrency=N,retries=N,timeout=SECONDS,"
+    "images=pass|inline|png,image_max_side=N]"
+)
+#: How an upstream gets a line's images (app/images/): `pass` sends http(s) URLs as they are
+#: (file ids become data URLs: the upstream cannot read batchyard's files); `inline` makes
+#: every image a data URL; `png` too, with WEBP and GIF as PNG.
+IMAGE_MODES = ("pass", "inline", "png")
+#: The default mode of a server found by its usual port: Ollama takes data URLs only;
+#: LM Studio takes data URLs only and refuses some WEBP (lmstudio-bug-tracker#1752).
+IMAGE_MODE_BY_PORT = {11434: "inline", 1234: "png"}
 
 
 @dataclass(frozen=True)
@@ -22,6 +32,21 @@ class UpstreamSpec:
     concurrency: int = 16
     retries: int = 6  # tries after the first, for connection errors, timeouts, 429 and 5xx
     timeout: float = 600.0  # seconds to wait for one answer
+    images: str = ""  # one of IMAGE_MODES; empty: the default for the server (image_mode)
+    image_max_side: int = 0  # images larger than this many pixels a side are scaled down
+
+    @property
+    def image_mode(self) -> str:
+        """How this upstream gets images: `images=` as given, else `inline` or `png` for a
+        server on Ollama's or LM Studio's port, else `pass` (vLLM, SGLang, llama-server
+        and batchyard fetch URLs themselves)."""
+        if self.images:
+            return self.images
+        try:
+            port = urlsplit(self.url).port
+        except ValueError:
+            port = None
+        return IMAGE_MODE_BY_PORT.get(port or 0, "pass")
 
     @property
     def root(self) -> str:
@@ -83,10 +108,23 @@ def parse_engine_spec(text: str) -> UpstreamSpec:
             if seconds <= 0:
                 raise ValueError(f"{where}: timeout must be a number of seconds above 0")
             values["timeout"] = seconds
+        elif key == "images":
+            mode = value.strip().lower()
+            if mode not in IMAGE_MODES:
+                raise ValueError(f"{where}: images must be one of {', '.join(IMAGE_MODES)}")
+            values["images"] = mode
+        elif key == "image_max_side":
+            try:
+                side = int(value)
+            except ValueError:
+                side = 0
+            if not 16 <= side <= 65535:
+                raise ValueError(f"{where}: image_max_side must be a number of pixels, 16 or more")
+            values["image_max_side"] = side
         else:
             raise ValueError(
                 f"{where}: unknown option {key!r}; the options are key, models, concurrency, "
-                "retries and timeout"
+                "retries, timeout, images and image_max_side"
             )
     return UpstreamSpec(**values)
 
@@ -102,4 +140,4 @@ def parse_engine_specs(texts: list[str]) -> list[UpstreamSpec]:
     return specs
 
 
-__all__ = ["SPEC_HELP", "UpstreamSpec", "parse_engine_spec", "parse_engine_specs"]
+__all__ = ["IMAGE_MODES", "SPEC_HELP", "UpstreamSpec", "parse_engine_spec", "parse_engine_specs"]

@@ -41,6 +41,9 @@ def test_a_full_spec() -> None:
         ("g=openai:http://h/v1,speed=9", "unknown option 'speed'"),
         ("g=openai:http://h/v1,timeout=-1", "timeout must be"),
         ("g=openai:http://h/v1,key", "must be key=value"),
+        ("g=openai:http://h/v1,images=jpeg", "images must be one of pass, inline, png"),
+        ("g=openai:http://h/v1,image_max_side=8", "image_max_side must be a number of pixels"),
+        ("g=openai:http://h/v1,image_max_side=big", "image_max_side must be"),
     ],
 )
 def test_a_bad_spec_is_refused_with_its_reason(text: str, says: str) -> None:
@@ -68,3 +71,9 @@ def test_serve_refuses_a_bad_engine_at_start_up() -> None:
     r = batchyard("serve", "--no-browser", "--engine", "gpu1=openai:nowhere", timeout=60)
     assert r.returncode != 0
     assert "batchyard: --engine 'gpu1=openai:nowhere': 'nowhere' is not an http(s) URL" in r.stderr
+
+
+def test_an_image_setting_and_bound() -> None:
+    spec = parse_engine_spec("lms=openai:http://h:9000/v1,images=PNG,image_max_side=1024")
+    assert (spec.images, spec.image_mode, spec.image_max_side) == ("png", "png", 1024)
+    assert parse_engine_spec("v=openai:http://h:8000/v1").image_max_side == 0

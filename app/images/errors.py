@@ -1,0 +1,39 @@
+"""The errors of an image that cannot be used: each fails its own line (or online request)
+with a 400 that names the image's place in the body and what was wrong with it."""
+
+from __future__ import annotations
+
+from app.engine.base import EngineError
+
+#: The bytes (or the file) are not an image Pillow can decode, or the part is malformed.
+INVALID_IMAGE = "invalid_image"
+#: An image, but not PNG, JPEG, WEBP or GIF.
+INVALID_IMAGE_FORMAT = "invalid_image_format"
+#: Over --max-image-bytes, or more pixels than batchyard decodes.
+IMAGE_TOO_LARGE = "image_too_large"
+#: A URL batchyard does not fetch: not http(s) or data:, or an address that is not public.
+IMAGE_URL_REFUSED = "image_url_refused"
+#: The fetch failed: no answer within --image-fetch-timeout, an HTTP error, a bad redirect.
+IMAGE_FETCH_FAILED = "image_fetch_failed"
+#: A `file_id` that names no file of the owner's, or one not uploaded for images.
+INVALID_IMAGE_FILE = "invalid_image_file"
+
+CODES = (
+    INVALID_IMAGE,
+    INVALID_IMAGE_FORMAT,
+    IMAGE_TOO_LARGE,
+    IMAGE_URL_REFUSED,
+    IMAGE_FETCH_FAILED,
+    INVALID_IMAGE_FILE,
+)
+
+
+class ImageError(EngineError):
+    """One image of a request cannot be used: a 400 with one of CODES, naming its param."""
+
+    def __init__(self, message: str, *, code: str, param: str | None = None) -> None:
+        super().__init__(message, status_code=400, code=code, param=param)
+
+    def at(self, param: str) -> ImageError:
+        """The same error, placed at `param` (the image's path in the body)."""
+        return ImageError(self.message, code=self.code or INVALID_IMAGE, param=param)
