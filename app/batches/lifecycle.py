@@ -19,7 +19,7 @@ from sqlalchemy import bindparam, delete, func, update
 from sqlmodel import Session, col, select
 
 from app import jsoncodec
-from app.batches.validate import ModelRules, validate_jsonl
+from app.batches.validate import LineError, ModelRules, validate_jsonl
 from app.catalog import DEFAULT_ROUTE
 from app.config import Settings
 from app.db import Database
@@ -207,10 +207,12 @@ def _validate(
         return fail_validation(db, b.id, [unreadable], ended)
     # Without model rules (a test's node) a batch's route is the name its lines give.
     route = result.model if result.model is not None else DEFAULT_ROUTE
+    refused: list[LineError] = []
     if result.ok and models is not None:
         routed = models.route(result.model, result.lines)
         result.errors += routed.errors
         route = routed.route
+        refused = routed.refused
     if not result.ok:
         return fail_validation(db, b.id, result.reported_errors(), ended)
     ids = new_ids("batch_req_", len(result.lines))
@@ -242,6 +244,17 @@ def _validate(
             execution_options={"synchronize_session": False},  # a bulk DELETE, no ORM objects
         )
         insert_lines(s, rows, copy=not db.is_sqlite)
+        # Lines refused alone (an image for a model that takes none) end now, as failed.
+        by_number = {line.number: row["id"] for line, row in zip(result.lines, rows, strict=True)}
+        record(
+            s,
+            [
+                (by_number[e.line], b.id, failure(400, e.message, code=e.code))
+                for e in refused
+                if e.line is not None
+            ],
+            time.time(),
+        )
         fresh.status = BatchStatus.IN_PROGRESS
         fresh.in_progress_at = now()
         fresh.total = len(rows)

@@ -3,8 +3,9 @@
 Reads the file as a stream of raw lines, so a 200 MB input never sits in memory whole;
 each good line is kept as (offset, length) into the file, not as a copy. Then the batch's
 model (`ModelRules`): a name nothing knows fails under --strict-models (`model_not_found`,
-each line), and a model that cannot fit the memory budget alone fails the batch
-(`model_too_large`).
+each line), a model that cannot fit the memory budget alone fails the batch
+(`model_too_large`), and an image line for a model that takes no images fails alone
+(`model_takes_no_images`; the batch, under --strict-models).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any, BinaryIO
 from app import jsoncodec
 from app.catalog import DEFAULT_ROUTE, Catalog, Entry, lookup
 from app.catalog.budget import gib
+from app.images import has_images
 from app.wire.endpoints import CHAT, ENDPOINTS
 
 #: A line longer than this is refused on its own (OpenAI's per-request body limit is in MB).
@@ -31,6 +33,8 @@ class Line:
     offset: int
     length: int
     custom_id: str
+    #: Its body holds an image (a chat `image_url` or a Responses `input_image` part).
+    images: bool = False
 
 
 @dataclass
@@ -234,7 +238,11 @@ class _LineRules:
         if error is not None:
             return error
         return Line(
-            number=number, offset=decoded.offset, length=decoded.length, custom_id=obj["custom_id"]
+            number=number,
+            offset=decoded.offset,
+            length=decoded.length,
+            custom_id=obj["custom_id"],
+            images=has_images(self.endpoint, obj["body"]),
         )
 
     def _id_error(self, obj: dict[str, Any], number: int) -> LineError | None:
@@ -343,7 +351,11 @@ class Routed:
     #: The id of the model they run on (a catalog entry's id, or an upstream's name of its
     #: model), or "" for a name nothing known means: the default model's lines.
     route: str
+    #: Errors that fail the batch.
     errors: list[LineError] = field(default_factory=list)
+    #: Lines that fail alone, at validation, while the others run (an image line for a
+    #: model that takes no images, without --strict-models).
+    refused: list[LineError] = field(default_factory=list)
 
 
 @dataclass
@@ -377,7 +389,7 @@ class ModelRules:
         here = self._here(model)
         budget = self.budget()
         if here is not None and (here[1] is None or not _needs_more(here[1], budget)):
-            return Routed(here[0])
+            return self._sees(Routed(here[0]), model, here[1], lines)
         there = lookup(self.elsewhere(), model)
         if there is not None:
             return Routed(there)  # another node serves it
@@ -386,6 +398,32 @@ class ModelRules:
         entry = here[1]
         assert entry is not None and entry.estimate is not None
         return Routed(here[0], [_too_large(f"The model '{model}'", entry, budget)])
+
+    def _sees(
+        self, routed: Routed, model: str, entry: Entry | None, lines: list[Line]
+    ) -> Routed:
+        """The image lines of a model of this catalog that has no projector: each fails at
+        validation, or with `strict` the whole batch does. (An upstream's or another node's
+        model answers an image it cannot take with its own error when the line runs.)"""
+        if entry is None or entry.takes_images:
+            return routed
+        refused = [
+            LineError(
+                "model_takes_no_images",
+                f"The model '{model}' takes no images (it has no multimodal projector), and "
+                f"line {line.number} holds one. GET /v1/models lists the models whose "
+                "input_modalities include \"image\".",
+                line=line.number,
+                param="body.model",
+            )
+            for line in lines
+            if line.images
+        ]
+        if self.strict:
+            routed.errors += refused
+        else:
+            routed.refused += refused
+        return routed
 
     def _here(self, model: str) -> tuple[str, Entry | None] | None:
         if self.serving is not None:
@@ -400,7 +438,7 @@ class ModelRules:
         entry = self.catalog.default()
         budget = self.budget()
         if model is None or not _needs_more(entry, budget):
-            return Routed(DEFAULT_ROUTE)
+            return self._sees(Routed(DEFAULT_ROUTE), model or entry.id, entry, lines)
         what = f"The model '{model}' names no model here and runs on the default model "
         what += f"'{entry.id}', which"
         return Routed(DEFAULT_ROUTE, [_too_large(what, entry, budget)])

@@ -4,7 +4,9 @@ OpenAI's `errors.data` shape; a name another node or an upstream serves passes."
 
 from __future__ import annotations
 
+import base64
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -18,7 +20,8 @@ from app.wire.batches import batch_object
 from tests.factories import batch_line
 from tests.fakes import FakeEngine
 from tests.models import header_model, smollm2
-from tests.unit.helpers import drive, make_batch
+from tests.unit.helpers import drive, file_lines, make_batch
+from tests.vision import png
 
 LINES = [Line(number=n, offset=0, length=1, custom_id=f"c{n}") for n in (1, 2, 4)]
 
@@ -141,3 +144,42 @@ def test_the_runner_fails_such_a_batch_at_validation(catalog: Catalog, tmp_path:
     assert [e.code for e in shown.data] == ["model_too_large"]
     assert f"needs {gib(need)}, the budget is {gib(need // 2)}" in (shown.data[0].message or "")
     assert results[too_big].total == 0  # no line was queued
+
+
+def image_line(cid: str, model: str) -> dict[str, Any]:
+    line = batch_line(cid, "What is this?", model=model)
+    pixel = base64.b64encode(png((200, 30, 30), size=(8, 8))).decode()
+    line["body"]["messages"][-1]["content"] = [
+        {"type": "text", "text": "What is this?"},
+        {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{pixel}"}},
+    ]
+    return line
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_an_image_line_for_a_model_that_takes_no_images_fails_at_validation(
+    catalog: Catalog, tmp_path: Path, strict: bool
+) -> None:
+    svc = build_services(Settings(data_dir=str(tmp_path)), FakeEngine())
+    svc.runner.models = rules(catalog, strict=strict, budget=2 * smol_need(catalog))
+    lines = [batch_line("t0", "hi", model="tiny"), image_line("i1", "tiny")]
+    lines += [batch_line("t2", "hi", model="tiny"), image_line("i3", "tiny")]
+    done = drive(svc, make_batch(svc, lines))
+    message = "The model 'tiny' takes no images (it has no multimodal projector), and line"
+    if strict:  # as for an unknown model: the whole batch fails, each such line named
+        shown = batch_object(done).errors
+        assert done.status == BatchStatus.FAILED and shown is not None
+        assert [(e.code, e.line) for e in shown.data] == [
+            ("model_takes_no_images", 2),
+            ("model_takes_no_images", 4),
+        ]
+        assert message in (shown.data[0].message or "")
+        return
+    # Without --strict-models they fail alone, and the text lines run.
+    assert (done.status, done.completed, done.failed) == (BatchStatus.COMPLETED, 2, 2)
+    errors = {e["custom_id"]: e["response"] for e in file_lines(svc, done.error_file_id)}
+    assert sorted(errors) == ["i1", "i3"]
+    assert {e["status_code"] for e in errors.values()} == {400}
+    assert {e["body"]["error"]["code"] for e in errors.values()} == {"model_takes_no_images"}
+    assert f"{message} 2 holds one" in errors["i1"]["body"]["error"]["message"]
+    assert sorted(x["custom_id"] for x in file_lines(svc, done.output_file_id)) == ["t0", "t2"]
