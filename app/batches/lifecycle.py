@@ -245,7 +245,7 @@ def _validate(
         )
         insert_lines(s, rows, copy=not db.is_sqlite)
         # Lines refused alone (an image for a model that takes none) end now, as failed.
-        by_number = {line.number: row["id"] for line, row in zip(result.lines, rows, strict=True)}
+        by_number = {line.number: row_id for line, row_id in zip(result.lines, ids, strict=True)}
         record(
             s,
             [
