@@ -399,9 +399,7 @@ class ModelRules:
         assert entry is not None and entry.estimate is not None
         return Routed(here[0], [_too_large(f"The model '{model}'", entry, budget)])
 
-    def _sees(
-        self, routed: Routed, model: str, entry: Entry | None, lines: list[Line]
-    ) -> Routed:
+    def _sees(self, routed: Routed, model: str, entry: Entry | None, lines: list[Line]) -> Routed:
         """The image lines of a model of this catalog that has no projector: each fails at
         validation, or with `strict` the whole batch does. (An upstream's or another node's
         model answers an image it cannot take with its own error when the line runs.)"""
@@ -412,7 +410,7 @@ class ModelRules:
                 "model_takes_no_images",
                 f"The model '{model}' takes no images (it has no multimodal projector), and "
                 f"line {line.number} holds one. GET /v1/models lists the models whose "
-                "input_modalities include \"image\".",
+                'input_modalities include "image".',
                 line=line.number,
                 param="body.model",
             )
