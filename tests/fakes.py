@@ -126,6 +126,9 @@ class FakeEngine:
             self.cancelled += 1
             future.set_exception(RequestCancelled())
 
+    def prompt_tokens(self, endpoint: str, body: dict[str, Any]) -> int | None:
+        return None
+
     def stats(self) -> EngineStats:
         return EngineStats()
 

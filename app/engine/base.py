@@ -146,6 +146,12 @@ class Engine(Protocol):
 
     def stats(self) -> EngineStats: ...
 
+    def prompt_tokens(self, endpoint: str, body: dict[str, Any]) -> int | None:
+        """The request's prompt tokens by its model's own tokenizer, where that model is
+        loaded here now; None where the engine cannot count them (an upstream's model, a
+        model on disk). Counting never loads a model."""
+        ...
+
     def close(self) -> None:
         """Stop the engine thread and free the model. Pending futures fail."""
         ...

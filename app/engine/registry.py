@@ -188,8 +188,7 @@ class EngineRegistry:
         """A request's prompt tokens by its model's own tokenizer, where that model is
         loaded here now; None otherwise (an upstream's, or a model on disk)."""
         engine = self.route(body.get("model"))
-        counter = getattr(engine, "prompt_tokens", None)
-        return counter(endpoint, body) if counter is not None else None
+        return engine.prompt_tokens(endpoint, body) if engine is not None else None
 
     def demand(self, lines: list[tuple[str | None, int, float]]) -> None:
         """Tell the pool the batch lines that wait for it: (the batch's route, lines, the

@@ -129,13 +129,13 @@ async def sheet_preview(
     """The first requests as they will be sent, and the input tokens of the whole sheet."""
     spec = spec_from_form(await request.form())
     # The model's own tokenizer counts the first requests where that model is loaded.
-    count = getattr(services.engine, "prompt_tokens", None)
+    engine = services.engine
     preview = await anyio.to_thread.run_sync(
         services.sheets.preview,
         file_id,
         owner,
         spec,
-        functools.partial(count, ENDPOINT) if count is not None else None,
+        functools.partial(engine.prompt_tokens, ENDPOINT) if engine is not None else None,
     )
     return Template(template_name="partials/sheet_preview.html", context={"preview": preview})
 

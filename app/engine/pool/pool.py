@@ -295,11 +295,10 @@ class ModelPool:
         entry = self.catalog.route(name if isinstance(name, str) else None)
         with self._cond:
             engine = self._slot(entry).engine
-        counter = getattr(engine, "prompt_tokens", None)
-        if counter is None:
+        if engine is None:
             return None
         try:
-            return int(counter(endpoint, body))
+            return engine.prompt_tokens(endpoint, body)
         except EngineError:  # closed meanwhile, or a request it would refuse: no count
             return None
 

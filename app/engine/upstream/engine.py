@@ -264,6 +264,10 @@ class UpstreamEngine:
         if not self._closing:
             self._loop.call_soon_threadsafe(self._abort, job)
 
+    def prompt_tokens(self, endpoint: str, body: dict[str, Any]) -> int | None:
+        """The upstream's tokenizer is not here: no count."""
+        return None
+
     def stats(self) -> EngineStats:
         with self._lock:
             active, queued = len(self._running), len(self._queue) + self._waiting

@@ -216,6 +216,10 @@ class UpstreamProcess:
             except OSError:
                 pass  # the child is gone, and with it the request
 
+    def prompt_tokens(self, endpoint: str, body: dict[str, Any]) -> int | None:
+        """The upstream's tokenizer is not here: no count."""
+        return None
+
     def stats(self) -> EngineStats:
         with self._lock:
             pending, window = len(self._pending), self._window
