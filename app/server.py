@@ -142,7 +142,7 @@ def create_app(settings: Settings, *, engine: Engine | None = None) -> Litestar:
         app.state.services = svc
         svc.webhooks.start()
         if engine is not None and not settings.engine:
-            svc.attach_engine(EngineRegistry(engine, [], owns_default=False))
+            svc.attach_engine(EngineRegistry(engine, [], owns_embedded=False))
         else:
             threading.Thread(target=load, args=(svc,), name="batchyard-load", daemon=True).start()
         try:

@@ -2,9 +2,10 @@
 
 A request's `model` picks its engine: the upstream configured with that exact name
 (`models=`), else the embedded engine for a name its catalog knows, else an upstream whose
-`GET /v1/models` lists it, else the default engine: the embedded pool of models
-(engine/pool/), whose default model runs names nothing knows, as a single engine did before. With no default engine (`--no-embedded`,
-or the embedded model failed to load), an unknown model is the request's 404.
+`GET /v1/models` lists it, else the embedded engine: the pool of models (engine/pool/),
+whose default model runs names nothing knows, as a single engine did before. With no
+embedded engine (`--no-embedded`, or the embedded model failed to load), an unknown model is
+the request's 404.
 The runner and the API see only the Engine contract; the dashboard and /metrics also ask
 `members()` for each engine's own figures, and the runner's claims ask `lanes()` which
 lines each engine takes, so that every engine gets its own share of the queue.
@@ -82,35 +83,37 @@ class EngineRegistry:
 
     def __init__(
         self,
-        default: Engine | None,
+        embedded: Engine | None,
         upstreams: list[Upstream],
         *,
-        owns_default: bool = True,
-        default_failure: str | None = None,
+        owns_embedded: bool = True,
+        embedded_failure: str | None = None,
     ) -> None:
-        if default is None and not upstreams:
+        if embedded is None and not upstreams:
             raise ValueError("a registry needs the embedded engine or at least one upstream")
-        self.default = default
+        #: The embedded engine (the pool of catalog models, or a test's lone engine): it
+        #: runs the names no upstream claims first.
+        self.embedded = embedded
         #: The embedded engine when it is a pool of models (routing, lanes, cards, and what
         #: the dashboard and /metrics read of it).
-        self.pool = default if isinstance(default, ModelPool) else None
+        self.pool = embedded if isinstance(embedded, ModelPool) else None
         self.upstreams = upstreams
-        self.owns_default = owns_default
+        self.owns_embedded = owns_embedded
         #: Why the embedded model is missing, when it failed to load (upstreams still serve).
-        self.default_failure = default_failure
+        self.embedded_failure = embedded_failure
         self._owner: dict[Future[dict[str, Any]], Engine] = {}
         self._lock = threading.Lock()
 
     @property
     def info(self) -> ModelInfo:
-        """The default engine's (or first upstream's) model, with every engine's slots:
+        """The embedded engine's (or first upstream's) model, with every engine's slots:
         the runner keeps that many lines in flight."""
-        first = self.default if self.default is not None else self.upstreams[0]
+        first = self.embedded if self.embedded is not None else self.upstreams[0]
         total = sum(e.info.n_slots for e in self._engines())
         return dataclasses.replace(first.info, n_slots=total)
 
     def _engines(self) -> list[Engine]:
-        return ([self.default] if self.default is not None else []) + list(self.upstreams)
+        return ([self.embedded] if self.embedded is not None else []) + list(self.upstreams)
 
     def lanes(self) -> list[Lane]:
         """Which lines each engine takes, by their batch's route: each upstream's lane its
@@ -121,7 +124,7 @@ class EngineRegistry:
         every line."""
         engines = self._engines()
         if len(engines) == 1 and self.pool is None:
-            if self.default is not None:
+            if self.embedded is not None:
                 return [Lane(EMBEDDED, engines[0].info.lane_slots)]
             only = self.upstreams[0]
             return [Lane(only.name, only.info.n_slots, up=only.up, depth=only.lane_depth)]
@@ -150,9 +153,9 @@ class EngineRegistry:
                     lanes.append(Lane(EMBEDDED, slots, frozenset({entry.id, DEFAULT_ROUTE})))
                 else:
                     lanes.append(Lane(f"{EMBEDDED}:{entry.id}", slots, frozenset({entry.id})))
-        elif self.default is not None:
-            ids = frozenset({self.default.info.id, DEFAULT_ROUTE})
-            lanes.append(Lane(EMBEDDED, self.default.info.lane_slots, ids))
+        elif self.embedded is not None:
+            ids = frozenset({self.embedded.info.id, DEFAULT_ROUTE})
+            lanes.append(Lane(EMBEDDED, self.embedded.info.lane_slots, ids))
         else:
             slots = sum(e.info.n_slots for e in engines)
             lanes.append(Lane(UNROUTED, slots, frozenset({DEFAULT_ROUTE})))
@@ -171,18 +174,18 @@ class EngineRegistry:
             entry = self.pool.catalog.resolve(model)
             if entry is not None:
                 return self.pool, entry.id, entry
-        elif self.default is not None and model == self.default.info.id:
-            return self.default, model, None
+        elif self.embedded is not None and model == self.embedded.info.id:
+            return self.embedded, model, None
         for upstream in self.upstreams:
             if upstream.serves(model):
                 return upstream, model, None
         return None
 
     def route(self, model: Any) -> Engine | None:
-        """The engine for a request's `model`: the one `serving` names, else the default
+        """The engine for a request's `model`: the one `serving` names, else the embedded
         engine."""
         found = self.serving(model) if isinstance(model, str) else None
-        return found[0] if found is not None else self.default
+        return found[0] if found is not None else self.embedded
 
     def prompt_tokens(self, endpoint: str, body: dict[str, Any]) -> int | None:
         """A request's prompt tokens by its model's own tokenizer, where that model is
@@ -264,8 +267,8 @@ class EngineRegistry:
     def close(self) -> None:
         for upstream in self.upstreams:
             upstream.close()
-        if self.default is not None and self.owns_default:
-            self.default.close()
+        if self.embedded is not None and self.owns_embedded:
+            self.embedded.close()
 
     # -- what the API, /metrics and the dashboard show -------------------------------------
 
@@ -277,8 +280,8 @@ class EngineRegistry:
         if self.pool is not None:
             for entry in self.pool.catalog.entries():
                 cards.setdefault(entry.id, catalog_card(entry))
-        elif self.default is not None:
-            info = self.default.info
+        elif self.embedded is not None:
+            info = self.embedded.info
             cards[info.id] = {"id": info.id, "created": info.created, "owned_by": "batchyard"}
         for upstream in self.upstreams:
             for card in upstream.model_cards():
@@ -290,17 +293,17 @@ class EngineRegistry:
 
     def members(self) -> list[EngineView]:
         views = []
-        if self.default is not None:
+        if self.embedded is not None:
             loaded = [e.id for e, _ in self.pool.active()] if self.pool is not None else []
             views.append(
                 EngineView(
                     name=EMBEDDED,
                     kind="embedded",
                     url=None,
-                    models=loaded or [self.default.info.id],
+                    models=loaded or [self.embedded.info.id],
                     up=True,
-                    info=self.default.info,
-                    stats=self.default.stats(),
+                    info=self.embedded.info,
+                    stats=self.embedded.stats(),
                 )
             )
         for upstream in self.upstreams:
@@ -332,17 +335,17 @@ def load_engines(
     for upstream in upstreams:
         upstream.start()
     failure = None
-    default = embedded
-    if default is None and not settings.no_embedded:
+    engine = embedded
+    if engine is None and not settings.no_embedded:
         try:
-            default = start_pool(settings)
+            engine = start_pool(settings)
         except Exception as exc:  # a bad model path: the caller says so, upstreams still serve
             log.exception("the model could not be loaded")
             failure = f"{type(exc).__name__}: {exc}"
             if not upstreams:
                 return None, failure
     registry = EngineRegistry(
-        default, upstreams, owns_default=embedded is None, default_failure=failure
+        engine, upstreams, owns_embedded=embedded is None, embedded_failure=failure
     )
     for member in registry.members():
         log.info(

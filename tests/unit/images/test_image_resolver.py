@@ -219,7 +219,7 @@ def test_the_target_follows_the_registrys_route() -> None:
             "o=openai:http://127.0.0.1:1/v1,models=gem,images=inline,image_max_side=512"
         )
     )
-    registry = EngineRegistry(FakeEngine(), [pass_up, inline_up], owns_default=False)
+    registry = EngineRegistry(FakeEngine(), [pass_up, inline_up], owns_embedded=False)
     assert target_for(registry, "big") == ImageTarget("pass")
     assert target_for(registry, "gem") == ImageTarget("inline", 512)
     assert target_for(registry, "fake-model") == EMBEDDED
