@@ -451,15 +451,16 @@ class LlamaEngine:
 
     def _step(self) -> bool:
         """One llama_decode over every sequence that has work, then sample and retire; then
-        the same in the shared-prefix context, where its lines or blocks have work. A slot
-        whose next chunk is an image decodes it first, alone (one image a step). Returns
-        whether anything was decoded."""
+        the same in the shared-prefix context, where its lines or blocks have work. Slots
+        whose next chunk is an image decode it first, each alone, within the step's prompt
+        budget. Returns whether anything was decoded."""
         did = False
         if any(s.busy for s in self._slots):
             held = self._scheduler.held_back(self._slots)
-            if self._images is not None:
-                did = self._decode_image(held)
             budget = self._scheduler.prompt_budget(self._slots, self.n_batch)
+            if self._images is not None:
+                rows = self._decode_images(held, budget)
+                budget, did = max(0, budget - rows), rows > 0
             n = self._fill_batch(self._slots, self._batch, 0, budget, held)
             did = did or n > 0
             if n and self._decode(n):
@@ -476,40 +477,36 @@ class LlamaEngine:
             self._report_shared()
         return did
 
-    def _decode_image(self, held: set[int]) -> bool:
-        """Decode the next image chunk of one slot whose prompt has reached it and whose
-        rows are encoded; returns whether one was decoded. The others wait a step."""
-        assert self._images is not None and self._projector is not None
+    def _decode_images(self, held: set[int], budget: int) -> int:
+        """Decode the next image chunk of the slots whose prompt has reached one whose rows
+        are encoded, while they fit `budget` (the first always goes); returns the rows.
+        A chunk is its own llama_decode (a batch holds tokens or embeddings, not both)."""
+        rows = 0
         for slot in self._slots:
-            job = slot.job
-            if job is None or not slot.pending or slot.pending[0] >= 0 or slot.seq_id in held:
-                continue
-            key = job.images.get(slot.pending[0])
-            entry = self._images.take(key) if key is not None else None
-            if entry is None:
-                continue  # still being encoded
-            try:
-                if entry.error is not None:
-                    self._fail_job(job, entry.error)
-                    return False
-                assert entry.rows is not None
-                rc = self._projector.decode(
-                    self._ctx, entry.placeholder, entry.rows, slot.pos, slot.seq_id, self.n_batch
-                )
-            finally:
-                self._images.release([entry.key])
-            self._copy_pending.clear()  # its decode ran the stream copies llama.cpp queued
-            if rc != 0:
-                log.error("decoding an image returned %d; failing its request", rc)
-                lc.llama_memory_seq_rm(self._mem, slot.seq_id, slot.pos, -1)
-                self._fail_job(job, decode_failed(rc))
-                return True
-            n = entry.n_tokens
-            slot.cached.extend(slot.pending[:n])
-            slot.pending = slot.pending[n:]
-            slot.pos += n
-            return True
-        return False
+            if rows and rows >= budget:
+                break
+            rows += self._decode_image(slot, held)
+        return rows
+
+    def _decode_image(self, slot: Slot, held: set[int]) -> int:
+        """Decode `slot`'s next chunk if it is an encoded image; returns its rows (0: none)."""
+        job = slot.job
+        if job is None or not slot.pending or slot.pending[0] >= 0 or slot.seq_id in held:
+            return 0
+        assert self._images is not None
+        key = job.images.get(slot.pending[0], "")
+        done = self._images.decode(self._ctx, key, slot.pos, slot.seq_id, self.n_batch)
+        if done is None:
+            return 0  # still being encoded
+        self._copy_pending.clear()  # a decode ran the stream copies llama.cpp queued
+        if isinstance(done, EngineError):
+            lc.llama_memory_seq_rm(self._mem, slot.seq_id, slot.pos, -1)
+            self._fail_job(job, done)
+            return 1
+        slot.cached.extend(slot.pending[:done])
+        slot.pending = slot.pending[done:]
+        slot.pos += done
+        return done
 
     def _report_shared(self) -> None:
         """Tell the runner, through info.lane_slots, to keep the shared context's lines fed

@@ -284,6 +284,33 @@ class ImageStore:
             entry.pins += 1
             return entry
 
+    def decode(
+        self, lctx: Any, key: str, pos: int, seq_id: int, n_batch: int
+    ) -> int | EngineError | None:
+        """Decode the rows of chunk `key` into sequence `seq_id` of `lctx` from `pos`: the
+        rows decoded; None while the chunk is still being encoded; the error that fails its
+        request when its encode or decode failed (the sequence's cells past `pos` are then
+        unknown)."""
+        entry = self.take(key)
+        if entry is None:
+            return None
+        try:
+            if entry.error is not None:
+                return entry.error
+            assert entry.rows is not None
+            rc = self.projector.decode(lctx, entry.placeholder, entry.rows, pos, seq_id, n_batch)
+        finally:
+            self.release([entry.key])
+        if rc != 0:
+            log.error("decoding an image returned %d; failing its request", rc)
+            return EngineError(
+                f"llama_decode failed ({rc}) on an image.",
+                status_code=500,
+                code="decode_failed",
+                type="server_error",
+            )
+        return entry.n_tokens
+
     def release(self, keys: list[str]) -> None:
         """A request no longer needs these chunks; keep what fits, the newest first."""
         with self._lock:
