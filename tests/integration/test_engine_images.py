@@ -171,3 +171,34 @@ def test_a_model_without_a_projector_refuses_image_parts(vision_model: Path) -> 
         assert eng.submit(CHAT, text).result(timeout=60)["choices"]
     finally:
         eng.close()
+
+
+def test_batch_lines_sharing_an_image_encode_it_once_and_fork_its_cells(
+    engine: LlamaEngine,
+) -> None:
+    images = [png((250, 250, 10 * i), stripes=9 + i) for i in range(2)]
+    before = engine.images_encoded
+    futures = [
+        engine.submit(
+            CHAT,
+            {
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [
+                            {"type": "image_url", "image_url": {"url": url(images[i % 2])}},
+                            {"type": "text", "text": f"Line {i}: what colour is it?"},
+                        ],
+                    }
+                ],
+                "max_tokens": 2,
+            },
+            priority=Priority.BATCH,
+        )
+        for i in range(8)
+    ]
+    answers = [f.result(timeout=300) for f in futures]
+    assert engine.images_encoded - before == 2 * 2  # two images of two chunks each
+    cached = [a["usage"]["prompt_tokens_details"]["cached_tokens"] for a in answers]
+    # Lines after the first of each image start from cells that hold the image (32 rows).
+    assert sum(1 for c in cached if c > 32) >= 4
