@@ -111,6 +111,7 @@ class EngineStats:
     prompt_tokens_total: int = 0
     completion_tokens_total: int = 0
     requests_total: dict[str, int] = field(default_factory=dict)  # outcome -> count
+    images_encoded: int = 0  # image chunks the projector encoded (each distinct image once)
 
 
 #: Called from the engine thread with each `chat.completion.chunk` (or `text_completion`

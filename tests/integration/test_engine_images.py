@@ -90,6 +90,7 @@ def test_a_repeated_image_is_encoded_once_and_its_cells_are_reused(
     assert chunks > 0  # this model cuts an image into a tile and its overview
     second = run(engine, ask(image))
     assert engine.images_encoded - before == chunks  # the cached rows served it
+    assert engine.stats().images_encoded == engine.images_encoded
     n = first["usage"]["prompt_tokens"]
     assert second["usage"]["prompt_tokens"] == n
     # Every prompt token but the last came from the first request's cells, image included.

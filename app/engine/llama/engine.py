@@ -258,9 +258,11 @@ class LlamaEngine:
             self._cond.notify()
 
     def stats(self) -> EngineStats:
-        return self._counters.snapshot(
+        stats = self._counters.snapshot(
             active=sum(1 for s in self._all if s.busy), queued=len(self._queue)
         )
+        stats.images_encoded = self.images_encoded
+        return stats
 
     def close(self) -> None:
         with self._cond:
