@@ -5,17 +5,22 @@ usage, and run beside text lines; a model without a projector refuses them."""
 from __future__ import annotations
 
 import base64
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from app.config import Settings
 from app.engine.base import EngineError, Priority
 from app.engine.llama.engine import LlamaEngine, load_engine
 from app.wire.endpoints import CHAT, RESPONSES
+from tests.live import free_port
 from tests.vision import png, vision_model  # noqa: F401  (the fixture)
+from tests.waiting import until
 
 SLOTS = 4
 CTX = 512
@@ -203,3 +208,69 @@ def test_batch_lines_sharing_an_image_encode_it_once_and_fork_its_cells(
     cached = [a["usage"]["prompt_tokens_details"]["cached_tokens"] for a in answers]
     # Lines after the first of each image start from cells that hold the image (32 rows).
     assert sum(1 for c in cached if c > 32) >= 4
+
+
+@pytest.mark.slow  # builds llama-server once per machine (minutes), then starts it
+def test_prompt_tokens_match_llama_servers_for_the_same_requests(
+    engine: LlamaEngine,
+    vision_model: Path,  # noqa: F811
+) -> None:
+    bodies = [
+        ask(png((200, 30, 30))),
+        {
+            "messages": [
+                {"role": "system", "content": "Be brief."},
+                {
+                    "role": "user",
+                    "content": [
+                        {
+                            "type": "image_url",
+                            "image_url": {"url": url(png((1, 2, 3), (640, 480)))},
+                        },
+                        {"type": "text", "text": "and"},
+                        {
+                            "type": "image_url",
+                            "image_url": {"url": url(png((9, 9, 3), (300, 300)))},
+                        },
+                    ],
+                },
+            ],
+            "max_tokens": 1,
+        },
+    ]
+    root = Path(__file__).resolve().parents[2]
+    built = subprocess.run(
+        ["bash", str(root / "bench" / "build_llama_server.sh"), sys.executable],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    port = free_port()
+    server = subprocess.Popen(
+        [
+            str(Path(built.stdout.strip()) / "llama-server"),
+            *("-m", str(vision_model / "model.gguf")),
+            *("--mmproj", str(vision_model / "mmproj.gguf")),
+            *("-c", "2048", "-np", "1", "--port", str(port)),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        base = f"http://127.0.0.1:{port}"
+        until(lambda: _answers(base + "/health"), timeout=120)
+        for body in bodies:
+            theirs = httpx.post(base + "/v1/chat/completions", json=body, timeout=120).json()
+            ours = run(engine, body)
+            assert ours["usage"]["prompt_tokens"] == theirs["usage"]["prompt_tokens"]
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def _answers(address: str) -> bool:
+    try:
+        return httpx.get(address, timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
