@@ -274,3 +274,23 @@ def _answers(address: str) -> bool:
         return httpx.get(address, timeout=2).status_code == 200
     except httpx.HTTPError:
         return False
+
+
+def test_a_projector_that_fails_to_load_leaves_the_text_model_and_says_why(
+    vision_model: Path,  # noqa: F811
+) -> None:
+    not_a_projector = vision_model / "model.gguf"
+    eng = load_engine(
+        Settings(model=str(vision_model / "model.gguf"), parallel=1, ctx_size=256),
+        projector=not_a_projector,
+    )
+    try:
+        assert not eng.info.takes_images
+        with pytest.raises(EngineError) as caught:
+            eng.submit(CHAT, ask(png((9, 9, 9)))).result(timeout=60)
+        assert caught.value.code == "model_takes_no_images"
+        assert "its projector could not be loaded" in caught.value.message
+        text = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
+        assert eng.submit(CHAT, text).result(timeout=60)["choices"]
+    finally:
+        eng.close()

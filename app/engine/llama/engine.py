@@ -91,6 +91,7 @@ class LlamaEngine:
         model_id: str | None = None,
         chat_template: str | None = None,
         projector: vision.Projector | None = None,
+        projector_error: str | None = None,
     ) -> None:
         self.settings = settings
         self._native = model
@@ -112,6 +113,7 @@ class LlamaEngine:
             # Answers carry the name the catalog knows the model by, not the file's stem.
             self.info = dataclasses.replace(self.info, id=model_id)
         self.chat_template.model_id = self.info.id
+        self.chat_template.no_projector_why = projector_error
         self._projector = projector
         self.info = dataclasses.replace(self.info, takes_images=projector is not None)
         #: Bytes the projector's load took (within measured_bytes).
@@ -804,7 +806,7 @@ def load_engine(
         settings = dataclasses.replace(settings, n_gpu_layers=-1 if on_gpu else 0)
     before, t = native.memory_in_use(), time.monotonic()
     model = native.load(settings, prompt_tokens_per_step=BATCH_PROMPT_TOKENS_PER_STEP)
-    eyes, eyes_bytes = None, None
+    eyes, eyes_bytes, eyes_error = None, None, None
     if projector is not None:
         at = native.memory_in_use()
         try:
@@ -812,9 +814,11 @@ def load_engine(
             eyes = vision.Projector(
                 Path(projector), model.model, threads=model.threads, use_gpu=on_gpu
             )
-        except Exception:
-            model.free()
-            raise
+        except RuntimeError as exc:
+            # The text half still works: the model loads without images, and an image
+            # line is told why.
+            log.warning("model %s loads without its projector: %s", settings.model, exc)
+            eyes_error = str(exc)
         eyes_bytes = max(0, native.memory_in_use() - at)
     engine = LlamaEngine(
         settings,
@@ -822,6 +826,7 @@ def load_engine(
         model_id=entry.id if entry is not None else None,
         chat_template=entry.profile.chat_template if entry is not None else None,
         projector=eyes,
+        projector_error=eyes_error,
     )
     engine.projector_bytes = eyes_bytes
     engine.load_seconds = time.monotonic() - t

@@ -38,8 +38,10 @@ from app.engine.llama.oai import media
 log = logging.getLogger("batchyard.engine")
 
 #: Encoded images kept per loaded model, in bytes of embedding rows, besides those pinned by
-#: requests still queued or running (a 256-row image of a 2,560-wide model is 2.6 MB).
-IMAGE_CACHE_BYTES = 256 * 1024 * 1024
+#: requests still queued or running (a 256-row image of a 2,560-wide model is 2.6 MB; one of
+#: the test pair, 32 rows of 576, 74 KB). Memory the pool's budget does not see at load, so
+#: kept small: lines that share an image mostly come close together.
+IMAGE_CACHE_BYTES = 64 * 1024 * 1024
 
 
 @dataclass(eq=False)

@@ -24,7 +24,7 @@ ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
 def message_text(
-    content: Any, index: int, media: Media | None = None, model: str = "this model"
+    content: Any, index: int, media: Media | None = None, model: tuple[str, str | None] = ("", None)
 ) -> str:
     """A message's content as plain text: a string, or a list of {"type": "text"} parts and
     {"type": "image_url"} parts. Each image goes into `media`, and its marker into the text;
@@ -40,7 +40,7 @@ def message_text(
             if kind == "image_url" and isinstance(part, dict):
                 param = f"messages[{index}].content[{j}].image_url"
                 if media is None:
-                    raise takes_no_images(model, param)
+                    raise takes_no_images(model[0] or "this model", param, model[1])
                 image = part.get("image_url")
                 url = image.get("url") if isinstance(image, dict) else image
                 texts.append(media.add(url, f"{param}.url"))
@@ -62,13 +62,15 @@ def message_text(
 
 
 def normalise_messages(
-    messages: Any, media: Media | None = None, model: str = "this model"
+    messages: Any, media: Media | None = None, model: tuple[str, str | None] = ("", None)
 ) -> list[dict[str, str]]:
     """Check the roles and flatten each content to a string, as chat templates expect.
 
     An assistant turn's `tool_calls` become the call text the model writes, and a `tool`
     message a user turn saying what the function returned (tools.py), so every
     template, with tool support or without, renders a conversation with tool calls.
+    Images go into `media`; `model` is the model's name, and why it has no projector if
+    one failed to load: the words of the error for an image it cannot take.
     """
     if not isinstance(messages, list) or not messages:
         raise EngineError(
@@ -128,8 +130,10 @@ class ChatTemplate:
         from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
         self.has_template = bool(template)
-        #: The model's name, for the error that says it takes no images.
+        #: The model's name, and why its projector failed to load if it did: the words of
+        #: the error for an image it cannot take.
         self.model_id = "this model"
+        self.no_projector_why: str | None = None
         self.eos_token = eos_token
         self._formatter = Jinja2ChatFormatter(
             template=template or CHATML_TEMPLATE,
@@ -144,7 +148,9 @@ class ChatTemplate:
         """The prompt text, ending with the assistant's generation prompt; with the
         functions of an active tool `plan` in its system message. Images go into `media`
         (their markers into the text); without it, an image is refused."""
-        normalised = tools.with_tools(normalise_messages(messages, media, self.model_id), plan)
+        normalised = tools.with_tools(
+            normalise_messages(messages, media, (self.model_id, self.no_projector_why)), plan
+        )
         try:
             return self._formatter(messages=formatter_messages(normalised)).prompt
         except Exception as exc:  # a template's raise_exception(), e.g. roles out of order

@@ -33,11 +33,16 @@ def bad_image(message: str, param: str, code: str = "invalid_image") -> EngineEr
     return EngineError(message, status_code=400, code=code, param=param)
 
 
-def takes_no_images(model: str, param: str) -> EngineError:
-    """The 400 for an image sent to a model loaded without a projector."""
+def takes_no_images(model: str, param: str, why: str | None = None) -> EngineError:
+    """The 400 for an image sent to a model loaded without a projector (`why`: the reason
+    its projector could not be loaded, when it has one)."""
+    reason = (
+        f"its projector could not be loaded: {why}"
+        if why
+        else ("it was loaded without a multimodal projector")
+    )
     return EngineError(
-        f"model {model} takes no images (it was loaded without a multimodal projector); "
-        "send text only, or use a vision model.",
+        f"model {model} takes no images ({reason}); send text only, or use a vision model.",
         status_code=400,
         code="model_takes_no_images",
         param=param,
