@@ -175,6 +175,7 @@ class LlamaEngine:
         self._thread = threading.Thread(target=self._run, name="llama-engine", daemon=True)
         # Encoded images, and the thread that encodes them beside the decoding (vision.py).
         self._images: vision.ImageStore | None = None
+        self._rows = vision.RowBatch(projector.n_embd if projector is not None else 0)
         if projector is not None:
             self._images = vision.ImageStore(projector, on_ready=self._wake)
 
@@ -281,6 +282,7 @@ class LlamaEngine:
             self._embedder.close()
             if self._images is not None:
                 self._images.close()
+            self._rows.free()
             if self._projector is not None:
                 self._projector.free()
             self._native.free()
@@ -482,35 +484,47 @@ class LlamaEngine:
         return did
 
     def _decode_images(self, held: set[int], budget: int) -> int:
-        """Decode the next image chunk of the slots whose prompt has reached one whose rows
-        are encoded, while they fit `budget` (the first always goes); returns the rows.
-        A chunk is its own llama_decode (a batch holds tokens or embeddings, not both)."""
+        """Decode the next image chunk of the slots whose prompt has reached an encoded
+        one, together in one llama_decode up to `budget` rows (the first always goes; an
+        image of a non-causal projector goes alone); returns the rows decoded."""
+        assert self._images is not None and self._projector is not None
+        causal = not self._projector.non_causal
+        taken: list[tuple[Slot, vision.Encoded]] = []
         rows = 0
         for slot in self._slots:
-            if rows and rows >= budget:
+            job = slot.job
+            if job is None or not slot.pending or slot.pending[0] >= 0 or slot.seq_id in held:
+                continue
+            entry = self._images.take(job.images.get(slot.pending[0], ""))
+            if entry is None:
+                continue  # still being encoded
+            if entry.error is not None:
+                self._images.release([entry.key])
+                self._fail_job(job, entry.error)
+                continue
+            if taken and (not causal or rows + entry.n_tokens > budget):
+                self._images.release([entry.key])
                 break
-            rows += self._decode_image(slot, held)
-        return rows
-
-    def _decode_image(self, slot: Slot, held: set[int]) -> int:
-        """Decode `slot`'s next chunk if it is an encoded image; returns its rows (0: none)."""
-        job = slot.job
-        if job is None or not slot.pending or slot.pending[0] >= 0 or slot.seq_id in held:
+            taken.append((slot, entry))
+            rows += entry.n_tokens
+        if not taken:
             return 0
-        assert self._images is not None
-        key = job.images.get(slot.pending[0], "")
-        done = self._images.decode(self._ctx, key, slot.pos, slot.seq_id, self.n_batch)
-        if done is None:
-            return 0  # still being encoded
-        self._copy_pending.clear()  # a decode ran the stream copies llama.cpp queued
-        if isinstance(done, EngineError):
-            lc.llama_memory_seq_rm(self._mem, slot.seq_id, slot.pos, -1)
-            self._fail_job(job, done)
-            return 1
-        slot.cached.extend(slot.pending[:done])
-        slot.pending = slot.pending[done:]
-        slot.pos += done
-        return done
+        parts = [(e.rows, s.pos, s.seq_id) for s, e in taken if e.rows is not None]
+        rc = self._rows.decode(self._ctx, parts, causal)
+        self._images.release([e.key for _, e in taken])
+        self._copy_pending.clear()  # the decode ran the stream copies llama.cpp queued
+        for slot, entry in taken:
+            if rc != 0:
+                lc.llama_memory_seq_rm(self._mem, slot.seq_id, slot.pos, -1)
+                self._fail_job(slot.job, decode_failed(rc))
+                continue
+            n = entry.n_tokens
+            slot.cached.extend(slot.pending[:n])
+            slot.pending = slot.pending[n:]
+            slot.pos += n
+        if rc != 0:
+            log.error("llama_decode returned %d on image rows; failing their requests", rc)
+        return rows
 
     def _report_shared(self) -> None:
         """Tell the runner, through info.lane_slots, to keep the shared context's lines fed

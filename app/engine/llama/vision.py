@@ -1,10 +1,10 @@
 """A model's eyes: its multimodal projector (libmtmd), and the encoded images it keeps.
 
 `Projector` loads the projector GGUF beside the text model (mtmd_init_from_file), cuts a
-rendered chat prompt with image markers into text and image chunks (mtmd_tokenize), encodes
-an image chunk into embedding rows (mtmd_encode_chunk) and decodes those rows into one
-sequence of the engine's context (mtmd_helper_decode_image_chunk, one llama_decode of that
-sequence alone).
+rendered chat prompt with image markers into text and image chunks (mtmd_tokenize) and
+encodes an image chunk into embedding rows (mtmd_encode_chunk). `RowBatch` decodes the rows
+of several slots' images into their sequences in one llama_decode (a batch holds tokens or
+embedding rows, not both, so images and text take separate decodes).
 
 `ImageStore` holds each distinct image's embeddings once per load, keyed by the hash of the
 image's bytes (oai/media.py gives the ids it takes in a prompt), and encodes images in a
@@ -52,13 +52,11 @@ class ImageChunk:
     first: int  # its first id in the prompt's token list
     n_tokens: int
     full: Any  # the chunk with its pixels (mtmd_input_chunk_copy): what encoding needs
-    placeholder: Any  # the chunk without them: what decoding needs
 
     def free(self) -> None:
-        for chunk in (self.full, self.placeholder):
-            if chunk:
-                mtmd.mtmd_input_chunk_free(chunk)
-        self.full = self.placeholder = None
+        if self.full:
+            mtmd.mtmd_input_chunk_free(self.full)
+        self.full = None
 
 
 class Projector:
@@ -93,6 +91,9 @@ class Projector:
             )
         self.marker = mtmd.mtmd_default_marker().decode()
         self.n_embd = lc.llama_model_n_embd_inp(model)
+        #: Image rows attend to each other both ways (Gemma 3): each image decodes alone,
+        #: in one micro-batch, with causal attention off.
+        self.non_causal = bool(mtmd.mtmd_decode_use_non_causal(ctx, None))
 
     def free(self) -> None:
         if self.ctx:
@@ -159,7 +160,6 @@ class Projector:
                     first=ids[0],
                     n_tokens=n_tokens,
                     full=mtmd.mtmd_input_chunk_copy(chunk),
-                    placeholder=mtmd.mtmd_input_chunk_get_placeholder(chunk),
                 )
             )
             tokens.extend(ids)
@@ -178,26 +178,48 @@ class Projector:
         rows = mtmd.mtmd_get_output_embd(self.ctx)
         return np.ctypeslib.as_array(rows, shape=(n_tokens * self.n_embd,)).copy()
 
-    def decode(
-        self, lctx: Any, placeholder: Any, rows: np.ndarray, pos: int, seq_id: int, n_batch: int
-    ) -> int:
-        """Decode an image chunk's rows into sequence `seq_id` from position `pos`; returns
-        llama.cpp's code (0: done)."""
-        new_pos = lc.llama_pos(0)
-        return int(
-            mtmd.mtmd_helper_decode_image_chunk(
-                self.ctx,
-                lctx,
-                placeholder,
-                rows.ctypes.data_as(ctypes.POINTER(ctypes.c_float)),
-                pos,
-                seq_id,
-                n_batch,
-                ctypes.byref(new_pos),
-                mtmd.mtmd_helper_post_decode_callback(),
-                None,
-            )
-        )
+
+class RowBatch:
+    """A llama_batch of embedding rows, for the images of several sequences at once."""
+
+    def __init__(self, n_embd: int) -> None:
+        self.n_embd = n_embd
+        self.size = 0
+        self.batch: Any = None
+
+    def decode(self, lctx: Any, parts: list[tuple[np.ndarray, int, int]], causal: bool) -> int:
+        """Decode each (rows, first position, sequence) of `parts` in one llama_decode;
+        returns llama.cpp's code (0: done)."""
+        n_rows = sum(rows.size // self.n_embd for rows, _, _ in parts)
+        if n_rows > self.size:
+            self.free()
+            self.batch = lc.llama_batch_init(n_rows, self.n_embd, 1)
+            self.size = n_rows
+        batch = self.batch
+        embd = np.ctypeslib.as_array(batch.embd, shape=(self.size * self.n_embd,))
+        n = 0
+        for rows, pos, seq_id in parts:
+            k = rows.size // self.n_embd
+            embd[n * self.n_embd : (n + k) * self.n_embd] = rows
+            for i in range(k):
+                batch.pos[n + i] = pos + i
+                batch.n_seq_id[n + i] = 1
+                batch.seq_id[n + i][0] = seq_id
+                batch.logits[n + i] = False
+            n += k
+        batch.n_tokens = n
+        if not causal:
+            lc.llama_set_causal_attn(lctx, False)
+        try:
+            return int(lc.llama_decode(lctx, batch))
+        finally:
+            if not causal:
+                lc.llama_set_causal_attn(lctx, True)
+
+    def free(self) -> None:
+        if self.batch is not None:
+            lc.llama_batch_free(self.batch)
+            self.batch, self.size = None, 0
 
 
 @dataclass(eq=False)
@@ -206,8 +228,7 @@ class Encoded:
 
     key: str
     n_tokens: int
-    placeholder: Any
-    full: Any = None  # until encoded
+    full: Any = None  # the chunk with its pixels, until encoded
     rows: np.ndarray | None = None
     error: EngineError | None = None
     pins: int = 0  # requests that still need it
@@ -262,8 +283,8 @@ class ImageStore:
                 if entry is None or entry.error is not None and not entry.pins:
                     if entry is not None:
                         self._forget(entry)
-                    entry = Encoded(part.key, part.n_tokens, part.placeholder, part.full)
-                    part.full = part.placeholder = None
+                    entry = Encoded(part.key, part.n_tokens, part.full)
+                    part.full = None
                     self._entries[part.key] = entry
                 else:
                     self._entries.move_to_end(part.key)
@@ -285,33 +306,6 @@ class ImageStore:
                 return None
             entry.pins += 1
             return entry
-
-    def decode(
-        self, lctx: Any, key: str, pos: int, seq_id: int, n_batch: int
-    ) -> int | EngineError | None:
-        """Decode the rows of chunk `key` into sequence `seq_id` of `lctx` from `pos`: the
-        rows decoded; None while the chunk is still being encoded; the error that fails its
-        request when its encode or decode failed (the sequence's cells past `pos` are then
-        unknown)."""
-        entry = self.take(key)
-        if entry is None:
-            return None
-        try:
-            if entry.error is not None:
-                return entry.error
-            assert entry.rows is not None
-            rc = self.projector.decode(lctx, entry.placeholder, entry.rows, pos, seq_id, n_batch)
-        finally:
-            self.release([entry.key])
-        if rc != 0:
-            log.error("decoding an image returned %d; failing its request", rc)
-            return EngineError(
-                f"llama_decode failed ({rc}) on an image.",
-                status_code=500,
-                code="decode_failed",
-                type="server_error",
-            )
-        return entry.n_tokens
 
     def release(self, keys: list[str]) -> None:
         """A request no longer needs these chunks; keep what fits, the newest first."""
@@ -345,10 +339,9 @@ class ImageStore:
 
     def _forget(self, entry: Encoded) -> None:
         self._entries.pop(entry.key, None)
-        for chunk in (entry.full, entry.placeholder):
-            if chunk:
-                mtmd.mtmd_input_chunk_free(chunk)
-        entry.full = entry.placeholder = None
+        if entry.full:
+            mtmd.mtmd_input_chunk_free(entry.full)
+        entry.full = None
         entry.rows = None
 
     def _run(self) -> None:
