@@ -16,6 +16,7 @@ import pytest
 
 from app.config import Settings
 from app.engine.base import EngineError, Priority
+from app.engine.llama import vision
 from app.engine.llama.engine import LlamaEngine, load_engine
 from app.wire.endpoints import CHAT, RESPONSES
 from tests.live import free_port
@@ -294,3 +295,25 @@ def test_a_projector_that_fails_to_load_leaves_the_text_model_and_says_why(
         assert eng.submit(CHAT, text).result(timeout=60)["choices"]
     finally:
         eng.close()
+
+
+def test_the_projector_unloads_while_no_image_comes_and_loads_again_for_one(
+    engine: LlamaEngine,
+) -> None:
+    store, projector = engine._images, engine._projector
+    assert store is not None and projector is not None
+    seen = png((77, 7, 177), stripes=6)
+    extra = {"logprobs": True, "top_logprobs": 5, "max_tokens": 1}
+    before = first_logprob(run(engine, ask(seen, **extra)))
+    store.idle_seconds = 0.3
+    try:
+        store.release([])  # wakes the encoder, which times the idleness
+        until(lambda: not projector.loaded, timeout=30)
+        loads, encoded = projector.loads, engine.images_encoded
+        # An image line loads it again (libmtmd cuts the prompt), but an image seen before
+        # is not encoded again: its rows stayed.
+        assert first_logprob(run(engine, ask(seen, **extra))) == pytest.approx(before, abs=1e-3)
+        assert projector.loaded and projector.loads == loads + 1
+        assert engine.images_encoded == encoded
+    finally:
+        store.idle_seconds = vision.PROJECTOR_IDLE

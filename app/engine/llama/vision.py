@@ -42,6 +42,10 @@ log = logging.getLogger("batchyard.engine")
 #: the test pair, 32 rows of 576, 74 KB). Memory the pool's budget does not see at load, so
 #: kept small: lines that share an image mostly come close together.
 IMAGE_CACHE_BYTES = 64 * 1024 * 1024
+#: The projector leaves memory once the model has had no image line queued or running for
+#: this long, and loads again with the next one: it stays loaded only while image lines
+#: come, and a pause between a batch's claims does not unload it. The encoded rows stay.
+PROJECTOR_IDLE = 30.0
 
 
 @dataclass(eq=False)
@@ -60,7 +64,9 @@ class ImageChunk:
 
 
 class Projector:
-    """A loaded projector, tied to the text model it was loaded with."""
+    """A projector, tied to the text model it was loaded with. It loads at once (so a bad
+    file fails the load), may `unload` while no image needs it, and loads again on use;
+    `lock` is held by whatever uses its context (tokenize, encode, unload)."""
 
     def __init__(self, path: Path, model: Any, *, threads: int, use_gpu: bool) -> None:
         # libmtmd logs through its own hooks: route them where llama.cpp's go, so they
@@ -69,15 +75,12 @@ class Projector:
 
         mtmd.mtmd_log_set(llama_log_callback, None)
         mtmd.mtmd_helper_log_set(llama_log_callback, None)
-        params = mtmd.mtmd_context_params_default()
-        params.use_gpu = use_gpu
-        params.n_threads = threads
-        params.print_timings = False
-        ctx = mtmd.mtmd_init_from_file(str(path).encode(), model, params)
-        if not ctx:
-            raise RuntimeError(f"llama.cpp could not load the projector {path}")
-        self.ctx = ctx
-        self.path = path
+        self.path, self._model, self._threads, self._use_gpu = path, model, threads, use_gpu
+        self.lock = threading.RLock()
+        self.ctx: Any = None
+        self.loads = 0
+        self._load()
+        ctx = self.ctx
         if not mtmd.mtmd_support_vision(ctx):
             self.free()
             raise RuntimeError(f"the projector {path} has no vision encoder")
@@ -95,21 +98,60 @@ class Projector:
         #: in one micro-batch, with causal attention off.
         self.non_causal = bool(mtmd.mtmd_decode_use_non_causal(ctx, None))
 
+    def _load(self) -> None:
+        params = mtmd.mtmd_context_params_default()
+        params.use_gpu = self._use_gpu
+        params.n_threads = self._threads
+        params.print_timings = False
+        ctx = mtmd.mtmd_init_from_file(str(self.path).encode(), self._model, params)
+        if not ctx:
+            raise RuntimeError(f"llama.cpp could not load the projector {self.path}")
+        self.ctx = ctx
+        self.loads += 1
+
+    @property
+    def loaded(self) -> bool:
+        return bool(self.ctx)
+
+    def _ready(self) -> Any:
+        """The context, loaded again if it was unloaded (a 500 if that fails now)."""
+        if not self.ctx:
+            try:
+                self._load()
+            except RuntimeError as exc:
+                raise EngineError(
+                    str(exc), status_code=500, code="projector_load_failed", type="server_error"
+                ) from None
+            log.info("projector %s loaded again", self.path.name)
+        return self.ctx
+
+    def unload(self) -> None:
+        """Free the context while no image needs it; the next use loads it again."""
+        with self.lock:
+            if self.ctx:
+                mtmd.mtmd_free(self.ctx)
+                self.ctx = None
+                log.info("projector %s unloaded: no image lines", self.path.name)
+
     def free(self) -> None:
-        if self.ctx:
-            mtmd.mtmd_free(self.ctx)
-            self.ctx = None
+        self.unload()
 
     def tokenize(self, text: str, images: list[bytes]) -> tuple[list[int], list[ImageChunk]]:
         """The prompt's token list (oai/media.py's ids for image rows) and its image chunks.
         `text` holds one marker per image, in order. Raises a 400 for an image libmtmd
         cannot decode."""
+        with self.lock:
+            return self._tokenize(self._ready(), text, images)
+
+    def _tokenize(
+        self, ctx: Any, text: str, images: list[bytes]
+    ) -> tuple[list[int], list[ImageChunk]]:
         bitmaps: list[Any] = []
         chunks = mtmd.mtmd_input_chunks_init()
         try:
             for i, raw in enumerate(images):
                 buf = (ctypes.c_uint8 * len(raw)).from_buffer_copy(raw)
-                bitmap = mtmd.mtmd_helper_bitmap_init_from_buf(self.ctx, buf, len(raw), False)
+                bitmap = mtmd.mtmd_helper_bitmap_init_from_buf(ctx, buf, len(raw), False)
                 if not bitmap:
                     raise media.bad_image(
                         f"image {i + 1} of the prompt could not be decoded (PNG or JPEG).",
@@ -121,7 +163,7 @@ class Projector:
             # The rendered template holds the BOS text already, as the text path's tokens do.
             inp = mtmd.mtmd_input_text(data, len(data), False, True)
             arr = (mtmd.mtmd_bitmap_p_ctypes * max(1, len(bitmaps)))(*bitmaps)
-            rc = mtmd.mtmd_tokenize(self.ctx, chunks, ctypes.byref(inp), arr, len(bitmaps))
+            rc = mtmd.mtmd_tokenize(ctx, chunks, ctypes.byref(inp), arr, len(bitmaps))
             if rc != 0:
                 raise media.bad_image(
                     "the prompt's images could not be prepared for this model "
@@ -167,16 +209,18 @@ class Projector:
 
     def encode(self, chunk: Any, n_tokens: int) -> np.ndarray:
         """The embedding rows of an image chunk (a copy: the encoder's buffer is reused)."""
-        rc = mtmd.mtmd_encode_chunk(self.ctx, chunk)
-        if rc != 0:
+        with self.lock:
+            ctx = self._ready()
+            rc = mtmd.mtmd_encode_chunk(ctx, chunk)
+            rows = mtmd.mtmd_get_output_embd(ctx) if rc == 0 else None
+            if rows is not None:
+                return np.ctypeslib.as_array(rows, shape=(n_tokens * self.n_embd,)).copy()
             raise EngineError(
                 f"the image could not be encoded (mtmd_encode_chunk returned {rc}).",
                 status_code=500,
                 code="image_encode_failed",
                 type="server_error",
             )
-        rows = mtmd.mtmd_get_output_embd(self.ctx)
-        return np.ctypeslib.as_array(rows, shape=(n_tokens * self.n_embd,)).copy()
 
 
 class RowBatch:
@@ -252,8 +296,11 @@ class ImageStore:
         *,
         limit_bytes: int = IMAGE_CACHE_BYTES,
         on_ready: Callable[[], None] = lambda: None,
+        idle_seconds: float = PROJECTOR_IDLE,
     ) -> None:
         self.projector = projector
+        self.idle_seconds = idle_seconds
+        self._last_use = time.monotonic()
         self.limit_bytes = limit_bytes
         self._on_ready = on_ready
         self._entries: OrderedDict[str, Encoded] = OrderedDict()  # least recently used first
@@ -294,6 +341,7 @@ class ImageStore:
                     entry.queued = True
                     heapq.heappush(self._work, _Work(priority, next(self._seq), entry))
                 keys.append(entry.key)
+            self._last_use = time.monotonic()
             self._lock.notify()
         return keys
 
@@ -315,6 +363,8 @@ class ImageStore:
                 if entry is not None:
                     entry.pins -= 1
             self._trim()
+            self._last_use = time.monotonic()
+            self._lock.notify()  # the encoder times the projector's idleness from here
 
     def close(self) -> None:
         with self._lock:
@@ -344,11 +394,35 @@ class ImageStore:
         entry.full = None
         entry.rows = None
 
+    def _in_use(self) -> bool:
+        return bool(self._work) or any(e.pins > 0 for e in self._entries.values())
+
+    def _idle_wait(self) -> float | None:
+        """How long the encoder may sleep before it looks at the projector's idleness
+        again (None: until woken; a pin or a release wakes it)."""
+        if not self.projector.loaded:
+            return None
+        if self._in_use():
+            return self.idle_seconds
+        return max(0.0, self._last_use + self.idle_seconds - time.monotonic())
+
+    def _idle_unload(self) -> bool:
+        """Unload the projector when no image has been needed for idle_seconds."""
+        if self._in_use():
+            self._last_use = time.monotonic()
+            return False
+        if self.projector.loaded and time.monotonic() - self._last_use >= self.idle_seconds:
+            self.projector.unload()
+            return True
+        return False
+
     def _run(self) -> None:
         while True:
             with self._lock:
                 while not self._closing and not self._work:
-                    self._lock.wait()
+                    if self._idle_unload():
+                        continue
+                    self._lock.wait(self._idle_wait())
                 if self._closing:
                     return
                 entry = heapq.heappop(self._work).entry
