@@ -297,7 +297,9 @@ class ImageStore:
         limit_bytes: int = IMAGE_CACHE_BYTES,
         on_ready: Callable[[], None] = lambda: None,
         idle_seconds: float = PROJECTOR_IDLE,
+        free_chunk: Callable[[Any], None] = mtmd.mtmd_input_chunk_free,
     ) -> None:
+        self._free_chunk = free_chunk
         self.projector = projector
         self.idle_seconds = idle_seconds
         self._last_use = time.monotonic()
@@ -335,7 +337,8 @@ class ImageStore:
                     self._entries[part.key] = entry
                 else:
                     self._entries.move_to_end(part.key)
-                    part.free()
+                    self._free_chunk(part.full)
+                    part.full = None
                 entry.pins += 1
                 if entry.rows is None and entry.error is None and not entry.queued:
                     entry.queued = True
@@ -390,7 +393,7 @@ class ImageStore:
     def _forget(self, entry: Encoded) -> None:
         self._entries.pop(entry.key, None)
         if entry.full:
-            mtmd.mtmd_input_chunk_free(entry.full)
+            self._free_chunk(entry.full)
         entry.full = None
         entry.rows = None
 
@@ -439,7 +442,8 @@ class ImageStore:
                 error = exc
             seconds = time.monotonic() - t
             with self._lock:
-                mtmd.mtmd_input_chunk_free(full)
+                if full:
+                    self._free_chunk(full)
                 entry.full = None
                 entry.queued = False
                 entry.rows, entry.error = rows, error
