@@ -16,6 +16,7 @@ first, past IMAGE_CACHE_BYTES.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import heapq
 import itertools
@@ -23,7 +24,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -65,8 +66,9 @@ class ImageChunk:
 
 class Projector:
     """A projector, tied to the text model it was loaded with. It loads at once (so a bad
-    file fails the load), may `unload` while no image needs it, and loads again on use;
-    `lock` is held by whatever uses its context (tokenize, encode, unload)."""
+    file fails the load), may `unload` while no image needs it, and loads again on use.
+    Tokenizing (submitting threads) and encoding (the store's thread) use the context at
+    once, as llama-server does; an unload waits for neither, it skips while one runs."""
 
     def __init__(self, path: Path, model: Any, *, threads: int, use_gpu: bool) -> None:
         # libmtmd logs through its own hooks: route them where llama.cpp's go, so they
@@ -76,7 +78,8 @@ class Projector:
         mtmd.mtmd_log_set(llama_log_callback, None)
         mtmd.mtmd_helper_log_set(llama_log_callback, None)
         self.path, self._model, self._threads, self._use_gpu = path, model, threads, use_gpu
-        self.lock = threading.RLock()
+        self._cond = threading.Condition()
+        self._users = 0
         self.ctx: Any = None
         self.loads = 0
         self._load()
@@ -125,23 +128,43 @@ class Projector:
             log.info("projector %s loaded again", self.path.name)
         return self.ctx
 
-    def unload(self) -> None:
-        """Free the context while no image needs it; the next use loads it again."""
-        with self.lock:
+    @contextlib.contextmanager
+    def _use(self) -> Iterator[Any]:
+        """The context, loaded if need be, kept loaded while the block runs."""
+        with self._cond:
+            ctx = self._ready()
+            self._users += 1
+        try:
+            yield ctx
+        finally:
+            with self._cond:
+                self._users -= 1
+                self._cond.notify_all()
+
+    def unload(self) -> bool:
+        """Free the context unless a tokenize or an encode uses it (then False); the next
+        use loads it again."""
+        with self._cond:
+            if self._users:
+                return False
             if self.ctx:
                 mtmd.mtmd_free(self.ctx)
                 self.ctx = None
                 log.info("projector %s unloaded: no image lines", self.path.name)
+            return True
 
     def free(self) -> None:
+        with self._cond:
+            while self._users:
+                self._cond.wait()
         self.unload()
 
     def tokenize(self, text: str, images: list[bytes]) -> tuple[list[int], list[ImageChunk]]:
         """The prompt's token list (oai/media.py's ids for image rows) and its image chunks.
         `text` holds one marker per image, in order. Raises a 400 for an image libmtmd
         cannot decode."""
-        with self.lock:
-            return self._tokenize(self._ready(), text, images)
+        with self._use() as ctx:
+            return self._tokenize(ctx, text, images)
 
     def _tokenize(
         self, ctx: Any, text: str, images: list[bytes]
@@ -209,8 +232,7 @@ class Projector:
 
     def encode(self, chunk: Any, n_tokens: int) -> np.ndarray:
         """The embedding rows of an image chunk (a copy: the encoder's buffer is reused)."""
-        with self.lock:
-            ctx = self._ready()
+        with self._use() as ctx:
             rc = mtmd.mtmd_encode_chunk(ctx, chunk)
             rows = mtmd.mtmd_get_output_embd(ctx) if rc == 0 else None
             if rows is not None:
@@ -415,8 +437,9 @@ class ImageStore:
             self._last_use = time.monotonic()
             return False
         if self.projector.loaded and time.monotonic() - self._last_use >= self.idle_seconds:
-            self.projector.unload()
-            return True
+            if self.projector.unload():
+                return True
+            self._last_use = time.monotonic()  # a tokenize was using it: look again later
         return False
 
     def _run(self) -> None:

@@ -36,8 +36,9 @@ class Eyes:
             raise EngineError("no", status_code=500, code="image_encode_failed")
         return np.full(n_tokens * WIDTH, float(len(self.encoded)), dtype=np.float32)
 
-    def unload(self) -> None:
+    def unload(self) -> bool:
         self.loaded = False
+        return True
 
 
 def part(key: str, full: Any = None) -> ImageChunk:
