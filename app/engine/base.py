@@ -91,6 +91,9 @@ class ModelInfo:
     #: Lines the shared-prefix context takes besides the slots while it has work (0 while it
     #: has none, and on engines without one: engine/llama/shared.py).
     shared_lines: int = 0
+    #: The model was loaded with a multimodal projector: chat and responses bodies may
+    #: carry images (engine/llama/vision.py).
+    takes_images: bool = False
 
     @property
     def lane_slots(self) -> int:
@@ -108,6 +111,7 @@ class EngineStats:
     prompt_tokens_total: int = 0
     completion_tokens_total: int = 0
     requests_total: dict[str, int] = field(default_factory=dict)  # outcome -> count
+    images_encoded: int = 0  # image chunks the projector encoded (each distinct image once)
 
 
 #: Called from the engine thread with each `chat.completion.chunk` (or `text_completion`

@@ -395,7 +395,7 @@ def test_parameter_errors_fail_the_future_with_the_param(engine: LlamaEngine) ->
         (
             CHAT,
             {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
-            "messages[0].content",
+            "messages[0].content[0].image_url",  # this model takes no images
         ),
         (COMPLETIONS, {"prompt": 5}, "prompt"),
         (EMBEDDINGS, {"input": ""}, "input"),

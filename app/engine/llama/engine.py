@@ -21,6 +21,7 @@ import logging
 import threading
 import time
 from concurrent.futures import Future
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 # libgomp's spin settings come from app/__init__.py, which runs before llama_cpp loads.
@@ -37,12 +38,12 @@ from app.engine.base import (
     resolve,
 )
 from app.engine.counters import Counters
-from app.engine.llama import native
+from app.engine.llama import native, vision
 from app.engine.llama.embed import EMBED_SEQS, Embedder
 from app.engine.llama.jobs import Choice, Job, Task
-from app.engine.llama.oai import answers
+from app.engine.llama.oai import answers, media
 from app.engine.llama.oai.chat_template import ChatTemplate
-from app.engine.llama.prepare import Preparer
+from app.engine.llama.prepare import Preparer, free_images
 from app.engine.llama.sampler import build_sampler, free_sampler, top_logprobs_of
 from app.engine.llama.shared import CPU_WAVE, SharedBlocks, SharedPlan
 from app.engine.llama.slots import BATCH_PROMPT_TOKENS_PER_STEP, Scheduler, Slot
@@ -70,6 +71,9 @@ ONLINE_SHARED_PROMPT = 64
 #: ends it, and it never lasts longer than BATCH_GATHER_MAX.
 BATCH_GATHER_QUIET = 0.01
 BATCH_GATHER_MAX = 0.1
+#: The longest an engine whose only work is lines waiting for their images' encodes waits
+#: before it looks again (the image store wakes it as soon as an image is ready).
+IMAGE_WAIT = 0.05
 
 
 class LlamaEngine:
@@ -86,6 +90,8 @@ class LlamaEngine:
         *,
         model_id: str | None = None,
         chat_template: str | None = None,
+        projector: vision.Projector | None = None,
+        projector_error: str | None = None,
     ) -> None:
         self.settings = settings
         self._native = model
@@ -106,6 +112,12 @@ class LlamaEngine:
         if model_id:
             # Answers carry the name the catalog knows the model by, not the file's stem.
             self.info = dataclasses.replace(self.info, id=model_id)
+        self.chat_template.model_id = self.info.id
+        self.chat_template.no_projector_why = projector_error
+        self._projector = projector
+        self.info = dataclasses.replace(self.info, takes_images=projector is not None)
+        #: Bytes the projector's load took (within measured_bytes).
+        self.projector_bytes: int | None = None
         #: Bytes the load took (the process's resident set before and after), and seconds.
         self.measured_bytes: int | None = None
         self.load_seconds: float | None = None
@@ -120,6 +132,7 @@ class LlamaEngine:
             ctx_per_slot=self.ctx_per_slot,
             n_slots=self.n_slots,
             embedding_dim=model.n_embd,
+            vision=projector,
         )
         self._embedder = Embedder(
             model.model, ctx_size=self.ctx_per_slot, threads=model.threads, dim=model.n_embd
@@ -160,6 +173,11 @@ class LlamaEngine:
         self._copy_pending: set[int] = set()
         self._counters = Counters()
         self._thread = threading.Thread(target=self._run, name="llama-engine", daemon=True)
+        # Encoded images, and the thread that encodes them beside the decoding (vision.py).
+        self._images: vision.ImageStore | None = None
+        self._rows = vision.RowBatch(projector.n_embd if projector is not None else 0)
+        if projector is not None:
+            self._images = vision.ImageStore(projector, on_ready=self._wake)
 
     def start(self) -> None:
         self._thread.start()
@@ -197,6 +215,10 @@ class LlamaEngine:
                 job.future.set_exception(exc)
                 self._counters.count("failed")
                 return job.future
+            if job.image_chunks and self._images is not None:
+                # Pinned until the job settles; queued for encoding unless already done.
+                job.image_pins = self._images.pin(job.image_chunks, int(job.priority))
+                job.image_chunks = []
         with self._cond:
             if self._closing:
                 job.future.set_exception(engine_closed())
@@ -216,6 +238,7 @@ class LlamaEngine:
             if self._closing:
                 raise engine_closed()
             self._preparer.prepare(job, itertools.count())
+            free_images(job)
         return sum(len(p) for p in job.prompts)
 
     def cancel(self, future: Future[dict[str, Any]]) -> None:
@@ -228,10 +251,21 @@ class LlamaEngine:
         if self._settle(job, error=RequestCancelled()):
             self._counters.count("cancelled")
 
+    @property
+    def images_encoded(self) -> int:
+        """Image chunks encoded since the load (each distinct image once while cached)."""
+        return self._images.encodes if self._images is not None else 0
+
+    def _wake(self) -> None:
+        with self._cond:
+            self._cond.notify()
+
     def stats(self) -> EngineStats:
-        return self._counters.snapshot(
+        stats = self._counters.snapshot(
             active=sum(1 for s in self._all if s.busy), queued=len(self._queue)
         )
+        stats.images_encoded = self.images_encoded
+        return stats
 
     def close(self) -> None:
         with self._cond:
@@ -246,6 +280,11 @@ class LlamaEngine:
         with self._prepare_lock:
             before = native.memory_in_use()
             self._embedder.close()
+            if self._images is not None:
+                self._images.close()
+            self._rows.free()
+            if self._projector is not None:
+                self._projector.free()
             self._native.free()
             # What the close gave back, against what the load took: the pool checks that
             # a model's memory was freed rather than assume it.
@@ -270,8 +309,11 @@ class LlamaEngine:
                     embeds = self._admit()
                 if embeds:
                     self._embed(embeds)
-                if self._busy():
-                    self._step()
+                if self._busy() and not self._step():
+                    # Nothing could run: the lines wait for their images' encodes.
+                    with self._cond:
+                        if not self._closing:
+                            self._cond.wait(IMAGE_WAIT)
         except Exception:  # a broken context is not a request error: fail everything, loudly
             log.exception("engine thread crashed")
         finally:
@@ -398,6 +440,7 @@ class LlamaEngine:
     def _reuse_prefix(self, slot: Slot, prompt: list[int]) -> int:
         """Make `slot`'s KV hold the longest cached prefix of `prompt`; returns its length."""
         source, keep = self._scheduler.prefix_source(slot, prompt, self._slots, self._copy_pending)
+        keep = media.whole_images(prompt, keep)  # an image's cells are kept whole or not at all
         if source is not None:
             # Separate KV streams only copy whole streams (llama.cpp queues the buffer copy
             # for the next decode); the tail past the shared prefix is dropped right after.
@@ -412,24 +455,76 @@ class LlamaEngine:
             del slot.cached[keep:]
         return keep
 
-    def _step(self) -> None:
+    def _step(self) -> bool:
         """One llama_decode over every sequence that has work, then sample and retire; then
-        the same in the shared-prefix context, where its lines or blocks have work."""
+        the same in the shared-prefix context, where its lines or blocks have work. Slots
+        whose next chunk is an image decode it first, each alone, within the step's prompt
+        budget. Returns whether anything was decoded."""
+        did = False
         if any(s.busy for s in self._slots):
-            budget = self._scheduler.prompt_budget(self._slots, self.n_batch)
             held = self._scheduler.held_back(self._slots)
+            budget = self._scheduler.prompt_budget(self._slots, self.n_batch)
+            if self._images is not None:
+                rows = self._decode_images(held, budget)
+                budget, did = max(0, budget - rows), rows > 0
             n = self._fill_batch(self._slots, self._batch, 0, budget, held)
+            did = did or n > 0
             if n and self._decode(n):
                 self._after_decode(self._slots)
         online = any(s.job is not None and s.job.priority == Priority.ONLINE for s in self._slots)
         if online and time.monotonic() - self._shared_last < ONLINE_SHARED_GAP:
-            return  # an online request decodes: the shared context waits its turn
+            return True  # an online request decodes: the shared context waits its turn
         if self._shared_work():
             n = self._fill_shared(online)
+            did = did or n > 0
             if n and self._decode_shared(n):
                 self._after_decode(self._lines)
             self._shared_last = time.monotonic()
             self._report_shared()
+        return did
+
+    def _decode_images(self, held: set[int], budget: int) -> int:
+        """Decode the next image chunk of the slots whose prompt has reached an encoded
+        one, together in one llama_decode up to `budget` rows (the first always goes; an
+        image of a non-causal projector goes alone); returns the rows decoded."""
+        assert self._images is not None and self._projector is not None
+        causal = not self._projector.non_causal
+        taken: list[tuple[Slot, vision.Encoded]] = []
+        rows = 0
+        for slot in self._slots:
+            job = slot.job
+            if job is None or not slot.pending or slot.pending[0] >= 0 or slot.seq_id in held:
+                continue
+            entry = self._images.take(job.images.get(slot.pending[0], ""))
+            if entry is None:
+                continue  # still being encoded
+            if entry.error is not None:
+                self._images.release([entry.key])
+                self._fail_job(job, entry.error)
+                continue
+            if taken and (not causal or rows + entry.n_tokens > budget):
+                self._images.release([entry.key])
+                break
+            taken.append((slot, entry))
+            rows += entry.n_tokens
+        if not taken:
+            return 0
+        parts = [(e.rows, s.pos, s.seq_id) for s, e in taken if e.rows is not None]
+        rc = self._rows.decode(self._ctx, parts, causal)
+        self._images.release([e.key for _, e in taken])
+        self._copy_pending.clear()  # the decode ran the stream copies llama.cpp queued
+        for slot, entry in taken:
+            if rc != 0:
+                lc.llama_memory_seq_rm(self._mem, slot.seq_id, slot.pos, -1)
+                self._fail_job(slot.job, decode_failed(rc))
+                continue
+            n = entry.n_tokens
+            slot.cached.extend(slot.pending[:n])
+            slot.pending = slot.pending[n:]
+            slot.pos += n
+        if rc != 0:
+            log.error("llama_decode returned %d on image rows; failing their requests", rc)
+        return rows
 
     def _report_shared(self) -> None:
         """Tell the runner, through info.lane_slots, to keep the shared context's lines fed
@@ -483,6 +578,10 @@ class LlamaEngine:
                 slot.i_batch = n - 1
             elif slot.pending and budget > 0:
                 take = min(len(slot.pending), budget)
+                if slot.job is not None and slot.job.images:
+                    take = media.text_run(slot.pending, take)
+                    if not take:
+                        continue  # its next chunk is an image (_decode_image)
                 chunk, slot.pending = slot.pending[:take], slot.pending[take:]
                 for j, token in enumerate(chunk):
                     last = not slot.pending and j == take - 1
@@ -667,6 +766,9 @@ class LlamaEngine:
         """Forget the job and resolve its future once (see base.resolve)."""
         with self._cond:
             self._jobs.pop(job.future, None)
+            pins, job.image_pins = job.image_pins, []
+        if pins and self._images is not None:
+            self._images.release(pins)
         return resolve(job.future, result=result, error=error)
 
     def _fail_job(self, job: Job | None, error: EngineError) -> None:
@@ -699,9 +801,16 @@ def decode_failed(rc: int) -> EngineError:
     )
 
 
-def load_engine(settings: Settings, entry: Entry | None = None) -> LlamaEngine:
+def load_engine(
+    settings: Settings, entry: Entry | None = None, *, projector: Path | None = None
+) -> LlamaEngine:
     """Load the configured model (or a catalog entry with its load profile) and start its
-    owner thread. The engine says what the load took: `measured_bytes`, `load_seconds`."""
+    owner thread. The engine says what the load took: `measured_bytes`, `load_seconds`.
+
+    A multimodal projector (`projector`, or the entry's) loads with the model, and the
+    engine then takes images in chat and responses bodies (`info.takes_images`)."""
+    if projector is None and entry is not None:
+        projector = getattr(entry, "projector", None)
     if entry is not None:
         settings = entry_settings(settings, entry)
     if settings.n_gpu_layers == AUTO_GPU_LAYERS:
@@ -711,12 +820,29 @@ def load_engine(settings: Settings, entry: Entry | None = None) -> LlamaEngine:
         settings = dataclasses.replace(settings, n_gpu_layers=-1 if on_gpu else 0)
     before, t = native.memory_in_use(), time.monotonic()
     model = native.load(settings, prompt_tokens_per_step=BATCH_PROMPT_TOKENS_PER_STEP)
+    eyes, eyes_bytes, eyes_error = None, None, None
+    if projector is not None:
+        at = native.memory_in_use()
+        try:
+            on_gpu = settings.n_gpu_layers != 0 and model.gpu_backend is not None
+            eyes = vision.Projector(
+                Path(projector), model.model, threads=model.threads, use_gpu=on_gpu
+            )
+        except RuntimeError as exc:
+            # The text half still works: the model loads without images, and an image
+            # line is told why.
+            log.warning("model %s loads without its projector: %s", settings.model, exc)
+            eyes_error = str(exc)
+        eyes_bytes = max(0, native.memory_in_use() - at)
     engine = LlamaEngine(
         settings,
         model,
         model_id=entry.id if entry is not None else None,
         chat_template=entry.profile.chat_template if entry is not None else None,
+        projector=eyes,
+        projector_error=eyes_error,
     )
+    engine.projector_bytes = eyes_bytes
     engine.load_seconds = time.monotonic() - t
     engine.measured_bytes = max(0, native.memory_in_use() - before)
     engine.start()

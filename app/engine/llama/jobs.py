@@ -133,6 +133,12 @@ class Job:
         self.include_usage = False
         self.tools: ToolPlan | None = None  # when the request has tools (oai/tools.py)
         self.response: ResponseRequest | None = None  # for RESPONSES (oai/responses_request.py)
+        #: Images of the prompt (vision.py): the first id of each image chunk in the token
+        #: list -> its key in the model's image store; the chunks prepare cut, until the
+        #: store takes them; and the keys the job holds pinned there until it settles.
+        self.images: dict[int, str] = {}
+        self.image_chunks: list[Any] = []
+        self.image_pins: list[str] = []
 
 
 @dataclass(order=True)

@@ -13,6 +13,7 @@ from typing import Any, Protocol
 from app.engine.base import EngineError
 from app.engine.llama.jobs import Choice, Job, Task, ToolPlan
 from app.engine.llama.oai import responses_request, tools
+from app.engine.llama.oai.media import Media, bad_image
 from app.engine.llama.oai.sampling import parse_sampling
 from app.errors import invalid
 from app.wire.endpoints import CHAT, EMBEDDINGS, RESPONSES
@@ -34,9 +35,26 @@ class Tokenizer(Protocol):
 class Template(Protocol):
     """What preparing needs of a chat template (oai/chat_template.py's ChatTemplate)."""
 
-    def render(self, messages: Any, plan: ToolPlan | None = None) -> str: ...
+    def render(
+        self, messages: Any, plan: ToolPlan | None = None, media: Media | None = None
+    ) -> str: ...
 
     def stop_strings(self) -> list[str]: ...
+
+
+class Vision(Protocol):
+    """What preparing needs of a projector (vision.py's Projector)."""
+
+    marker: str
+
+    def tokenize(self, text: str, images: list[bytes]) -> tuple[list[int], list[Any]]: ...
+
+
+def free_images(job: Job) -> None:
+    """Free the image chunks prepare cut for a job that will not run."""
+    for chunk in job.image_chunks:
+        chunk.free()
+    job.image_chunks = []
 
 
 def is_token_list(x: Any) -> bool:
@@ -72,7 +90,9 @@ class Preparer:
         ctx_per_slot: int,
         n_slots: int,
         embedding_dim: int,
+        vision: Vision | None = None,
     ) -> None:
+        self.vision = vision
         self.tokenizer = tokenizer
         self.template = template
         self.ctx_per_slot = ctx_per_slot
@@ -99,8 +119,13 @@ class Preparer:
             try:
                 return self._prepare_generation(job, body, seq)
             except EngineError as exc:
+                free_images(job)
                 raise responses_request.renamed(exc) from None
-        return self._prepare_generation(job, body, seq)
+        try:
+            return self._prepare_generation(job, body, seq)
+        except EngineError:
+            free_images(job)
+            raise
 
     def _prepare_generation(self, job: Job, body: dict[str, Any], seq: Iterator[int]) -> list[Task]:
         chat = job.endpoint in (CHAT, RESPONSES)
@@ -126,9 +151,13 @@ class Preparer:
                 raise invalid(
                     "'n' above 1 together with tools is not supported.", param="n", cls=EngineError
                 )
-            text = self.template.render(body.get("messages"), job.tools)
+            media = Media(self.vision.marker) if self.vision is not None else None
+            text = self.template.render(body.get("messages"), job.tools, media)
             job.prompt_texts = [text]
-            job.prompts = [self.tokenizer.tokenize(text, add_special=False)]
+            if self.vision is not None and media is not None and media.images:
+                job.prompts = [self._with_images(job, text, media.images)]
+            else:
+                job.prompts = [self.tokenizer.tokenize(text, add_special=False)]
             job.stop_strings = job.params.stop + self.template.stop_strings()
             param = "messages"
         else:
@@ -160,6 +189,17 @@ class Preparer:
                 indices = [p * n + k for k in range(start, min(n, start + self.n_slots))]
                 tasks.append(Task(int(job.priority), next(seq), job, p, indices))
         return tasks
+
+    def _with_images(self, job: Job, text: str, images: list[bytes]) -> list[int]:
+        """The token list of a prompt with images; its chunks wait on the job for the store."""
+        assert self.vision is not None
+        tokens, chunks = self.vision.tokenize(text, images)
+        job.image_chunks = chunks
+        job.images = {chunk.first: chunk.key for chunk in chunks}
+        if not tokens or tokens[-1] < 0:
+            # The first sampled token needs the logits of a text token after the image.
+            raise bad_image("the prompt must not end with an image.", "messages")
+        return tokens
 
     def _check_fits(self, n_prompt: int, wanted: int | None, param: str) -> None:
         ctx = self.ctx_per_slot

@@ -120,6 +120,7 @@ def fits_here(task: Task) -> bool:
         and job.endpoint != EMBEDDINGS
         and len(task.choice_indices) == 1
         and not job.cancelled
+        and not job.images  # an image's rows decode in the slots' context (vision.py)
     )
 
 

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 from app.engine.base import EngineError
 from app.engine.llama.jobs import ToolPlan
 from app.engine.llama.oai import tools
+from app.engine.llama.oai.media import Media, takes_no_images
 
 if TYPE_CHECKING:
     from llama_cpp.llama_types import ChatCompletionRequestMessage
@@ -22,23 +23,32 @@ CHATML_TEMPLATE = (
 ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
-def message_text(content: Any, index: int) -> str:
-    """A message's content as plain text: a string, or a list of {"type": "text"} parts."""
+def message_text(
+    content: Any, index: int, media: Media | None = None, model: tuple[str, str | None] = ("", None)
+) -> str:
+    """A message's content as plain text: a string, or a list of {"type": "text"} parts and
+    {"type": "image_url"} parts. Each image goes into `media`, and its marker into the text;
+    without `media` (a model that takes no images) an image part is a 400."""
     if content is None:
         return ""
     if isinstance(content, str):
         return content
     if isinstance(content, list):
         texts = []
-        for part in content:
-            if (
-                not isinstance(part, dict)
-                or part.get("type") != "text"
-                or not isinstance(part.get("text"), str)
-            ):
-                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+        for j, part in enumerate(content):
+            kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+            if kind == "image_url" and isinstance(part, dict):
+                param = f"messages[{index}].content[{j}].image_url"
+                if media is None:
+                    raise takes_no_images(model[0] or "this model", param, model[1])
+                image = part.get("image_url")
+                url = image.get("url") if isinstance(image, dict) else image
+                texts.append(media.add(url, f"{param}.url"))
+                continue
+            if kind != "text" or not isinstance(part.get("text"), str):
                 raise EngineError(
-                    f"messages[{index}].content: only text parts are supported, got {kind!r}.",
+                    f"messages[{index}].content: only text and image_url parts are supported, "
+                    f"got {kind!r}.",
                     param=f"messages[{index}].content",
                     code="invalid_value",
                 )
@@ -51,12 +61,16 @@ def message_text(content: Any, index: int) -> str:
     )
 
 
-def normalise_messages(messages: Any) -> list[dict[str, str]]:
+def normalise_messages(
+    messages: Any, media: Media | None = None, model: tuple[str, str | None] = ("", None)
+) -> list[dict[str, str]]:
     """Check the roles and flatten each content to a string, as chat templates expect.
 
     An assistant turn's `tool_calls` become the call text the model writes, and a `tool`
     message a user turn saying what the function returned (tools.py), so every
     template, with tool support or without, renders a conversation with tool calls.
+    Images go into `media`; `model` is the model's name, and why it has no projector if
+    one failed to load: the words of the error for an image it cannot take.
     """
     if not isinstance(messages, list) or not messages:
         raise EngineError(
@@ -76,7 +90,7 @@ def normalise_messages(messages: Any) -> list[dict[str, str]]:
                 param=f"messages[{i}].role",
                 code="invalid_value",
             )
-        content = message_text(message.get("content"), i)
+        content = message_text(message.get("content"), i, media, model)
         if role == "assistant" and message.get("tool_calls"):
             calls, ids = tools.assistant_calls_text(message["tool_calls"], i)
             call_names.update(ids)
@@ -116,6 +130,10 @@ class ChatTemplate:
         from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
         self.has_template = bool(template)
+        #: The model's name, and why its projector failed to load if it did: the words of
+        #: the error for an image it cannot take.
+        self.model_id = "this model"
+        self.no_projector_why: str | None = None
         self.eos_token = eos_token
         self._formatter = Jinja2ChatFormatter(
             template=template or CHATML_TEMPLATE,
@@ -124,10 +142,15 @@ class ChatTemplate:
             add_generation_prompt=True,
         )
 
-    def render(self, messages: Any, plan: ToolPlan | None = None) -> str:
+    def render(
+        self, messages: Any, plan: ToolPlan | None = None, media: Media | None = None
+    ) -> str:
         """The prompt text, ending with the assistant's generation prompt; with the
-        functions of an active tool `plan` in its system message."""
-        normalised = tools.with_tools(normalise_messages(messages), plan)
+        functions of an active tool `plan` in its system message. Images go into `media`
+        (their markers into the text); without it, an image is refused."""
+        normalised = tools.with_tools(
+            normalise_messages(messages, media, (self.model_id, self.no_projector_why)), plan
+        )
         try:
             return self._formatter(messages=formatter_messages(normalised)).prompt
         except Exception as exc:  # a template's raise_exception(), e.g. roles out of order

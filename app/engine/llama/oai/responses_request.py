@@ -64,6 +64,43 @@ def _text(content: Any, param: str, kinds: tuple[str, ...]) -> str:
     return "".join(texts)
 
 
+def _user_content(content: Any, param: str) -> str | list[dict[str, Any]]:
+    """A user message's content: its text, or chat parts when it holds `input_image` parts
+    (each one a chat `image_url` part, so the chat path places the image)."""
+    if not isinstance(content, list) or not any(
+        isinstance(part, dict) and part.get("type") == "input_image" for part in content
+    ):
+        return _text(content, param, ("input_text",))
+    parts: list[dict[str, Any]] = []
+    for j, part in enumerate(content):
+        if isinstance(part, dict) and part.get("type") == "input_image":
+            url = part.get("image_url")
+            if url is None:
+                what = "a file_id" if part.get("file_id") is not None else "no image_url"
+                raise bad_param(
+                    f"{param}[{j}] has {what}; the embedded engine takes an image as a data "
+                    "URL in 'image_url'.",
+                    f"{param}[{j}].image_url",
+                )
+            image: dict[str, Any] = {"url": url}
+            if part.get("detail") is not None:
+                image["detail"] = part["detail"]
+            parts.append({"type": "image_url", "image_url": image})
+        elif (
+            isinstance(part, dict)
+            and part.get("type") == "input_text"
+            and isinstance(part.get("text"), str)
+        ):
+            parts.append({"type": "text", "text": part["text"]})
+        else:
+            kind = part.get("type") if isinstance(part, dict) else None
+            raise bad_param(
+                f"{param}[{j}]: only input_text and input_image parts are taken, got {kind!r}.",
+                f"{param}[{j}]",
+            )
+    return parts
+
+
 def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     instructions = body.get("instructions")
@@ -92,8 +129,12 @@ def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
                     f"{p}.role {role!r} is not supported; use user, system, developer or assistant.",
                     f"{p}.role",
                 )
-            kinds = ("output_text", "input_text") if role == "assistant" else ("input_text",)
-            out.append({"role": role, "content": _text(item.get("content"), f"{p}.content", kinds)})
+            content = item.get("content")
+            if role == "assistant":
+                kinds = ("output_text", "input_text")
+                out.append({"role": role, "content": _text(content, f"{p}.content", kinds)})
+            else:
+                out.append({"role": role, "content": _user_content(content, f"{p}.content")})
         elif kind == "function_call":
             call_id, name, args = item.get("call_id"), item.get("name"), item.get("arguments")
             if not all(isinstance(x, str) for x in (call_id, name, args)):

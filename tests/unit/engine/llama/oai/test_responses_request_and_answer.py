@@ -131,7 +131,7 @@ def test_items_with_calls_and_results_become_the_chat_turns() -> None:
         ({"metadata": {"k": 1}}, "metadata"),
         (
             {"input": [{"role": "user", "content": [{"type": "input_image"}]}]},
-            "input[0].content[0]",
+            "input[0].content[0].image_url",
         ),
         ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input[0].type"),
         ({"input": [{"type": "function_call_output", "output": "x"}]}, "input[0].call_id"),
