@@ -1,0 +1,282 @@
+"""Image lines: batchyard against llama.cpp's llama-server with the same vision model.
+
+The model is the test vision pair (bench/vision_model.py: SmolLM2-135M-Instruct's weights
+and a random-weight SmolVLM projector, 128x128 images of 32 image positions each, or
+--projector gemma3), written once into ~/.cache/batchyard/bench-models. Two workloads, each
+N chat lines that ask one question of one PNG (noise, so no two images look alike), 4 tokens
+out:
+
+  distinct  every line its own image
+  shared    every image asked about by 8 lines (N/8 images), the lines shuffled: the batch a
+            user sends to ask several questions of each photo
+
+run side by side in alternating rounds, through
+  (a)  batchyard end to end: `python -m app.cli serve` (the pair in --models-dir as
+       `vision`, --parallel 32), the openai SDK uploads the batch file and polls the batch;
+  (b)  llama-server -m model.gguf --mmproj mmproj.gguf -np 32 (bench/build_llama_server.sh:
+       the same llama.cpp sources), each line its own request, 32 in flight;
+  (c)  the same llama-server fed every line at once (N requests in flight).
+Each prints images/s (lines/s), wall and server CPU seconds; the ratios are (b)'s and (c)'s
+wall time over (a)'s, the median over rounds (above 1: batchyard is faster).
+
+    bash bench/build_llama_server.sh            # once; prints the binary dir
+    python bench/vision.py --lines 64 --rounds 2
+    python bench/vision.py --workload shared --lines 128
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from base64 import b64encode
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.throughput import (  # noqa: E402 (the checkout on the path first)
+    Result,
+    _cached,
+    _post,
+    _usage,
+    cpu_seconds,
+    free_port,
+    wait_up,
+)
+
+MODEL = "vision"
+QUESTION = "Describe this picture in one word."
+#: Lines asking about one image in the shared workload.
+SHARE = 8
+CTX = 256  # tokens a slot: the prompt (about 74 with the image) and 4 out, with room
+
+
+def image(rng: random.Random, size: int = 128) -> bytes:
+    """A PNG of noise: no two alike, nothing a cache could take for another."""
+    from PIL import Image
+
+    pixels = Image.frombytes("RGB", (size, size), rng.randbytes(size * size * 3))
+    out = io.BytesIO()
+    pixels.save(out, "PNG")
+    return out.getvalue()
+
+
+def bodies_for(workload: str, n: int, max_tokens: int, seed: int = 7) -> list[dict[str, Any]]:
+    rng = random.Random(seed)
+    count = n if workload == "distinct" else max(1, n // SHARE)
+    urls = [f"data:image/png;base64,{b64encode(image(rng)).decode()}" for _ in range(count)]
+    picks = [urls[i % count] for i in range(n)]
+    if workload == "shared":
+        rng.shuffle(picks)
+    return [
+        {
+            "model": MODEL,
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "text", "text": QUESTION},
+                        {"type": "image_url", "image_url": {"url": url}},
+                    ],
+                }
+            ],
+            "max_tokens": max_tokens,
+            "temperature": 0,
+        }
+        for url in picks
+    ]
+
+
+def pair(projector: str) -> Path:
+    """The vision pair's folder, written once (tests/vision.py's cache)."""
+    from tests.vision import vision_model_dir
+
+    return vision_model_dir(projector)
+
+
+def run_batchyard(folder: Path, bodies: list[dict[str, Any]], args: argparse.Namespace) -> Result:
+    """(a): `batchyard serve` with the pair in its --models-dir, end to end through the SDK."""
+    from openai import OpenAI
+
+    port = free_port()
+    with tempfile.TemporaryDirectory() as tmp:
+        models = Path(tmp) / "models" / MODEL
+        models.mkdir(parents=True)
+        for name in ("model.gguf", "mmproj.gguf"):
+            (models / name).symlink_to(folder / name)
+        cmd = [sys.executable, "-m", "app.cli", "serve", "--no-browser", "--port", str(port),
+               "--data-dir", str(Path(tmp) / "data"), "--models-dir", str(models.parent),
+               "--no-discover", "--default-model", MODEL, "--parallel", str(args.parallel),
+               "--ctx-size", str(CTX), "--threads", str(args.threads),
+               "--engine-priority", "normal"]  # fmt: skip
+        path = os.pathsep.join(x for x in (str(ROOT), os.environ.get("PYTHONPATH", "")) if x)
+        with open(Path(tmp) / "serve.log", "wb") as logf:
+            server = subprocess.Popen(
+                cmd, cwd=ROOT, env={**os.environ, "PYTHONPATH": path}, stdout=logf, stderr=logf
+            )
+        try:
+            base = f"http://127.0.0.1:{port}/v1"
+            wait_up(f"{base}/models", server, "batchyard serve")
+            client = OpenAI(base_url=base, api_key="bench")
+            jsonl = "".join(
+                json.dumps(
+                    {
+                        "custom_id": f"l{i}",
+                        "method": "POST",
+                        "url": "/v1/chat/completions",
+                        "body": b,
+                    }  # fmt: skip
+                )
+                + "\n"
+                for i, b in enumerate(bodies)
+            )
+            upload = client.files.create(
+                file=("bench.jsonl", io.BytesIO(jsonl.encode())), purpose="batch"
+            )
+            start, cpu = time.perf_counter(), cpu_seconds(server.pid)
+            batch = client.batches.create(
+                input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h"
+            )
+            while batch.status not in ("completed", "failed", "expired", "cancelled"):
+                time.sleep(0.1)
+                batch = client.batches.retrieve(batch.id)
+            elapsed, cpu = time.perf_counter() - start, cpu_seconds(server.pid) - cpu
+            counts = batch.request_counts
+            if (
+                batch.status != "completed"
+                or not batch.output_file_id
+                or (counts and counts.failed)
+            ):
+                raise RuntimeError(f"batch ended {batch.status}, {counts}")
+            prompt = completion = cached = 0
+            for line in client.files.content(batch.output_file_id).text.splitlines():
+                if line.strip():
+                    body = json.loads(line)["response"]["body"]
+                    p, c = _usage(body)
+                    prompt, completion, cached = prompt + p, completion + c, cached + _cached(body)
+            return Result(elapsed, prompt, completion, cpu, cached)
+        finally:
+            server.terminate()
+            server.wait(timeout=30)
+
+
+def run_llama_server(
+    binary_dir: Path,
+    folder: Path,
+    bodies: list[dict[str, Any]],
+    in_flight: int,
+    args: argparse.Namespace,
+) -> Result:
+    """(b)/(c): llama-server with the pair and the same slots, `in_flight` requests at once."""
+    port = free_port()
+    cmd = [str(binary_dir / "llama-server"), "-m", str(folder / "model.gguf"), "--mmproj",
+           str(folder / "mmproj.gguf"), "--host", "127.0.0.1", "--port", str(port),
+           "-np", str(args.parallel), "-c", str(args.parallel * CTX), "-t", str(args.threads),
+           "-tb", str(args.threads), "--no-webui", "-fa", "on", "-ctk", "q8_0", "-ctv", "q8_0"]  # fmt: skip
+    with tempfile.TemporaryFile() as logf:
+        server = subprocess.Popen(cmd, stdout=logf, stderr=logf)
+        try:
+            try:
+                wait_up(f"http://127.0.0.1:{port}/health", server, "llama-server")
+            except RuntimeError:
+                logf.seek(0)
+                raise RuntimeError(logf.read()[-3000:].decode(errors="replace")) from None
+            url = f"http://127.0.0.1:{port}/v1/chat/completions"
+            start, cpu = time.perf_counter(), cpu_seconds(server.pid)
+            with ThreadPoolExecutor(in_flight) as pool:
+                outs = list(pool.map(lambda b: _post(url, b), bodies))
+            elapsed, cpu = time.perf_counter() - start, cpu_seconds(server.pid) - cpu
+            usages = [_usage(o) for o in outs]
+            cached = sum(_cached(o) for o in outs)
+            return Result(
+                elapsed, sum(p for p, _ in usages), sum(c for _, c in usages), cpu, cached
+            )
+        finally:
+            server.terminate()
+            server.wait(timeout=30)
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--workload", choices=("distinct", "shared", "both"), default="both")
+    parser.add_argument("--lines", type=int, default=64, help="lines a workload (64)")
+    parser.add_argument("--max-tokens", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=1, help="alternating rounds (default 1)")
+    parser.add_argument("--parallel", type=int, default=32, help="slots on both sides (32)")
+    parser.add_argument("--threads", type=int, default=0, help="CPU threads, 0 = all cores")
+    parser.add_argument("--projector", choices=("idefics3", "gemma3"), default="idefics3")
+    parser.add_argument("--server-bin", default="", help="llama-server's dir (default: build)")
+    parser.add_argument("--no-server", action="store_true", help="batchyard alone")
+    args = parser.parse_args(argv)
+    args.threads = args.threads or os.cpu_count() or 1
+    return args
+
+
+def binaries(args: argparse.Namespace) -> Path:
+    if args.server_bin:
+        return Path(args.server_bin)
+    out = subprocess.run(
+        ["bash", str(ROOT / "bench" / "build_llama_server.sh"), sys.executable],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return Path(out.stdout.strip())
+
+
+def show(name: str, r: Result, n: int) -> None:
+    print(
+        f"  {name:<22} {n / r.seconds:7.2f} images/s  wall {r.seconds:7.2f} s  "
+        f"cpu {r.cpu_seconds:7.2f} s  prompt {r.prompt_tokens} (cached {r.cached_tokens})  "
+        f"out {r.completion_tokens}",
+        flush=True,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    folder = pair(args.projector)
+    binary_dir = None if args.no_server else binaries(args)
+    workloads = ("distinct", "shared") if args.workload == "both" else (args.workload,)
+    for workload in workloads:
+        bodies = bodies_for(workload, args.lines, args.max_tokens)
+        images = len({b["messages"][0]["content"][1]["image_url"]["url"] for b in bodies})
+        print(f"{workload}: {args.lines} lines, {images} images, {args.parallel} slots", flush=True)
+        ratios: dict[str, list[float]] = {"np": [], "all": []}
+        for rnd in range(args.rounds):
+            print(f" round {rnd + 1}", flush=True)
+            ours = run_batchyard(folder, bodies, args)
+            show("batchyard", ours, args.lines)
+            if binary_dir is None:
+                continue
+            theirs = run_llama_server(binary_dir, folder, bodies, args.parallel, args)
+            show(f"llama-server {args.parallel} in flight", theirs, args.lines)
+            every = run_llama_server(binary_dir, folder, bodies, len(bodies), args)
+            show("llama-server all at once", every, args.lines)
+            ratios["np"].append(theirs.seconds / ours.seconds)
+            ratios["all"].append(every.seconds / ours.seconds)
+        if binary_dir is not None:
+            print(
+                f" {workload}: batchyard {statistics.median(ratios['np']):.2f}x llama-server "
+                f"-np {args.parallel} ({args.parallel} in flight), "
+                f"{statistics.median(ratios['all']):.2f}x fed all at once "
+                f"(median of {args.rounds} round(s))",
+                flush=True,
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
