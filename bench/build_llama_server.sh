@@ -3,14 +3,24 @@
 # once per machine from the llama.cpp sources vendored in the pinned llama-cpp-python sdist,
 # with app/toolchain/amx_tilecfg.h ahead of every source (the same fix as batchyard's wheel, so
 # both sides run the same kernels). bench/throughput.py runs them as batchyard's baseline.
-# Usage: bash bench/build_llama_server.sh [PYTHON]     (the python whose pip downloads the sdist)
+# Usage: bash bench/build_llama_server.sh [PYTHON] [--no-build]
+#   PYTHON: the python whose pip downloads the sdist. --no-build: print the binary dir and exit
+#   1 when nothing is built there yet, instead of building (a test that needs llama-server
+#   asks this way, so the suite never spends minutes compiling it).
 # BATCHYARD_LLAMA_SERVER_CACHE: where builds live (default ~/.cache/batchyard/llama-server);
 # each is named after a hash of the version, the flags and the header, so a change to any of
 # them builds anew. Build output goes to stderr; the only line on stdout is the binary dir.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-PY=${1:-.venv/bin/python}
+PY=.venv/bin/python
+BUILD=1
+for arg in "$@"; do
+  case "$arg" in
+    --no-build) BUILD=0 ;;
+    *) PY=$arg ;;
+  esac
+done
 VERSION=$(sed -n 's/.*"llama-cpp-python==\([^"]*\)".*/\1/p' pyproject.toml)
 FIX=app/toolchain/amx_tilecfg.h
 CMAKE_FLAGS="-DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON -DGGML_NATIVE=ON -DBUILD_SHARED_LIBS=OFF ${CMAKE_ARGS:-}"
@@ -26,6 +36,10 @@ BIN="$ROOT/bin"
 if [ -x "$BIN/llama-server" ] && [ -x "$BIN/llama-batched-bench" ]; then
   echo "$BIN"
   exit 0
+fi
+if [ "$BUILD" = 0 ]; then
+  echo "$BIN"
+  exit 1
 fi
 
 echo "building llama-server $VERSION into $ROOT (once; several minutes)" >&2

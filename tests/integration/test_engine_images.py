@@ -211,7 +211,7 @@ def test_batch_lines_sharing_an_image_encode_it_once_and_fork_its_cells(
     assert sum(1 for c in cached if c > 32) >= 4
 
 
-@pytest.mark.slow  # builds llama-server once per machine (minutes), then starts it
+@pytest.mark.slow  # starts llama-server, where bench/build_llama_server.sh built it
 def test_prompt_tokens_match_llama_servers_for_the_same_requests(
     engine: LlamaEngine,
     vision_model: Path,  # noqa: F811
@@ -241,12 +241,16 @@ def test_prompt_tokens_match_llama_servers_for_the_same_requests(
     ]
     root = Path(__file__).resolve().parents[2]
     built = subprocess.run(
-        ["bash", str(root / "bench" / "build_llama_server.sh"), sys.executable],
+        ["bash", str(root / "bench" / "build_llama_server.sh"), sys.executable, "--no-build"],
         cwd=root,
         capture_output=True,
         text=True,
-        check=True,
     )
+    if built.returncode != 0:
+        pytest.skip(
+            "llama-server is not built on this machine, and building it takes minutes: "
+            "`bash bench/build_llama_server.sh` builds it once, then this test runs"
+        )
     port = free_port()
     server = subprocess.Popen(
         [
