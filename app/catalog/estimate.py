@@ -31,7 +31,9 @@ a model as `app/engine/llama/native.py` does (one KV stream per sequence, n_ubat
   4096 x 8912 x 4 = 139.3 MiB against 121.25 measured; SmolVLM-like idefics3 (512 px, 16 px
   patches, 768 wide, 3072 feed-forward) 24.0 against 21.0 MiB. The buffer does not grow
   with the encoder's depth (121.25 MiB at 2 and at 6 layers): ggml reuses it layer after
-  layer. The pool's measure after a load replaces the estimate, as for the other terms.
+  layer. Then the encoded images the engine keeps, IMAGE_CACHE_BYTES at most beside those
+  of lines in flight. The pool's measure after a load replaces the estimate, as for the
+  other terms.
 
 Checked against llama.cpp 0.3.36's own figures (llama-cpp-python, CPU, flash attention):
 SmolLM2-135M at ctx 2048 x 32: KV 765.0 MiB (formula 765.0), compute 99.4 + output 6.0 MiB
@@ -114,15 +116,24 @@ def compute_bytes(facts: HeaderFacts, profile: LoadProfile) -> int:
     return scratch + output
 
 
+#: Encoded images a loaded model keeps, in bytes of embedding rows, besides those pinned by
+#: requests still queued or running (a 256-row image of a 2,560-wide model is 2.6 MB; one of
+#: the test pair, 32 rows of 576, 74 KB): counted in a projector's estimate, and the engine's
+#: bound (engine/llama/vision.py).
+IMAGE_CACHE_BYTES = 64 * 1024 * 1024
+
+
 def projector_bytes(projector: ProjectorFacts) -> int:
-    """A projector's weights and its image encoder's compute buffer (see the module's note)."""
+    """A projector's weights, its image encoder's compute buffer and the encoded images kept
+    (see the module's note)."""
     if projector.image_size > 0 and projector.patch_size > 0:
         side = projector.image_size // projector.patch_size
         patches = min(side * side, MAX_PATCHES)
     else:
         patches = DEFAULT_PATCHES
     n_ff = projector.n_ff or 4 * projector.n_embd
-    return projector.tensor_bytes + patches * (4 * projector.n_embd + n_ff) * _F32
+    buffer = patches * (4 * projector.n_embd + n_ff) * _F32
+    return projector.tensor_bytes + buffer + IMAGE_CACHE_BYTES
 
 
 def estimate(

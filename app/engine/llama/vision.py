@@ -33,16 +33,15 @@ import llama_cpp as lc
 import numpy as np
 from llama_cpp import mtmd_cpp as mtmd
 
+from app.catalog.estimate import IMAGE_CACHE_BYTES
 from app.engine.base import EngineError
 from app.engine.llama.oai import media
 
 log = logging.getLogger("batchyard.engine")
 
-#: Encoded images kept per loaded model, in bytes of embedding rows, besides those pinned by
-#: requests still queued or running (a 256-row image of a 2,560-wide model is 2.6 MB; one of
-#: the test pair, 32 rows of 576, 74 KB). Memory the pool's budget does not see at load, so
-#: kept small: lines that share an image mostly come close together.
-IMAGE_CACHE_BYTES = 64 * 1024 * 1024
+# IMAGE_CACHE_BYTES (app/catalog/estimate.py, which counts it in a projector's estimate):
+# encoded images kept per loaded model besides those pinned by lines in flight. Kept small:
+# lines that share an image mostly come close together.
 #: The projector leaves memory once the model has had no image line queued or running for
 #: this long, and loads again with the next one: it stays loaded only while image lines
 #: come, and a pause between a batch's claims does not unload it. The encoded rows stay.

@@ -13,7 +13,7 @@ import msgspec
 import pytest
 
 from app.catalog import Catalog, Entry
-from app.catalog.estimate import DEFAULT_PATCHES, MAX_PATCHES, projector_bytes
+from app.catalog.estimate import DEFAULT_PATCHES, IMAGE_CACHE_BYTES, MAX_PATCHES, projector_bytes
 from app.catalog.header import read_projector
 from app.catalog.stores import pick_projector
 from app.engine.registry import catalog_card
@@ -266,9 +266,9 @@ def test_the_estimate_counts_the_projector_apart(
     entries = by_id(make_catalog())
     seeing, text = entries["gemma3:4b"].estimate, entries["gemma3:text"].estimate
     assert seeing is not None and text is not None
-    # 896 px in 14 px patches: 64 x 64 patches, each (4 x 64 + 128) f32 activations; and
-    # the projector's one 64 x 48 f32 tensor.
-    assert seeing.projector == 64 * 48 * 4 + 4096 * (4 * 64 + 128) * 4
+    # 896 px in 14 px patches: 64 x 64 patches, each (4 x 64 + 128) f32 activations; the
+    # projector's one 64 x 48 f32 tensor; and the encoded images the engine keeps.
+    assert seeing.projector == 64 * 48 * 4 + 4096 * (4 * 64 + 128) * 4 + IMAGE_CACHE_BYTES
     assert (seeing.weights, seeing.kv_cache, seeing.compute) == (
         text.weights,
         text.kv_cache,
@@ -284,8 +284,9 @@ def test_projector_bytes_caps_the_patches_and_has_a_default(tmp_path: Path) -> N
     huge = replace(facts, image_size=4096)
     unsized = replace(facts, image_size=0)
     per_patch = (4 * facts.n_embd + facts.n_ff) * 4
-    assert projector_bytes(huge) == facts.tensor_bytes + MAX_PATCHES * per_patch
-    assert projector_bytes(unsized) == facts.tensor_bytes + DEFAULT_PATCHES * per_patch
+    kept = facts.tensor_bytes + IMAGE_CACHE_BYTES
+    assert projector_bytes(huge) == kept + MAX_PATCHES * per_patch
+    assert projector_bytes(unsized) == kept + DEFAULT_PATCHES * per_patch
 
 
 @pytest.mark.parametrize(
