@@ -2,7 +2,10 @@
 
 The model is the test vision pair (bench/vision_model.py: SmolLM2-135M-Instruct's weights
 and a random-weight SmolVLM projector, 128x128 images of 32 image positions each, or
---projector gemma3), written once into ~/.cache/batchyard/bench-models. Two workloads, each
+--projector gemma3), written once per machine (tests/vision.py's cache). Its encoder is tiny
+(about 20 ms an image), so `--shape smolvlm` writes one of SmolVLM-256M's real shapes
+instead (a 12-layer, 768-wide SigLIP on 512x512 tiles, 64 positions a tile: 374 MB of f32,
+seconds an image on a CPU), where encoding costs what it costs a user. Two workloads, each
 N chat lines that ask one question of one PNG (noise, so no two images look alike), 4 tokens
 out:
 
@@ -97,11 +100,23 @@ def bodies_for(workload: str, n: int, max_tokens: int, seed: int = 7) -> list[di
     ]
 
 
-def pair(projector: str) -> Path:
-    """The vision pair's folder, written once (tests/vision.py's cache)."""
+def pair(projector: str, shape: str) -> Path:
+    """The vision pair's folder, written once (tests/vision.py's cache; the smolvlm shape in
+    ~/.cache/batchyard/bench-models)."""
     from tests.vision import vision_model_dir
 
-    return vision_model_dir(projector)
+    if shape == "small":
+        return vision_model_dir(projector)
+    from bench import vision_model
+
+    folder = Path.home() / ".cache" / "batchyard" / "bench-models" / f"vision-{shape}-{projector}"
+    if not (folder / "mmproj.gguf").is_file():
+        real = vision_model.Projector(
+            kind=projector, image_size=512, patch_size=16, n_embd=768, n_ff=3072, n_head=12,
+            n_layer=12, scale_factor=4,
+        )  # fmt: skip
+        vision_model.write(folder, projector=real)
+    return folder
 
 
 def run_batchyard(folder: Path, bodies: list[dict[str, Any]], args: argparse.Namespace) -> Result:
@@ -217,6 +232,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--parallel", type=int, default=32, help="slots on both sides (32)")
     parser.add_argument("--threads", type=int, default=0, help="CPU threads, 0 = all cores")
     parser.add_argument("--projector", choices=("idefics3", "gemma3"), default="idefics3")
+    parser.add_argument("--shape", choices=("small", "smolvlm"), default="small",
+                        help="the projector's size: the tests' (small) or SmolVLM-256M's")  # fmt: skip
     parser.add_argument("--server-bin", default="", help="llama-server's dir (default: build)")
     parser.add_argument("--no-server", action="store_true", help="batchyard alone")
     args = parser.parse_args(argv)
@@ -247,7 +264,7 @@ def show(name: str, r: Result, n: int) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
-    folder = pair(args.projector)
+    folder = pair(args.projector, args.shape)
     binary_dir = None if args.no_server else binaries(args)
     workloads = ("distinct", "shared") if args.workload == "both" else (args.workload,)
     for workload in workloads:
