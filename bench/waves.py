@@ -147,7 +147,7 @@ class Trace:
             return traced
 
         engine._decode = tracer("main", engine._decode, engine._slots)
-        engine._decode_shared = tracer("shared", engine._decode_shared, engine._lines)
+        engine._decode_shared = tracer("shared", engine._decode_shared, engine._branches)
 
     def summary(self) -> str:
         lines = []

@@ -88,9 +88,9 @@ class ModelInfo:
     cpu_buffers: str = ""  # llama.cpp's extra CPU buffer types: "on (why)" or "off (why)"
     advice: str | None = None  # the command that fixes the build (toolchain/facts.py), if any
     gpu_fallback: str | None = None  # why a GPU build runs on the CPU (toolchain/facts.py)
-    #: Lines the shared-prefix context takes besides the slots while it has work (0 while it
-    #: has none, and on engines without one: engine/llama/shared.py).
-    shared_lines: int = 0
+    #: Branches of the shared-prefix context (a line each) besides the slots while it has
+    #: work (0 while it has none, and on engines without one: engine/llama/shared.py).
+    shared_branches: int = 0
     #: The model was loaded with a multimodal projector: chat and responses bodies may
     #: carry images (engine/llama/vision.py).
     takes_images: bool = False
@@ -98,7 +98,7 @@ class ModelInfo:
     @property
     def lane_slots(self) -> int:
         """Lines the engine runs at once: what the runner's claims keep it fed with."""
-        return self.n_slots + self.shared_lines
+        return self.n_slots + self.shared_branches
 
 
 @dataclass

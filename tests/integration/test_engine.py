@@ -524,7 +524,7 @@ def test_batch_lines_sharing_a_new_block_fork_from_it_in_the_shared_context(
     assert engine._blocks is not None
     assert [len(b.tokens) >= block_tokens for b in engine._blocks.blocks] == [True]
     # The lines ran at once, past the main context's slots, and gave their cells back.
-    assert not any(line.busy for line in engine._lines)
+    assert not any(line.busy for line in engine._branches)
     # Each line's first token as the slots of an f16 cache see it, a stream of its own each:
     # the same distribution (greedy text can part at a near tie, so the logprobs are compared).
     probe = [{**body, "max_tokens": 1, "logprobs": True, "top_logprobs": 5} for body in bodies]
@@ -598,7 +598,7 @@ def test_an_online_request_answers_while_a_wave_runs_in_the_shared_context(
 
     def traced(n: int) -> bool:
         online = any(s.job is not None and s.job.priority == Priority.ONLINE for s in engine._slots)
-        generating = sum(1 for line in engine._lines if line.generating)
+        generating = sum(1 for line in engine._branches if line.generating)
         start = time.monotonic()
         ok = decode(n)
         steps.append((start, time.monotonic(), n - generating, online))
@@ -608,9 +608,9 @@ def test_an_online_request_answers_while_a_wave_runs_in_the_shared_context(
     try:
         with engine._cond:
             wave = [engine.submit(CHAT, b, priority=Priority.BATCH) for b in bodies]
-        until(lambda: any(line.generating for line in engine._lines), timeout=60)
+        until(lambda: any(line.generating for line in engine._branches), timeout=60)
         # While the shared context has work, the runner is told to feed its lines too.
-        assert engine.info.lane_slots == SLOTS + len(engine._lines) == SLOTS * 9
+        assert engine.info.lane_slots == SLOTS + len(engine._branches) == SLOTS * 9
         online = engine.submit(CHAT, chat("Quick question?", max_tokens=400, logit_bias=NO_EOG))
         until(lambda: any(s.generating for s in engine._slots), timeout=10)
         # More lines of the block now: their prompts' rest waits for the turns' few rows.

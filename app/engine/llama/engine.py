@@ -139,15 +139,15 @@ class LlamaEngine:
         )
         # The shared-prefix context (shared.py): its lines are sequences of their own context.
         self._shared = model.shared
-        self._lines: list[Slot] = []
+        self._branches: list[Slot] = []
         self._blocks: SharedBlocks | None = None
         if self._shared is not None:
-            self._lines = [Slot(i, self._shared.ctx) for i in range(self._shared.n_lines)]
+            self._branches = [Slot(i, self._shared.ctx) for i in range(self._shared.n_branches)]
             self._blocks = SharedBlocks(
-                n_lines=self._shared.n_lines,
+                n_branches=self._shared.n_branches,
                 n_blocks=self._shared.n_blocks,
                 n_cells=self._shared.n_cells,
-                ctx_per_line=self.ctx_per_slot,
+                ctx_per_branch=self.ctx_per_slot,
                 max_wave=0 if model.gpu_backend else CPU_WAVE,
             )
         self._scheduler = Scheduler(
@@ -156,7 +156,7 @@ class LlamaEngine:
             embed_tokens=self._embedder.batch_tokens,
             embed_seqs=EMBED_SEQS,
             shared=self._blocks,
-            lines=self._lines,
+            lines=self._branches,
         )
 
         self._cond = threading.Condition()
@@ -166,7 +166,7 @@ class LlamaEngine:
         self._jobs: dict[Future[dict[str, Any]], Job] = {}
         self._closing = False
         self._slots = [Slot(i, model.ctx) for i in range(self.n_slots)]
-        self._all = self._slots + self._lines  # every sequence of both contexts
+        self._all = self._slots + self._branches  # every sequence of both contexts
         self._shared_last = 0.0  # when the shared context's last step ended
         # Slots whose stream copy llama.cpp has queued but not yet done (it happens at the
         # next decode); they are not a source for another copy until then.
@@ -343,7 +343,7 @@ class LlamaEngine:
     def _shared_work(self) -> bool:
         """A line of the shared context runs, or one of its blocks waits to be evaluated."""
         blocks = self._blocks.blocks if self._blocks is not None else []
-        return any(s.busy for s in self._lines) or any(b.pending for b in blocks)
+        return any(s.busy for s in self._branches) or any(b.pending for b in blocks)
 
     def _admit(self) -> list[Job]:
         """Drop withdrawn work, start the tasks that fit; returns the embedding jobs."""
@@ -423,17 +423,17 @@ class LlamaEngine:
                 lost.add(id(block))
             block.state = None
         for start in plan.starts:
-            task, line = start.task, start.line
+            task, branch = start.task, start.branch
             if id(start.block) in lost:
                 heapq.heappush(self._queue, task)
                 continue
             prompt = task.job.prompts[task.prompt_index]
-            self._take(line, task, task.choice_indices[0], None)
-            # One stream: the fork tags the block's cells with the line's sequence id.
-            lc.llama_memory_seq_cp(mem, start.block.seq_id, line.seq_id, 0, start.forked)
-            line.block, line.reserved = start.block, start.reserved
-            line.pos = start.forked
-            line.pending = prompt[start.forked :]
+            self._take(branch, task, task.choice_indices[0], None)
+            # One stream: the fork tags the block's cells with the branch's sequence id.
+            lc.llama_memory_seq_cp(mem, start.block.seq_id, branch.seq_id, 0, start.forked)
+            branch.block, branch.reserved = start.block, start.reserved
+            branch.pos = start.forked
+            branch.pending = prompt[start.forked :]
             task.job.cached_tokens += start.forked
             self._counters.tokens(prompt=len(prompt))
 
@@ -478,7 +478,7 @@ class LlamaEngine:
             n = self._fill_shared(online)
             did = did or n > 0
             if n and self._decode_shared(n):
-                self._after_decode(self._lines)
+                self._after_decode(self._branches)
             self._shared_last = time.monotonic()
             self._report_shared()
         return did
@@ -531,9 +531,9 @@ class LlamaEngine:
         while it has work, and only the slots otherwise: a node of a fleet that runs
         independent lines claims no more than its slots' worth (twice, as before)."""
         assert self._shared is not None
-        lines = self._shared.n_lines if self._shared_work() else 0
-        if self.info.shared_lines != lines:
-            self.info = dataclasses.replace(self.info, shared_lines=lines)
+        branches = self._shared.n_branches if self._shared_work() else 0
+        if self.info.shared_branches != branches:
+            self.info = dataclasses.replace(self.info, shared_branches=branches)
 
     def _fill_shared(self, online: bool) -> int:
         """The shared context's rows: the blocks' pending tokens first (their lines wait for
@@ -542,7 +542,7 @@ class LlamaEngine:
         assert self._shared is not None and self._blocks is not None
         batch, add = self._shared.batch, native.batch_add
         # Its lines are batch lines: the budget is a batch step's, or the online turn's.
-        budget = self._scheduler.prompt_budget(self._lines, self.n_batch)
+        budget = self._scheduler.prompt_budget(self._branches, self.n_batch)
         if online:
             budget = min(budget, ONLINE_SHARED_PROMPT)
         n = 0
@@ -556,7 +556,7 @@ class LlamaEngine:
                 budget -= take
         # Each block's lines in a run: a tile of 64 query rows then spans few blocks, and
         # flash attention skips the tiles of cells no row of it may see (the other blocks).
-        lines = sorted(self._lines, key=lambda s: (s.block.seq_id if s.block else -1, s.seq_id))
+        lines = sorted(self._branches, key=lambda s: (s.block.seq_id if s.block else -1, s.seq_id))
         return self._fill_batch(lines, batch, n, budget, set())
 
     def _fill_batch(
@@ -622,7 +622,7 @@ class LlamaEngine:
         if rc == 0:
             return True
         log.error("llama_decode returned %d in the shared-prefix context; failing its lines", rc)
-        for line in self._lines:
+        for line in self._branches:
             if line.busy:
                 self._fail_job(line.job, decode_failed(rc))
         self._blocks.reset()

@@ -50,7 +50,7 @@ SHARED_BLOCKS = 8
 #: blocks'): 248 at the default 32 slots. While the context has work, the runner keeps the
 #: engine fed with the slots and these lines (ModelInfo.lane_slots), so that it holds the
 #: lines of every block a file mixes and runs each block's lines in one wave.
-SHARED_LINES_PER_SLOT = 8
+SHARED_BRANCHES_PER_SLOT = 8
 #: Fewer slots than this, no shared-prefix context: a node run with a few slots (a test
 #: node, a machine shared with other work) keeps to them.
 MIN_SHARED_SLOTS = 8
@@ -226,12 +226,12 @@ class Vocab:
 @dataclass
 class SharedContext:
     """The shared-prefix context (shared.py): one unified f16 KV stream of `n_cells` cells,
-    sequences 0..n_lines-1 for lines and the `n_blocks` above them for blocks."""
+    sequences 0..n_branches-1 for lines and the `n_blocks` above them for blocks."""
 
     ctx: Any
     mem: Any
     batch: Any
-    n_lines: int
+    n_branches: int
     n_blocks: int
     n_cells: int
 
@@ -374,9 +374,9 @@ def load(settings: Settings, *, prompt_tokens_per_step: int) -> LoadedModel:
         raise RuntimeError("llama.cpp could not create a context (out of memory?)")
     shared = None
     if settings.shared_cells and n_slots >= MIN_SHARED_SLOTS:
-        n_lines = min(LLAMA_MAX_SEQ - SHARED_BLOCKS, SHARED_LINES_PER_SLOT * n_slots)
+        n_branches = min(LLAMA_MAX_SEQ - SHARED_BLOCKS, SHARED_BRANCHES_PER_SLOT * n_slots)
         shared = shared_context(
-            model, settings.shared_cells, n_lines=n_lines, n_batch=n_batch, threads=threads
+            model, settings.shared_cells, n_branches=n_branches, n_batch=n_batch, threads=threads
         )
         if shared is None:
             lc.llama_free(ctx)
@@ -412,11 +412,11 @@ def load(settings: Settings, *, prompt_tokens_per_step: int) -> LoadedModel:
 
 
 def shared_context(
-    model: Any, n_cells: int, *, n_lines: int, n_batch: int, threads: int
+    model: Any, n_cells: int, *, n_branches: int, n_batch: int, threads: int
 ) -> SharedContext | None:
     """A context of one unified f16 KV stream for lines that share blocks (shared.py)."""
     params = lc.llama_context_default_params()
-    params.n_seq_max = n_lines + SHARED_BLOCKS
+    params.n_seq_max = n_branches + SHARED_BLOCKS
     params.n_ctx = n_cells
     # One stream: a fork tags the block's cells instead of copying a stream, and a
     # micro-batch's rows of every line attend in one flash-attention call (its tiled path).
@@ -434,7 +434,7 @@ def shared_context(
         ctx=ctx,
         mem=lc.llama_get_memory(ctx),
         batch=lc.llama_batch_init(n_batch, 0, 1),
-        n_lines=n_lines,
+        n_branches=n_branches,
         n_blocks=SHARED_BLOCKS,
         n_cells=lc.llama_n_ctx(ctx),
     )

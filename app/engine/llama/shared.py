@@ -76,11 +76,12 @@ class Block:
 
 @dataclass
 class Start:
-    """A line that forks from a block: `forked` tokens come from the block's cells,
-    `reserved` cells are its own (the rest of its prompt and its longest answer)."""
+    """A line that forks from a block, in a branch (a sequence of this context): `forked`
+    tokens come from the block's cells, `reserved` cells are its own (the rest of its
+    prompt and its longest answer)."""
 
     task: Task
-    line: Slot
+    branch: Slot
     block: Block
     forked: int
     reserved: int
@@ -128,15 +129,21 @@ class SharedBlocks:
     """The blocks of the shared context and the admission of lines into it."""
 
     def __init__(
-        self, *, n_lines: int, n_blocks: int, n_cells: int, ctx_per_line: int, max_wave: int = 0
+        self,
+        *,
+        n_branches: int,
+        n_blocks: int,
+        n_cells: int,
+        ctx_per_branch: int,
+        max_wave: int = 0,
     ) -> None:
-        self.n_lines = n_lines
-        self.max_wave = max_wave or n_lines  # lines running at once
+        self.n_branches = n_branches
+        self.max_wave = max_wave or n_branches  # lines running at once
         self.n_cells = n_cells
-        self.ctx_per_line = ctx_per_line
+        self.ctx_per_branch = ctx_per_branch
         self.blocks: list[Block] = []
-        # Lines are sequences 0..n_lines-1; blocks take the ids above them.
-        self._free_ids = list(range(n_lines, n_lines + n_blocks))
+        # Lines are sequences 0..n_branches-1; blocks take the ids above them.
+        self._free_ids = list(range(n_branches, n_branches + n_blocks))
         self._parked_ids: list[int] = []  # free again from the next round on
         self._round = 0
         self._version = 0  # changes whenever a block comes or goes (Task.shared_match)
@@ -155,7 +162,7 @@ class SharedBlocks:
     def reserve(self, task: Task, forked: int) -> int:
         """Cells a line takes beyond its block: its prompt's rest and its longest answer."""
         prompt = len(_prompt(task))
-        room = self.ctx_per_line - prompt
+        room = self.ctx_per_branch - prompt
         answer = task.job.params.max_tokens or room
         return prompt - forked + max(0, min(answer, room))
 
@@ -237,11 +244,11 @@ class SharedBlocks:
             return False
         if not self._free or need > room:
             return True
-        line = self._free.pop(0)
+        branch = self._free.pop(0)
         block.users += 1
         block.used = self._round
         self._taken += need
-        plan.starts.append(Start(task, line, block, forked, need))
+        plan.starts.append(Start(task, branch, block, forked, need))
         return False
 
     def _drop_idle(self, cells: int, keep: Block, plan: SharedPlan) -> int:

@@ -28,10 +28,12 @@ def line(block: list[int], i: int, *, max_tokens: int = 4, **kw: object) -> obje
 
 
 def setup(
-    n_lines: int = 8, n_blocks: int = 4, n_cells: int = 4096
+    n_branches: int = 8, n_blocks: int = 4, n_cells: int = 4096
 ) -> tuple[SharedBlocks, list[Slot]]:
-    shared = SharedBlocks(n_lines=n_lines, n_blocks=n_blocks, n_cells=n_cells, ctx_per_line=CTX)
-    return shared, [Slot(i) for i in range(n_lines)]
+    shared = SharedBlocks(
+        n_branches=n_branches, n_blocks=n_blocks, n_cells=n_cells, ctx_per_branch=CTX
+    )
+    return shared, [Slot(i) for i in range(n_branches)]
 
 
 def carry_out(shared: SharedBlocks, lines: list[Slot], plan: SharedPlan) -> None:
@@ -42,8 +44,8 @@ def carry_out(shared: SharedBlocks, lines: list[Slot], plan: SharedPlan) -> None
         block.pending = []
     for start in plan.starts:
         j = start.task.job
-        start.line.take(j, j.choices[0], len(j.prompts[0]), None, ctx_per_slot=CTX)
-        start.line.block, start.line.reserved = start.block, start.reserved
+        start.branch.take(j, j.choices[0], len(j.prompts[0]), None, ctx_per_slot=CTX)
+        start.branch.block, start.branch.reserved = start.block, start.reserved
 
 
 def finish(shared: SharedBlocks, lines: list[Slot]) -> None:
@@ -67,7 +69,7 @@ def test_lines_sharing_a_block_wait_for_it_then_all_fork_from_it() -> None:
     assert all(s.forked == len(BLOCK_A) for s in second.starts)
     # Each line holds its own 3 prompt tokens and 4 answer tokens beyond the block.
     assert all(s.reserved == 3 + 4 for s in second.starts)
-    assert len({s.line.seq_id for s in second.starts}) == 5
+    assert len({s.branch.seq_id for s in second.starts}) == 5
 
 
 def test_a_lone_line_with_a_long_prompt_stays_in_the_main_context() -> None:
