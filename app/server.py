@@ -98,9 +98,10 @@ def provide_batches(state: State, owner: NamedDependency[str]) -> BatchService:
     return _services(state).batches
 
 
-def provide_engine(state: State) -> Engine:
-    """The loaded engine; a 503 while the model is still loading (or failed to)."""
-    engine = _services(state).engine
+def provide_engine(services: NamedDependency[Services]) -> Engine:
+    """The loaded engine; a 503 while the model is still loading (or failed to). It takes
+    the services, so that a handler naming both resolves them one after the other."""
+    engine = services.engine
     if engine is None:
         raise APIError(
             503,

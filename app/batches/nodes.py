@@ -147,6 +147,7 @@ def node_models(
         budget=budget,
         strict=settings.strict_models,
         serving=serving,
+        pooled=pool is not None,
     )
     return nodes, rules
 

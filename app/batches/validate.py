@@ -380,6 +380,10 @@ class ModelRules:
     #: This node's engines: the id that serves a name here and its catalog entry (None for
     #: an upstream's model), or None; by default this node's catalog alone.
     serving: Callable[[str], tuple[str, Entry | None] | None] | None = None
+    #: The catalog's entries are what runs here (the embedded engine is the pool of them),
+    #: so an entry without a projector refuses image lines at validation. False for a lone
+    #: engine (a test's), which answers an image it cannot take when the line runs.
+    pooled: bool = True
 
     def route(self, model: str | None, lines: list[Line]) -> Routed:
         """The route of a batch whose lines name `model`, with its errors (none when it may
@@ -403,7 +407,7 @@ class ModelRules:
         """The image lines of a model of this catalog that has no projector: each fails at
         validation, or with `strict` the whole batch does. (An upstream's or another node's
         model answers an image it cannot take with its own error when the line runs.)"""
-        if entry is None or entry.takes_images:
+        if entry is None or entry.takes_images or not self.pooled:
             return routed
         refused = [
             LineError(
