@@ -40,6 +40,7 @@ from app.batches.finalize import FINALIZE_RETRY_DELAYS, Finalizer
 from app.batches.lifecycle import failure, lock_batches, record
 from app.batches.nodes import NodeNames
 from app.batches.output import sweep_orphans
+from app.batches.projection import Projector
 from app.batches.validate import ModelRules
 from app.config import Settings
 from app.db import Database
@@ -151,6 +152,10 @@ class Runner:
         #: Called with the transaction and the batch each time a batch reaches a final
         #: status, before it commits (the webhooks service queues its event here).
         self.end_hooks: list[Callable[[Session, Batch], object]] = []
+        #: Each batch in progress's projected finish (projection.py): sampled each step at
+        #: its own pace; it hears of each end to record how far it was off.
+        self.projections = Projector(db)
+        self.end_hooks.append(self.projections.ended)
         #: Bumped after every write the dashboard may want to show; see wait_for_change().
         self.revision = 0
         self._changed = threading.Condition()
@@ -282,6 +287,7 @@ class Runner:
             if recorded - running:
                 self._finalizer.finalize_ready(recorded - running)
         self._notice_other_nodes()
+        self.projections.sample()
         if self.nodes is not None:
             self.nodes.beat()
         if time.monotonic() - self._last_sweep > self._sweep_interval:
