@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import threading
 import time
@@ -12,6 +13,7 @@ from sqlmodel import select
 
 from app.batches.claims import MAX_ATTEMPTS
 from app.batches.runner import LANE_PAUSE_MIN
+from app.files.bucket import StoreError
 from app.services import Services
 from app.tables import Request, RequestStatus
 from tests.factories import batch_line, jsonl_lines
@@ -188,10 +190,6 @@ def test_stop_is_heard_during_the_back_off_after_a_failed_step(tmp_path: Path) -
 
 
 def test_a_line_whose_store_is_away_waits_and_runs_once_it_is_back(tmp_path: Path) -> None:
-    import errno
-
-    from app.files.bucket import StoreError
-
     svc = services(tmp_path, FakeEngine(n_slots=2))
     bid = add_batch(svc, 6)
     read, away, asked = svc.storage.read_spans, [True], [0]
@@ -233,3 +231,18 @@ def test_a_line_whose_input_file_is_gone_fails(tmp_path: Path) -> None:
     assert all(
         "could not be read again" in e["response"]["body"]["error"]["message"] for e in errors
     )
+
+
+def test_lines_waiting_for_their_store_end_only_with_the_window(tmp_path: Path) -> None:
+    svc = services(tmp_path, FakeEngine(n_slots=2), batch_window_seconds=2)
+    bid = add_batch(svc, 4)
+
+    def read_spans(file_id: str, spans: list[tuple[int, int]]) -> list[bytes]:
+        raise StoreError(errno.EIO, "the object store did not answer while trying to read")
+
+    svc.runner.storage.read_spans = read_spans  # type: ignore[method-assign]
+    b = drive(svc, bid, timeout=15)
+    assert b.status == "expired" and (b.completed, b.failed) == (0, 4)
+    errors = file_lines(svc, b.error_file_id)
+    assert [e["custom_id"] for e in errors] == ["c0", "c1", "c2", "c3"]
+    assert all(e["error"]["code"] == "batch_expired" for e in errors)
