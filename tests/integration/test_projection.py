@@ -1,11 +1,13 @@
 """A running batch's projected finish and deadline, through the real app: on the batch
-list, the batch page and /metrics while it runs, and its projection error once it completes."""
+list, the batch page and /metrics while it runs, and its projection error once it completes;
+on SQLite and on PostgreSQL."""
 
 from __future__ import annotations
 
 import re
 import time
 
+import pytest
 from litestar.testing import TestClient
 
 from tests.factories import batch_line, jsonl
@@ -13,6 +15,8 @@ from tests.fakes import FakeEngine
 from tests.http_helpers import MakeClient
 from tests.metrics import parse
 from tests.waiting import until
+
+pytestmark = pytest.mark.parametrize("database_url", ["sqlite", "postgres"], indirect=True)
 
 LINES = 240
 
