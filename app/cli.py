@@ -132,6 +132,13 @@ SERVE_FLAGS: list[tuple[str, str, Any, str]] = [
         str,
         "the longest another model's lines wait for the loaded model's queue to drain",
     ),
+    (
+        "--completion-windows",
+        "completion_windows",
+        str,
+        "the completion windows a batch may ask for besides OpenAI's 24h, comma-separated, "
+        "each from 1 hour to 7 days (90m, 1h, 48h, 7d)",
+    ),
     ("--node-name", "node_name", str, "this node's name in claims, /health and /metrics"),
     (
         "--max-image-bytes",

@@ -116,23 +116,44 @@ class Progress:
         self.last_plain = 0.0
         self.drawn = False
 
-    def _line(self, done: int, total: int, tok_s: float) -> str:
+    def _line(
+        self, done: int, total: int, tok_s: float, finish_at: float | None, deadline: float | None
+    ) -> str:
         elapsed = time.monotonic() - self.started
         here = done - self.done_before
-        if here > 0 and total > done:
+        finish = ""
+        if finish_at is not None and total > done:
+            # The runner's projection (batches/projection.py): the model's measured rate.
+            eta = _clock(max(0.0, finish_at - time.time()))
+            finish = f"  finishes {time.strftime('%H:%M:%S', time.localtime(finish_at))}"
+        elif here > 0 and total > done:
             eta = _clock((total - done) * elapsed / here)
         else:
             eta = "0:00" if total and done >= total else "--:--"
+        if deadline is not None and total > done:
+            finish += f"  deadline {time.strftime('%H:%M:%S', time.localtime(deadline))}"
         pct = 100.0 * done / total if total else 0.0
-        text = f"{done}/{total} lines ({pct:.0f}%)  {tok_s:.1f} tok/s  ETA {eta}"
+        text = f"{done}/{total} lines ({pct:.0f}%)  {tok_s:.1f} tok/s  ETA {eta}{finish}"
         if self.tty:
             filled = int(BAR_WIDTH * done / total) if total else 0
             return f"[{'#' * filled}{'.' * (BAR_WIDTH - filled)}] {text}"
         return f"progress: {text}  elapsed {_clock(elapsed)}"
 
-    def update(self, done: int, total: int, tok_s: float, *, final: bool = False) -> None:
+    def update(
+        self,
+        done: int,
+        total: int,
+        tok_s: float,
+        *,
+        final: bool = False,
+        finish_at: float | None = None,
+        deadline: float | None = None,
+    ) -> None:
+        """Draw the bar (or print a line); `finish_at` is the projected finish, `deadline`
+        the batch's window's end (a run has none), both unix seconds."""
+        line = self._line(done, total, tok_s, finish_at, deadline)
         if self.tty:
-            self.stream.write("\r\x1b[2K" + self._line(done, total, tok_s))
+            self.stream.write("\r\x1b[2K" + line)
             if final:
                 self.stream.write("\n")
             self.drawn = not final
@@ -141,7 +162,7 @@ class Progress:
         t = time.monotonic()
         if final or t - self.last_plain >= PLAIN_PROGRESS_EVERY_S:
             self.last_plain = t
-            print(self._line(done, total, tok_s), file=self.stream, flush=True)
+            print(line, file=self.stream, flush=True)
 
     def end_line(self) -> None:
         """Leave the bar's line before anything else is printed."""
@@ -371,8 +392,12 @@ def _run_to_end(run: _Run, settings: Settings) -> Batch:
     progress = run.progress = Progress(err, done_before=batch.completed + batch.failed)
     while batch.status in BatchStatus.ACTIVE:
         if batch.status != BatchStatus.VALIDATING:
+            projection = services.runner.projections.get(batch.id)
             progress.update(
-                batch.completed + batch.failed, batch.total, engine.stats().tokens_per_second
+                batch.completed + batch.failed,
+                batch.total,
+                engine.stats().tokens_per_second,
+                finish_at=projection.finish_at if projection is not None else None,
             )
         time.sleep(0.25 if progress.tty else 0.5)
         batch = run.batch = services.batches.get(batch.id, OWNER)

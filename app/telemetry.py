@@ -20,6 +20,7 @@ from sqlmodel import col, select
 from app import __version__
 from app.batches.health import QueueHealth, queue_health
 from app.batches.nodes import unserved_lines
+from app.batches.projection import Projection, ProjectionError, Projector
 from app.db import Database
 from app.engine.pool import ModelView
 from app.engine.registry import EngineView, lanes, members, model_pool
@@ -124,6 +125,9 @@ class Figures:
     memory: tuple[int, int] | None = None
     #: Lines waiting for a model no live node serves now, by that model's id (all nodes).
     unserved: dict[str, int] = field(default_factory=dict)
+    #: Each batch in progress's projection, and the errors of the last ones completed here.
+    projections: dict[str, Projection] = field(default_factory=dict)
+    projection_errors: list[ProjectionError] = field(default_factory=list)
 
     @property
     def state(self) -> str:
@@ -190,6 +194,25 @@ def _memory(part: int) -> Callable[[Figures], Samples]:
     return lambda f: [("", f.memory[part])] if f.memory is not None else []
 
 
+def _each_projection(value: Callable[[Projection], Any]) -> Callable[[Figures], Samples]:
+    """A family of one sample per batch in progress, labelled by its id; a batch whose
+    `value` is None (no rate known yet) has no sample."""
+    return lambda f: [
+        (_labels(batch=b), x)
+        for b, p in sorted(f.projections.items())
+        if (x := value(p)) is not None
+    ]
+
+
+def _projection_errors(f: Figures) -> Samples:
+    out = []
+    for e in f.projection_errors:
+        for at, error in (("first", e.first), ("half", e.half)):
+            if error is not None:
+                out.append((_labels(batch=e.batch_id, at=at), error[0]))
+    return out
+
+
 def _by(label: str, counts: Callable[[Figures], dict[str, Any]]) -> Callable[[Figures], Samples]:
     """A family of one sample per key of `counts`, in key order."""
     return lambda f: [(_labels(**{label: k}), n) for k, n in sorted(counts(f).items())]
@@ -221,6 +244,26 @@ FAMILIES: tuple[Family, ...] = (
         "gauge",
         "Batch lines by status: pending and running ones, then processed ones by outcome.",
         lambda f: [(_labels(status=st), f.lines.get(st, 0)) for st in LINE_STATUSES],
+    ),
+    Family(
+        "batchyard_batch_projected_finish_seconds",
+        "gauge",
+        "When the batch in progress is projected to finish (unix seconds): its model's measured "
+        "rate, the lines ahead of it and its share.",
+        _each_projection(lambda p: p.finish_at),
+    ),
+    Family(
+        "batchyard_batch_deadline_seconds",
+        "gauge",
+        "When the batch in progress's completion window ends (its expires_at, unix seconds).",
+        _each_projection(lambda p: p.deadline),
+    ),
+    Family(
+        "batchyard_batch_projection_error_seconds",
+        "gauge",
+        "A recently completed batch's projected minus actual finish (positive: it finished "
+        "sooner), for its first projection (at=first) and the one at half its lines (at=half).",
+        _projection_errors,
     ),
     Family(
         "batchyard_node_lines_running",
@@ -396,7 +439,13 @@ FAMILIES: tuple[Family, ...] = (
 
 
 def figures(
-    db: Database, engine: Engine | None, *, engine_failure: str | None, node: str, in_flight: int
+    db: Database,
+    engine: Engine | None,
+    *,
+    engine_failure: str | None,
+    node: str,
+    in_flight: int,
+    projector: Projector | None = None,
 ) -> Figures:
     """Read what one /metrics page reports."""
     batches, lines = count_by_status(db)
@@ -415,6 +464,8 @@ def figures(
         models=pool.views() if pool is not None else [],
         memory=pool.budget() if pool is not None else None,
         unserved=unserved_by_model(db),
+        projections=projector.current() if projector is not None else {},
+        projection_errors=list(projector.errors) if projector is not None else [],
     )
 
 
@@ -437,9 +488,17 @@ def render(
     engine_failure: str | None = None,
     node: str = "",
     in_flight: int = 0,
+    projector: Projector | None = None,
 ) -> str:
     """The whole /metrics page: the database's figures (all nodes) and this node's own."""
-    f = figures(db, engine, engine_failure=engine_failure, node=node, in_flight=in_flight)
+    f = figures(
+        db,
+        engine,
+        engine_failure=engine_failure,
+        node=node,
+        in_flight=in_flight,
+        projector=projector,
+    )
     out = [line for family in FAMILIES for line in family.render(f)]
     out += requests.render()
     return "\n".join(out) + "\n"

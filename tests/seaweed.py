@@ -36,6 +36,23 @@ class Seaweed:
     endpoint: str  # http://127.0.0.1:PORT
     bucket: str
     process: subprocess.Popen[bytes]
+    #: How it was started (its ports and data dir), so that a test can restart it.
+    args: list[str]
+    data: Path
+    log: Path
+
+    def stop(self, *, kill: bool = False) -> None:
+        """Stop the server (SIGTERM, or SIGKILL: a crash); its data dir stays."""
+        if kill:
+            self.process.kill()
+            self.process.wait()
+        else:
+            stop_process(self.process, timeout=10)
+
+    def start(self) -> str | None:
+        """Start it again on the same ports and data; None once S3 answers, else why not."""
+        self.process = _launch(self.args, self.data, self.log)
+        return _make_bucket(self)
 
     def env(self) -> dict[str, str]:
         """The AWS environment a client (or a `batchyard serve`) needs to reach it."""
@@ -92,14 +109,19 @@ def seaweed_server(data: Path, log: Path) -> Iterator[Seaweed | str]:
     for name, port in ports.items():
         args += [f"-{name}.port={port}", f"-{name}.port.grpc={grpc[name]}"]
     log.parent.mkdir(parents=True, exist_ok=True)
-    with open(log, "wb") as out:
-        process = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, cwd=data)
-    server = Seaweed(f"http://127.0.0.1:{ports['s3']}", BUCKET, process)
+    log.write_bytes(b"")
+    process = _launch(args, data, log)
+    server = Seaweed(f"http://127.0.0.1:{ports['s3']}", BUCKET, process, args, data, log)
     try:
         problem = _make_bucket(server)
         yield problem if problem else server
     finally:
-        stop_process(process, timeout=3)
+        stop_process(server.process, timeout=3)
+
+
+def _launch(args: list[str], data: Path, log: Path) -> subprocess.Popen[bytes]:
+    with open(log, "ab") as out:  # the child keeps its own copy of the descriptor
+        return subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, cwd=data)
 
 
 def _make_bucket(server: Seaweed) -> str | None:

@@ -12,12 +12,14 @@ in lifecycle.py, output files in finalize.py.
 An engine that is down (`EngineUnavailable`: its upstream cannot be reached) is not the
 line's fault: the line goes back to the queue without using an attempt, and the engine's
 lane claims nothing more until the engine says it is up again. Only the batch's completion
-window ends such lines (`batch_expired`).
+window ends such lines (`batch_expired`). A line whose input cannot be read because the
+files' store is away (the object store did not answer: `input_away`) waits the same way.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import errno
 import logging
 import queue
 import threading
@@ -38,6 +40,7 @@ from app.batches.finalize import FINALIZE_RETRY_DELAYS, Finalizer
 from app.batches.lifecycle import failure, lock_batches, record
 from app.batches.nodes import NodeNames
 from app.batches.output import sweep_orphans
+from app.batches.projection import Projector
 from app.batches.validate import ModelRules
 from app.config import Settings
 from app.db import Database
@@ -72,6 +75,21 @@ LANE_PAUSE_MIN = 1.0
 #: Files and temporary uploads younger than this are never swept at start-up: on a shared
 #: files location they may be another node's upload or output in the making.
 SWEEP_MIN_AGE = 3600.0
+
+#: The errors of a read whose store is away, not of a file that is gone: the object store
+#: did not answer or refused for now (bucket.py's StoreError is EIO), a network mount that
+#: dropped. A line that meets one waits in the queue; a missing file fails its lines.
+STORE_AWAY_ERRNOS = frozenset(
+    {
+        errno.EIO,
+        errno.ETIMEDOUT,
+        errno.ECONNREFUSED,
+        errno.ECONNRESET,
+        errno.EHOSTUNREACH,
+        errno.ENETUNREACH,
+        errno.ESTALE,
+    }
+)
 
 Result = tuple[str, str, "Future[dict[str, Any]]"]  # (request id, batch id, future)
 
@@ -138,6 +156,10 @@ class Runner:
         #: Called with the transaction and the batch each time a batch reaches a final
         #: status, before it commits (the webhooks service queues its event here).
         self.end_hooks: list[Callable[[Session, Batch], object]] = []
+        #: Each batch in progress's projected finish (projection.py): sampled each step at
+        #: its own pace; it hears of each end to record how far it was off.
+        self.projections = Projector(db)
+        self.end_hooks.append(self.projections.ended)
         #: Bumped after every write the dashboard may want to show; see wait_for_change().
         self.revision = 0
         self._changed = threading.Condition()
@@ -154,6 +176,9 @@ class Runner:
         self._demand_cost = 0.0  # seconds the last count of waiting lines took
         # Batches from before routes get theirs once, at this node's first poll.
         self._routed_old = False
+        #: Why the files' store was last found away (a read of lines' input failed), until
+        #: a read succeeds again: see _wait_for_store.
+        self._store_away: str | None = None
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -269,6 +294,7 @@ class Runner:
             if recorded - running:
                 self._finalizer.finalize_ready(recorded - running)
         self._notice_other_nodes()
+        self.projections.sample()
         if self.nodes is not None:
             self.nodes.beat()
         if time.monotonic() - self._last_sweep > self._sweep_interval:
@@ -438,12 +464,38 @@ class Runner:
         """Read the claimed lines of one input file in blocks and hand them to the engine."""
         try:
             raws = self.storage.read_spans(file_id, [(c.offset, c.length) for c in group])
-        except Exception as exc:  # the file is gone or unreadable: its lines fail alone
-            for c in group:
+        except Exception as exc:
+            if input_away(exc):
+                self._wait_for_store(file_id, group, exc)
+                return
+            for c in group:  # the file is gone or unreadable: its lines fail alone
                 self._hand_back(c, unreadable(exc))
             return
+        if self._store_away is not None:
+            log.info("file=%s the store answers again: its lines run", file_id)
+            self._store_away = None
         for c, raw in zip(group, raws, strict=True):
             self._submit(c, raw)
+
+    def _wait_for_store(self, file_id: str, group: list[Claim], exc: Exception) -> None:
+        """The store that holds the lines' input is away: they go back to the queue with
+        their attempt unused, as lines whose engine is down do (`_record`), and their lanes
+        pause for LANE_PAUSE_MIN before they claim again, so the store is asked about once
+        a LANE_PAUSE_MIN while it is away. Only the batch's window ends them."""
+        now = time.monotonic()
+        if self._store_away is None:  # once an outage, not once a try
+            log.warning(
+                "file=%s lines=%d input unreadable, waiting for the store: %s",
+                file_id,
+                len(group),
+                exc,
+            )
+        self._store_away = str(exc)
+        for lane in {c.lane for c in group}:
+            # Paused here, so that _record does not report their engine down: it is not.
+            self._paused[lane] = now
+        for c in group:
+            self._hand_back(c, EngineUnavailable(f"The input line could not be read: {exc}"))
 
     def _submit(self, c: Claim, raw: bytes) -> None:
         try:
@@ -584,6 +636,12 @@ class Runner:
             if lane not in self._paused:
                 log.warning("lane=%s engine unavailable: its lines wait in the queue", lane)
             self._paused[lane] = now
+
+
+def input_away(exc: BaseException) -> bool:
+    """Whether a failed read of a line's input means its store is away for now (the line
+    waits) rather than the file gone or changed (the line fails)."""
+    return isinstance(exc, OSError) and exc.errno in STORE_AWAY_ERRNOS
 
 
 def unreadable(exc: Exception) -> EngineError:

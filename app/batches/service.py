@@ -25,7 +25,6 @@ from app.wire.endpoints import ENDPOINTS
 if TYPE_CHECKING:
     from app.batches.runner import Runner
 
-COMPLETION_WINDOWS = ("24h",)
 METADATA_MAX_PAIRS, METADATA_KEY_MAX, METADATA_VALUE_MAX = 16, 64, 512
 
 #: The explorer's filters, by the line statuses each shows. "failed" is what the error file
@@ -125,9 +124,11 @@ class BatchService:
                 f"Invalid endpoint {json.dumps(endpoint)}. Supported endpoints: {', '.join(ENDPOINTS)}.",
                 param="endpoint",
             )
-        if completion_window not in COMPLETION_WINDOWS:
+        windows = self.settings.allowed_windows
+        if not isinstance(completion_window, str) or completion_window not in windows:
             raise invalid(
-                f"Invalid completion_window {json.dumps(completion_window)}. Supported: '24h'.",
+                f"Invalid completion_window {json.dumps(completion_window)}. Supported: "
+                f"{', '.join(repr(w) for w in windows)} (this server's --completion-windows).",
                 param="completion_window",
             )
         meta = check_metadata(metadata)
@@ -169,7 +170,7 @@ class BatchService:
                 metadata_json=json.dumps(meta) if meta is not None else None,
                 output_expires_after=out_ttl,
                 created_at=created,
-                expires_at=created + self.settings.batch_window_seconds,
+                expires_at=created + self.settings.window_seconds(completion_window),
             )
             s.add(batch)
         self.runner.wake()

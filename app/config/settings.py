@@ -108,8 +108,12 @@ class Settings:
     # every node reaches (app/files/s3.py). Credentials come from the AWS chain, never flags.
     files_url: str = ""
     s3_endpoint: str = ""  # an S3-compatible store that is not AWS (MinIO, SeaweedFS, R2)
-    # The length of a batch's completion window; the API accepts only "24h", tests shorten it.
-    batch_window_seconds: int = 24 * 3600
+    # The completion windows a batch may ask for besides OpenAI's "24h": each a whole number
+    # of minutes, hours or days (90m, 1h, 48h, 7d) from 1 hour to 7 days, comma-separated.
+    completion_windows: str = "1h,24h,7d"
+    # When set, every batch's window lasts this many seconds whatever it asked for: tests
+    # shorten it, `batchyard run` (no window) lengthens it. 0: the window's own length.
+    batch_window_seconds: int = 0
     max_batch_file_bytes: int = 200 * 1024 * 1024
     max_file_bytes: int = 512 * 1024 * 1024
     # POST /v1/uploads: each part at most this big (OpenAI: 64 MB); an unfinished upload
@@ -216,6 +220,7 @@ class Settings:
         if self.files_url.startswith("s3://") and not self.files_url[5:].split("/")[0]:
             raise ValueError("--files-url s3:// needs a bucket: s3://BUCKET/PREFIX")
         self.upstreams  # noqa: B018 - a bad --engine is refused at start-up, with its reason
+        self.allowed_windows  # noqa: B018 - so is a window outside 1 hour to 7 days
         self.model_ttl_seconds  # noqa: B018 - a bad duration or size is refused at start-up
         self.model_switch_after_seconds  # noqa: B018
         self.models_memory_bytes  # noqa: B018
@@ -234,6 +239,16 @@ class Settings:
         from app.config.upstreams import parse_engine_specs
 
         return parse_engine_specs(self.engine)
+
+    @property
+    def allowed_windows(self) -> dict[str, int]:
+        """The completion windows a batch may ask for, each with its seconds, shortest
+        first: OpenAI's "24h" and --completion-windows."""
+        return allowed_windows(self.completion_windows)
+
+    def window_seconds(self, window: str) -> int:
+        """How long a batch that asked for `window` (an allowed one) runs before it expires."""
+        return self.batch_window_seconds or self.allowed_windows[window]
 
     @property
     def model_ttl_seconds(self) -> float:
@@ -388,6 +403,40 @@ def parse_duration(text: str, flag: str) -> float:
     if not match:
         raise ValueError(f"{flag} takes a duration such as 90s, 10m or 1h, not {text!r}")
     return float(match.group(1)) * _DURATION_UNITS[match.group(2) or "s"]
+
+
+#: The shortest and longest completion window --completion-windows may list.
+WINDOW_MIN_SECONDS, WINDOW_MAX_SECONDS = 3600, 7 * 86400
+#: OpenAI's one window, always accepted (the SDK's type names only it).
+OPENAI_WINDOW = "24h"
+_WINDOW_UNITS = {"m": 60, "h": 3600, "d": 86400}
+
+
+def parse_window(text: str) -> int:
+    """Seconds of a completion window: a whole number of minutes, hours or days (`90m`,
+    `24h`, `7d`); ValueError when it is not one, or lies outside 1 hour to 7 days."""
+    match = re.fullmatch(r"([1-9]\d*)([mhd])", text)
+    if not match:
+        raise ValueError(
+            f"--completion-windows takes windows such as 1h, 90m, 48h or 7d, not {text!r}"
+        )
+    seconds = int(match.group(1)) * _WINDOW_UNITS[match.group(2)]
+    if not WINDOW_MIN_SECONDS <= seconds <= WINDOW_MAX_SECONDS:
+        raise ValueError(
+            f"--completion-windows: {text!r} is outside the windows batchyard allows "
+            "(1 hour to 7 days)"
+        )
+    return seconds
+
+
+def allowed_windows(listed: str) -> dict[str, int]:
+    """OpenAI's "24h" and the comma-separated `listed` windows, each with its seconds,
+    shortest first."""
+    windows = {OPENAI_WINDOW: parse_window(OPENAI_WINDOW)}
+    for item in str(listed).split(","):
+        if item.strip():
+            windows[item.strip()] = parse_window(item.strip())
+    return dict(sorted(windows.items(), key=lambda kv: kv[1]))
 
 
 def parse_size(text: str, flag: str) -> int:

@@ -84,7 +84,8 @@ async def list_events(
                 active.discard(batch_id)
                 continue
             trackers[batch_id].add(batch, now)
-            row = views.batch_row(batch, trackers[batch_id], now)
+            projection = batches.runner.projections.get(batch_id)
+            row = views.batch_row(batch, trackers[batch_id], now, projection)
             frame[f"row-{batch_id}"] = render(request, "partials/batch_row.html", r=row)
             if batch.status in BatchStatus.FINISHED:
                 active.discard(batch_id)
@@ -113,7 +114,8 @@ async def batch_events(
         engine = services.engine
         tracker.add(batch, now, engine.stats().tokens_per_second if engine else None)
         model = await anyio.to_thread.run_sync(batch_model, services, batch)
-        context = summary_context(batch, tracker, now, model)
+        projection = services.runner.projections.get(batch_id)
+        context = summary_context(batch, tracker, now, model, projection)
         over = batch.status in BatchStatus.FINISHED
         frame = {"summary": render(request, "partials/batch_summary.html", **context)}
         done = batch.completed + batch.failed

@@ -50,6 +50,10 @@ def chart_context(batches: BatchService, batch: Batch, now: float | None = None)
     """The throughput chart of a batch's whole life, from its finished lines."""
     now = time.time() if now is None else now
     tp = throughput.of_batch(batch, batches.progress_series(batch.id, batch.owner), now)
+    projection = batches.runner.projections.get(batch.id)
+    if tp.eta is not None and projection is not None and projection.finish_at is not None:
+        # One ETA on the page: the runner's projection (its share among the other batches).
+        tp.eta = max(0.0, projection.finish_at - now)
     return {
         "chart": views.throughput_chart(tp),
         "chart_running": batch.status in BatchStatus.ACTIVE,

@@ -15,6 +15,7 @@ from litestar.response import File as FileResponse
 from litestar.response import Template
 
 from app.batches.health import queue_health
+from app.batches.projection import Projection
 from app.batches.service import BatchService
 from app.engine.registry import lanes, members
 from app.errors import APIError
@@ -43,7 +44,8 @@ def batch_list_context(
     after: str | None,
 ) -> dict[str, Any]:
     rows_, has_more = batches.list(owner, limit=PAGE_SIZE, after=after)
-    rows = [views.batch_row(b) for b in rows_]
+    projections = batches.runner.projections.current()
+    rows = [views.batch_row(b, projection=projections.get(b.id)) for b in rows_]
     return {
         "rows": rows,
         "has_more": has_more,
@@ -59,12 +61,14 @@ def summary_context(
     tracker: views.Throughput,
     now: float | None = None,
     model: dict[str, Any] | None = None,
+    projection: Projection | None = None,
 ) -> dict[str, Any]:
-    """What batch_summary.html needs; `model` is models.batch_model's."""
+    """What batch_summary.html needs; `model` is models.batch_model's, `projection` the
+    runner's (projection.py)."""
     wire = to_builtins(batch_object(batch))
     return {
         "model": model,
-        "row": views.batch_row(batch, tracker, now),
+        "row": views.batch_row(batch, tracker, now, projection),
         "batch": wire,
         "timeline": views.timeline(wire, now),
         "live": batch.status not in BatchStatus.FINISHED,
@@ -109,7 +113,12 @@ def batch_page_context(
         except APIError:
             opened = None
     return {
-        **summary_context(batch, tracker, model=batch_model(services, batch)),
+        **summary_context(
+            batch,
+            tracker,
+            model=batch_model(services, batch),
+            projection=services.runner.projections.get(batch.id),
+        ),
         **chart_context(services.batches, batch),
         "explorer": explorer,
         "opened": opened,

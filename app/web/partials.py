@@ -17,6 +17,7 @@ from litestar.response import Response, Template
 
 from app.batches.run_with import with_model
 from app.batches.service import BatchService
+from app.config.settings import OPENAI_WINDOW
 from app.errors import APIError
 from app.files.multipart import receive_upload
 from app.files.service import FileService
@@ -74,7 +75,13 @@ async def upload(
         return Template(template_name="partials/upload_error.html", context={"error": exc})
     return Template(
         template_name="partials/preview.html",
-        context={"preview": preview, "error": None, "models": model_choices(services)},
+        context={
+            "preview": preview,
+            "error": None,
+            "models": model_choices(services),
+            "windows": list(services.settings.allowed_windows),
+            "window": OPENAI_WINDOW,
+        },
     )
 
 
@@ -88,6 +95,7 @@ def create_batch(
     """Start a batch from a previewed file; the upload zone resets and the list shows it."""
     files, batches = services.files, services.batches
     file_id, model = data.get("file_id", ""), data.get("model", "")
+    window = data.get("completion_window") or OPENAI_WINDOW
     choices = model_choices(services)
     try:
         metadata = parse_metadata(data.get("metadata", ""))
@@ -100,7 +108,7 @@ def create_batch(
                 owner,
                 run_file,
                 data.get("endpoint", ""),
-                completion_window="24h",
+                completion_window=window,
                 metadata=metadata,
             )
         except APIError:
@@ -120,6 +128,8 @@ def create_batch(
                 "metadata": data.get("metadata", ""),
                 "models": choices,
                 "model": model,
+                "windows": list(services.settings.allowed_windows),
+                "window": window,
             },
         )
     return Template(

@@ -15,6 +15,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from app.batches import throughput
+from app.batches.projection import Projection
 from app.batches.service import LineDetail
 from app.tables import Batch, BatchStatus, File, Request, RequestStatus, WebhookDelivery
 
@@ -121,17 +122,25 @@ def average_rates(batch: Batch, t: float | None = None) -> tuple[float | None, f
 
 
 def batch_row(
-    batch: Batch, tracker: Throughput | None = None, now: float | None = None
+    batch: Batch,
+    tracker: Throughput | None = None,
+    now: float | None = None,
+    projection: Projection | None = None,
 ) -> dict[str, Any]:
-    """One batch as the list row and the batch page's summary show it."""
+    """One batch as the list row and the batch page's summary show it; `projection` is the
+    runner's (projection.py) while it is in progress."""
     now = time.time() if now is None else now
     total = batch.total
     done = batch.completed + batch.failed
     running = batch.status in BatchStatus.ACTIVE
+    in_progress = batch.status == BatchStatus.IN_PROGRESS
     tok_s, lines_s = tracker.rates(batch, now) if tracker else average_rates(batch, now)
+    live = projection if in_progress and projection and projection.finish_at else None
     eta = None
-    if running and batch.status == BatchStatus.IN_PROGRESS and total and lines_s and lines_s > 0:
-        eta = max(0.0, (total - done) / lines_s)
+    if live is not None and live.finish_at is not None:
+        eta = max(0.0, live.finish_at - now)
+    elif in_progress and total and lines_s and lines_s > 0:
+        eta = max(0.0, (total - done) / lines_s)  # not projected yet: this batch's own rate
     return {
         "id": batch.id,
         "created": when(batch.created_at, now),
@@ -151,6 +160,15 @@ def batch_row(
         # Counters move as lines finish: before the first one a rate would read as a false 0.
         "tokens_per_s": f"{tok_s:.1f}" if tok_s is not None and running and done else None,
         "eta": throughput.clock(eta) if eta is not None else None,
+        # The projected finish (the lane's rate, the lines ahead, the batch's share) and the
+        # completion window's end, while it can still run out of it.
+        "finish": when(now + eta, now) if eta is not None else None,
+        "deadline": when(batch.expires_at, now)
+        if batch.status in BatchStatus.CANCELLABLE
+        else None,
+        "late": live is not None and live.late,
+        "ahead": live.ahead if live is not None else None,
+        "share": f"{100 * live.share:.0f}%" if live is not None else None,
         "input_tokens": batch.input_tokens,
         "output_tokens": batch.output_tokens,
         "engine_history": list(tracker.engine) if tracker else [],

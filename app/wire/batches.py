@@ -25,7 +25,13 @@ class OutputExpiresAfter(Struct, kw_only=True):
 class BatchCreateParams(Struct, kw_only=True):
     input_file_id: Annotated[str, doc("The id of a file uploaded with purpose 'batch'.")]
     endpoint: Annotated[str, doc(enum=list(ENDPOINTS))]
-    completion_window: Annotated[str, doc(enum=["24h"])] = "24h"
+    completion_window: Annotated[
+        str,
+        doc(
+            "'24h', or another window the server's --completion-windows allows (default "
+            "1h, 24h, 7d): a whole number of minutes, hours or days from 1 hour to 7 days."
+        ),
+    ] = "24h"
     metadata: Annotated[
         dict[str, str] | None,
         doc("At most 16 pairs; keys up to 64 characters, values up to 512.", max_properties=16),

@@ -37,13 +37,19 @@ def lines_for(base: str, n: int, *, max_tokens: int = 8) -> str:
     return jsonl(*lines).decode()
 
 
-def start_from_drop(page: Page, base: str, name: str, text: str, expected_lines: int) -> str:
-    """Drop the file on the home page, check the preview, start the batch; returns its id."""
+def start_from_drop(
+    page: Page, base: str, name: str, text: str, expected_lines: int, window: str = ""
+) -> str:
+    """Drop the file on the home page, check the preview, start the batch (in `window`, if
+    given, else the card's default, 24h); returns its id."""
     page.goto(base + "/")
     drop_file(page, name, text)
     expect(page.locator("#preview-lines")).to_have_text(str(expected_lines))
     expect(page.locator("#preview")).to_contain_text("/v1/chat/completions")
     page.fill("#metadata", "purpose: browser test")
+    expect(page.locator("#completion-window")).to_have_value("24h")
+    if window:
+        page.select_option("#completion-window", window)
     page.click("#start-batch")
     link = page.locator(".notice a")
     expect(link).to_be_visible()
@@ -147,10 +153,14 @@ def test_broken_file_shows_line_errors(page: Page, base: str) -> None:
 
 def test_cancel_a_running_batch(page: Page, base: str) -> None:
     n = 40
-    batch_id = start_from_drop(page, base, "long.jsonl", lines_for(base, n, max_tokens=200), n)
+    text = lines_for(base, n, max_tokens=200)
+    batch_id = start_from_drop(page, base, "long.jsonl", text, n, window="1h")
     row = page.locator(f"#row-{batch_id}")
     expect(row).to_have_attribute("data-status", "in_progress", timeout=RUN_TIMEOUT)
     expect(row.locator(".rate")).to_be_visible(timeout=RUN_TIMEOUT)
+    # Its 1 h window's end, and once lines finish, its projected finish, live in the row.
+    expect(row.locator(".deadline")).to_contain_text("deadline in 1 h")
+    expect(row.locator(".eta")).to_contain_text("finishes", timeout=RUN_TIMEOUT)
     shoot(page, "home-running-light")
 
     # Its input file is deleted as on OpenAI: gone from the list at once, while the batch
@@ -169,6 +179,8 @@ def test_cancel_a_running_batch(page: Page, base: str) -> None:
     # The real engine's lines move through the explorer and the chart while it runs.
     expect(page.locator("#count-succeeded-lines")).not_to_have_text("0", timeout=RUN_TIMEOUT)
     expect(page.locator("#chart-summary")).to_contain_text("ETA", timeout=RUN_TIMEOUT)
+    expect(page.locator("#batch-finish")).to_be_visible(timeout=RUN_TIMEOUT)
+    expect(page.locator("#batch-deadline")).to_contain_text("in 1 h")
     # The engine's live figure arrives through the stream and moves off zero while it decodes.
     expect(page.locator("#engine-rate")).to_be_visible()
     expect(page.locator("#engine-rate")).not_to_have_text(

@@ -1,10 +1,16 @@
 """The dashboard's htmx fragments through the real app: a refusal inside any fragment is one
 inline error sentence (status 200, so htmx swaps it in); pages and downloads keep the JSON
-errors; none of the dashboard is in the OpenAPI schema."""
+errors; none of the dashboard is in the OpenAPI schema. The New batch card offers the
+completion windows the server allows."""
 
 from __future__ import annotations
 
+import re
+
 from litestar.testing import TestClient
+
+from tests.factories import batch_line, jsonl
+from tests.http_helpers import MakeClient
 
 MISSING = "batch_nope"
 
@@ -30,3 +36,29 @@ def test_the_dashboard_is_not_in_the_openapi_schema(client: TestClient) -> None:
     paths = client.get("/schema/openapi.json").json()["paths"]
     assert "/v1/files" in paths
     assert [p for p in paths if not p.startswith("/v1/")] == ["/health"]
+
+
+def test_the_new_batch_card_offers_the_allowed_windows_and_starts_with_one(
+    make_client: MakeClient,
+) -> None:
+    client = make_client(completion_windows="1h,90m")
+    data = jsonl(batch_line("a", "hi"))
+    r = client.post(
+        "/web/upload",
+        files={"file": ("in.jsonl", data, "application/jsonl")},
+        data={"purpose": "batch"},
+    )
+    assert r.status_code == 200
+    select = re.search(r'<select id="completion-window"[^>]*>(.*?)</select>', r.text)
+    assert select, r.text
+    options = re.findall(r'<option value="([^"]+)"( selected)?>', select.group(1))
+    assert options == [("1h", ""), ("90m", ""), ("24h", " selected")]
+    file_id = re.search(r'name="file_id" value="([^"]+)"', r.text)
+    assert file_id
+    form = {"file_id": file_id.group(1), "endpoint": "/v1/chat/completions"}
+    started = client.post("/web/batches", data={**form, "completion_window": "90m"})
+    assert started.status_code == 200
+    (b,) = client.get("/v1/batches").json()["data"]
+    assert b["completion_window"] == "90m" and b["expires_at"] == b["created_at"] + 5400
+    refused = client.post("/web/batches", data={**form, "completion_window": "7d"})
+    assert "Invalid completion_window &#34;7d&#34;. Supported: &#39;1h&#39;" in refused.text

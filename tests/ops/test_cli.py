@@ -67,6 +67,16 @@ def test_an_unknown_kv_cache_type_is_refused_with_the_choices(tmp_path: Path) ->
         assert "unknown KV cache type 'q9'; choose one of f16, bf16, q8_0, q4_0" in r.stderr
 
 
+def test_serve_refuses_to_start_on_a_completion_window_too_short(tmp_path: Path) -> None:
+    serve = ["serve", "--no-browser", "--data-dir", str(tmp_path / "d")]
+    r = batchyard(*serve, "--completion-windows", "1h,10m")
+    assert r.returncode != 0
+    assert (
+        "batchyard: --completion-windows: '10m' is outside the windows batchyard allows "
+        "(1 hour to 7 days)" in r.stderr
+    )
+
+
 def test_libgomp_settings_come_before_llama_cpp_and_the_user_wins() -> None:
     probe = (
         "import os, sys, app.config as c; c.default_model_path(); "

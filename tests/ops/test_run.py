@@ -10,6 +10,7 @@ import re
 import signal
 import sqlite3
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -205,6 +206,16 @@ def test_progress_draws_a_bar_on_a_terminal_and_lines_otherwise() -> None:
     assert len(printed) == 2 and "\r" not in plain.getvalue()
     assert printed[0].startswith("progress: 1/4 lines (25%)  3.0 tok/s")
     assert printed[1].startswith("progress: 4/4 lines (100%)")
+
+
+def test_progress_shows_the_projected_finish_and_a_deadline() -> None:
+    tty = _Terminal()
+    bar = Progress(tty, done_before=0)
+    finish = time.time() + 90.4
+    bar.update(5, 20, 12.5, finish_at=finish, deadline=finish + 3600)
+    shown = time.strftime("%H:%M:%S", time.localtime(finish))
+    late = time.strftime("%H:%M:%S", time.localtime(finish + 3600))
+    assert tty.getvalue().endswith(f"ETA 1:30  finishes {shown}  deadline {late}")
 
 
 def test_run_draws_a_progress_bar_when_stderr_is_a_terminal(tmp_path: Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import threading
 import time
@@ -11,6 +12,8 @@ import pytest
 from sqlmodel import select
 
 from app.batches.claims import MAX_ATTEMPTS
+from app.batches.runner import LANE_PAUSE_MIN
+from app.files.bucket import StoreError
 from app.services import Services
 from app.tables import Request, RequestStatus
 from tests.factories import batch_line, jsonl_lines
@@ -184,3 +187,62 @@ def test_stop_is_heard_during_the_back_off_after_a_failed_step(tmp_path: Path) -
     assert failed.wait(10)
     svc.runner.stop(timeout=10)
     assert not svc.runner._thread.alive, "the runner slept through stop()"
+
+
+def test_a_line_whose_store_is_away_waits_and_runs_once_it_is_back(tmp_path: Path) -> None:
+    svc = services(tmp_path, FakeEngine(n_slots=2))
+    bid = add_batch(svc, 6)
+    read, away, asked = svc.storage.read_spans, [True], [0]
+
+    def read_spans(file_id: str, spans: list[tuple[int, int]]) -> list[bytes]:
+        if away[0]:
+            asked[0] += 1
+            raise StoreError(errno.EIO, "the object store did not answer while trying to read")
+        return read(file_id, spans)
+
+    svc.runner.storage.read_spans = read_spans  # type: ignore[method-assign]
+    deadline = time.time() + 3  # a few turns of the lane's pause
+    while time.time() < deadline:
+        svc.runner.step()
+        time.sleep(0.02)
+    b = batch(svc, bid)
+    assert b.status == "in_progress" and (b.completed, b.failed) == (0, 0)
+    rows = requests(svc, bid)
+    assert all(r.status == RequestStatus.PENDING and r.attempts == 0 for r in rows), rows
+    # Asked again once a lane pause, not on every step.
+    assert 2 <= asked[0] <= 3 / LANE_PAUSE_MIN + 1, asked
+    away[0] = False
+    b = drive(svc, bid)
+    assert b.status == "completed" and (b.completed, b.failed) == (6, 0)
+    assert all(r.attempts == 1 for r in requests(svc, bid))
+
+
+def test_a_line_whose_input_file_is_gone_fails(tmp_path: Path) -> None:
+    svc = services(tmp_path, FakeEngine(n_slots=2))
+    bid = add_batch(svc, 2)
+
+    def read_spans(file_id: str, spans: list[tuple[int, int]]) -> list[bytes]:
+        raise FileNotFoundError(2, "No such object", file_id)
+
+    svc.runner.storage.read_spans = read_spans  # type: ignore[method-assign]
+    b = drive(svc, bid)
+    assert b.status == "completed" and (b.completed, b.failed) == (0, 2)
+    errors = file_lines(svc, b.error_file_id)
+    assert all(
+        "could not be read again" in e["response"]["body"]["error"]["message"] for e in errors
+    )
+
+
+def test_lines_waiting_for_their_store_end_only_with_the_window(tmp_path: Path) -> None:
+    svc = services(tmp_path, FakeEngine(n_slots=2), batch_window_seconds=2)
+    bid = add_batch(svc, 4)
+
+    def read_spans(file_id: str, spans: list[tuple[int, int]]) -> list[bytes]:
+        raise StoreError(errno.EIO, "the object store did not answer while trying to read")
+
+    svc.runner.storage.read_spans = read_spans  # type: ignore[method-assign]
+    b = drive(svc, bid, timeout=15)
+    assert b.status == "expired" and (b.completed, b.failed) == (0, 4)
+    errors = file_lines(svc, b.error_file_id)
+    assert [e["custom_id"] for e in errors] == ["c0", "c1", "c2", "c3"]
+    assert all(e["error"]["code"] == "batch_expired" for e in errors)
