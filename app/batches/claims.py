@@ -8,13 +8,15 @@ engine is down (`Lane.up` false) takes none, and its lines wait for it. So a big
 one engine never keeps the lines of another engine waiting while that engine has room, and
 no engine holds more than its room. A node with one engine has one lane that takes every line.
 
-Fair shares: a lane's room is filled round-robin between owners (API keys), and within an
-owner round-robin between its batches in progress, oldest line first inside a batch. Each
-candidate line gets its turn in one statement with two window functions: its rank inside
-its batch (by line), then its rank among its owner's lines (by that rank, then the batch's
-age); the claim takes the lowest turns, the older batch first on a tie. So a 10-line batch
-created behind a 50,000-line one of another key starts at the next claim, and a key's new
-batch shares that key's room with its older one. Each node shares its own room this way.
+Fair shares, earliest deadline first within them: a lane's room is filled round-robin
+between owners (API keys); within an owner, the batch whose deadline (`expires_at`, which
+its completion window sets) is nearest goes first, batches of one deadline take turns, and
+inside a batch the oldest line goes first. Each candidate line gets its turn in one
+statement with two window functions: its rank inside its batch (by line), then its rank
+among its owner's lines (by its batch's deadline, that rank, then the batch's age); the
+claim takes the lowest turns, the older batch first on a tie. So a 10-line batch created
+behind a 50,000-line one of another key starts at the next claim, and a key's 1-hour batch
+goes ahead of its own 24-hour one. Each node shares its own room this way.
 
 A line is routed by its batch's `route`: validation refuses a batch whose lines name
 different models (`mismatched_model`) and resolves the one they name, once, to the id of
@@ -48,6 +50,8 @@ from app.tables import Batch, BatchStatus, Request, RequestStatus
 MAX_ATTEMPTS = 3
 #: How far into each batch a lane's claim looks, in times its room (_claim_lane).
 LOOK_AHEAD = 4
+#: The deadline the claim gives a batch without one: after every real one (unix seconds).
+NO_DEADLINE = 2**62
 
 
 @dataclass
@@ -223,6 +227,8 @@ def _claim_query(
         col(Batch.id).label("id"),
         col(Batch.owner).label("owner"),
         col(Batch.created_ns).label("created_ns"),
+        # A batch without a deadline (none is made so) comes after every one with one.
+        func.coalesce(col(Batch.expires_at), NO_DEADLINE).label("deadline"),
         first_pending.label("first"),
     ).where(col(Batch.status) == BatchStatus.IN_PROGRESS)
     if where is not None:
@@ -240,6 +246,7 @@ def _claim_query(
             col(Request.id).label("id"),
             b.c.owner,
             b.c.created_ns,
+            b.c.deadline,
             col(Request.line).label("line"),
             (col(Request.line) - b.c.first).label("k"),
         )
@@ -254,6 +261,7 @@ def _claim_query(
             col(Request.id).label("id"),
             b.c.owner,
             b.c.created_ns,
+            b.c.deadline,
             col(Request.line).label("line"),
             (col(Request.line) - func.coalesce(b.c.first, col(Request.line))).label("k"),
         )
@@ -264,8 +272,9 @@ def _claim_query(
         )
     )
     candidates = union_all(pending, lapsed).subquery("candidates")
-    # A line's turn: its rank among its owner's lines, by how far into its batch it is, then
-    # the batch's age. Owners take turns, and within an owner its batches do.
+    # A line's turn: its rank among its owner's lines, by its batch's deadline, then how far
+    # into its batch it is, then the batch's age. Owners take turns; within an owner the
+    # batch whose deadline is nearest goes first, and batches of one deadline take turns.
     turns = select_columns(
         candidates.c.id,
         candidates.c.created_ns,
@@ -273,7 +282,12 @@ def _claim_query(
         func.row_number()
         .over(
             partition_by=candidates.c.owner,
-            order_by=(candidates.c.k, candidates.c.created_ns, candidates.c.line),
+            order_by=(
+                candidates.c.deadline,
+                candidates.c.k,
+                candidates.c.created_ns,
+                candidates.c.line,
+            ),
         )
         .label("turn"),
     ).subquery("turns")
