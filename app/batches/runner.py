@@ -7,7 +7,8 @@ holds them. A crash simply stops the renewals: when the lease runs out the line 
 again, by this node or another, with the same query that claims a fresh line (FOR UPDATE
 SKIP LOCKED on PostgreSQL, so two nodes never take one line). A result is written only by
 the holder of the claim, so no line is recorded twice. Validation, cancel and expiry live
-in lifecycle.py, output files in finalize.py.
+in lifecycle.py, the leases in leases.py, the writing of results in recording.py, output
+files in finalize.py.
 
 An engine that is down (`EngineUnavailable`: its upstream cannot be reached) is not the
 line's fault: the line goes back to the queue without using an attempt, and the engine's
@@ -19,7 +20,6 @@ files' store is away (the object store did not answer: `input_away`) waits the s
 from __future__ import annotations
 
 import dataclasses
-import errno
 import logging
 import queue
 import threading
@@ -28,29 +28,38 @@ from collections import Counter
 from collections.abc import Callable, Container
 from concurrent.futures import Future
 from functools import partial
-from typing import Any, NamedTuple
+from typing import Any
 
-from sqlalchemy import Update, case, func, update
+from sqlalchemy import func
 from sqlmodel import Session, col, select
 
 from app import jsoncodec
 from app.batches import lifecycle
 from app.batches.claims import Claim, claim, waiting_lines
 from app.batches.finalize import FINALIZE_RETRY_DELAYS, Finalizer
-from app.batches.lifecycle import failure, lock_batches, record
+from app.batches.leases import Leases
 from app.batches.nodes import NodeNames
 from app.batches.output import sweep_orphans
 from app.batches.projection import Projector
+from app.batches.recording import (
+    Held,
+    Result,
+    exhausted,
+    failed,
+    input_away,
+    record_done,
+    unreadable,
+)
 from app.batches.validate import ModelRules
 from app.config import Settings
 from app.db import Database
-from app.engine.base import Engine, EngineError, EngineUnavailable, Priority, RequestCancelled
+from app.engine.base import Engine, EngineError, EngineUnavailable, Priority
 from app.engine.registry import Lane, demand, lanes, model_pool
 from app.files.service import FileService
 from app.files.storage import Storage
 from app.images import ImageResolver
 from app.polling import PollingThread
-from app.tables import Batch, BatchStatus, File, Request, RequestStatus
+from app.tables import Batch, BatchStatus, File
 
 log = logging.getLogger("batchyard.runner")
 
@@ -75,31 +84,6 @@ LANE_PAUSE_MIN = 1.0
 #: Files and temporary uploads younger than this are never swept at start-up: on a shared
 #: files location they may be another node's upload or output in the making.
 SWEEP_MIN_AGE = 3600.0
-
-#: The errors of a read whose store is away, not of a file that is gone: the object store
-#: did not answer or refused for now (bucket.py's StoreError is EIO), a network mount that
-#: dropped. A line that meets one waits in the queue; a missing file fails its lines.
-STORE_AWAY_ERRNOS = frozenset(
-    {
-        errno.EIO,
-        errno.ETIMEDOUT,
-        errno.ECONNREFUSED,
-        errno.ECONNRESET,
-        errno.EHOSTUNREACH,
-        errno.ENETUNREACH,
-        errno.ESTALE,
-    }
-)
-
-Result = tuple[str, str, "Future[dict[str, Any]]"]  # (request id, batch id, future)
-
-
-class Held(NamedTuple):
-    """A line this node claimed and handed to its engine."""
-
-    batch_id: str
-    future: Future[dict[str, Any]]
-    lane: str  # the engine's lane it was claimed for (claims.py)
 
 
 class Runner:
@@ -126,13 +110,13 @@ class Runner:
         #: Who holds a claim (Request.claimed_by): unique to this process, so a restarted
         #: node never renews the leases of the one that died.
         self.worker_id = node_id or settings.new_node_id()
+        self.leases = Leases(db, self.worker_id, settings.lease_seconds)
         self._thread = PollingThread(
             "batchyard-runner", self._tick, POLL_INTERVAL, log=log, on_exit=self._shut_down
         )
         self._results: queue.Queue[Result] = queue.Queue()
         # request id -> (batch id, future, lane) for every line handed to the engine
         self._inflight: dict[str, Held] = {}
-        self._last_renew = 0.0
         self._last_sweep = 0.0
         self._sweep_interval = sweep_interval
         self._finalizer = Finalizer(
@@ -246,25 +230,11 @@ class Runner:
 
     def _release_claims(self) -> None:
         """On a clean stop, hand this node's running lines back to the queue at once
-        (their attempt not counted) instead of making other nodes wait for the lease."""
+        (leases.py) instead of making other nodes wait for the lease."""
         if not self._inflight:
             return
-        with self.db.write() as s:
-            s.exec(
-                self._update_own_running().values(
-                    status=RequestStatus.PENDING,
-                    lease_until=None,
-                    attempts=Request.attempts - 1,
-                )
-            )
+        self.leases.release()
         self._inflight.clear()
-
-    def _update_own_running(self) -> Update:
-        """An UPDATE of the lines this node has claimed and is running."""
-        return update(Request).where(
-            col(Request.claimed_by) == self.worker_id,
-            col(Request.status) == RequestStatus.RUNNING,
-        )
 
     def step(self, *, poll: bool = True) -> None:
         """One pass over the work there is. Public so tests can drive it directly.
@@ -449,16 +419,7 @@ class Runner:
             self._submit_lines(file_id, group)
         for c in claims:
             if c.exhausted:
-                self._hand_back(
-                    c,
-                    EngineError(
-                        f"This line was started {c.attempts} times and the server "
-                        "stopped each time; it is not tried again.",
-                        status_code=500,
-                        code="server_error",
-                        type="server_error",
-                    ),
-                )
+                self._hand_back(c, exhausted(c.attempts))
 
     def _submit_lines(self, file_id: str, group: list[Claim]) -> None:
         """Read the claimed lines of one input file in blocks and hand them to the engine."""
@@ -515,8 +476,7 @@ class Runner:
 
     def _hand_back(self, c: Claim, error: EngineError) -> None:
         """A claimed line that fails without reaching the engine: recorded like any result."""
-        fut: Future[dict[str, Any]] = Future()
-        fut.set_exception(error)
+        fut = failed(error)
         self._inflight[c.request_id] = Held(c.batch_id, fut, c.lane)
         self._on_done(c.request_id, c.batch_id, fut)
 
@@ -525,12 +485,8 @@ class Runner:
         self._thread.wake()
 
     def _renew_leases(self) -> None:
-        t = time.time()
-        if not self._inflight or t - self._last_renew < self.settings.lease_seconds / 3:
-            return
-        self._last_renew = t
-        with self.db.write() as s:
-            s.exec(self._update_own_running().values(lease_until=t + self.settings.lease_seconds))
+        if self._inflight:
+            self.leases.renew()
 
     # -- results ------------------------------------------------------------------------
 
@@ -565,90 +521,11 @@ class Runner:
         return {batch_id for _, batch_id, _ in done}
 
     def _record(self, s: Session, done: list[Result]) -> None:
-        """Write the results in the caller's transaction."""
-        t = time.time()
-        down: set[str] = set()  # lanes whose engine was found down
-        futures = {request_id: fut for request_id, _, fut in done}
-        # Batch rows first, then request rows: the order every transaction keeps.
-        lock_batches(s, list({bid for _, bid, _ in done}))
-        # Only lines this node still holds: a cancelled, expired, or elsewhere claimed
-        # again line is not ours to write.
-        conn = s.connection()
-        ours = conn.execute(
-            select(Request.id, Request.batch_id)
-            .where(
-                col(Request.id).in_(sorted(futures)),
-                col(Request.status) == RequestStatus.RUNNING,
-                col(Request.claimed_by) == self.worker_id,
-            )
-            .order_by(col(Request.id))
-            .with_for_update()
-        ).all()
-        cancelled: list[str] = []
-        unavailable: list[str] = []
-        results: list[tuple[str, str, tuple[int, dict[str, Any]]]] = []
-        for request_id, batch_id in ours:
-            fut = futures[request_id]
-            exc = fut.exception()
-            if isinstance(exc, RequestCancelled):
-                cancelled.append(request_id)
-                continue
-            if isinstance(exc, EngineUnavailable):
-                # The engine is down, not the line bad: back to the queue, attempt unused.
-                unavailable.append(request_id)
-                held = self._inflight.get(request_id)
-                if held is not None:
-                    down.add(held.lane)
-                continue
-            if exc is None:
-                outcome: tuple[int, dict[str, Any]] = (200, fut.result())
-            elif isinstance(exc, EngineError):
-                outcome = (exc.status_code, exc.to_body())
-            else:
-                log.error("request=%s error=engine_failure reason=%r", request_id, exc)
-                outcome = failure(
-                    500,
-                    f"The engine failed on this request: {exc}",
-                    code="server_error",
-                    type="server_error",
-                )
-            results.append((request_id, batch_id, outcome))
-        if cancelled:
-            s.exec(
-                update(Request)
-                .where(col(Request.id).in_(cancelled))
-                .values(status=RequestStatus.CANCELLED, finished_at=int(t))
-            )
-        if unavailable:
-            s.exec(
-                update(Request)
-                .where(col(Request.id).in_(unavailable))
-                .values(
-                    status=RequestStatus.PENDING,
-                    lease_until=None,
-                    claimed_by=None,
-                    attempts=case((col(Request.attempts) > 0, col(Request.attempts) - 1), else_=0),
-                )
-            )
-        record(s, results, t)
+        """Write the results in the caller's transaction (recording.py), and pause the lanes
+        whose engine was found down."""
+        down = record_done(s, done, self.worker_id, self._inflight)
         now = time.monotonic()
         for lane in sorted(down):
             if lane not in self._paused:
                 log.warning("lane=%s engine unavailable: its lines wait in the queue", lane)
             self._paused[lane] = now
-
-
-def input_away(exc: BaseException) -> bool:
-    """Whether a failed read of a line's input means its store is away for now (the line
-    waits) rather than the file gone or changed (the line fails)."""
-    return isinstance(exc, OSError) and exc.errno in STORE_AWAY_ERRNOS
-
-
-def unreadable(exc: Exception) -> EngineError:
-    """The error of a claimed line whose input could not be read again."""
-    return EngineError(
-        f"The input line could not be read again: {exc}",
-        status_code=500,
-        code="server_error",
-        type="server_error",
-    )
