@@ -312,7 +312,7 @@ def run_engine(
     """(a'): every line submitted at once to the LlamaEngine, in this (worker) process."""
     from app.config import Settings
     from app.engine.base import Priority
-    from app.engine.llama.engine import load_engine
+    from app.engine.llama.loading import load_engine
 
     trace = None
     if args.trace:

@@ -127,7 +127,7 @@ class Trace:
             self._copies += 1
             return seq_cp(*a)
 
-        # engine.py calls lc.llama_memory_seq_cp through the module; count the stream copies.
+        # The contexts call lc.llama_memory_seq_cp through the module; count the stream copies.
         lc.llama_memory_seq_cp = counted_cp
 
         def tracer(context: str, decode: Any, slots: list[Any]) -> Any:
@@ -146,8 +146,11 @@ class Trace:
 
             return traced
 
-        engine._decode = tracer("main", engine._decode, engine._slots)
-        engine._decode_shared = tracer("shared", engine._decode_shared, engine._branches)
+        main = engine._context  # slots_context.py
+        main.decode = tracer("main", main.decode, main.slots)
+        shared = engine._shared  # shared_context.py, None without the shared context
+        if shared is not None:
+            shared.decode = tracer("shared", shared.decode, shared.branches)
 
     def summary(self) -> str:
         lines = []

@@ -361,7 +361,7 @@ def start_pool(settings: Settings) -> ModelPool:
     """The embedded engine: the catalog's models in a pool, the default loaded now."""
     # Imported here: llama_cpp loads its libraries on import, and a build that cannot
     # (a CUDA build whose cuBLAS is gone) is a load failure like a bad model path.
-    from app.engine.llama.engine import load_engine
+    from app.engine.llama.loading import load_engine
 
     # The budget is measured before any model loads: their memory is not free after.
     budget = node_budget(settings)

@@ -19,13 +19,10 @@ import pytest
 
 from app.config import Settings
 from app.engine.base import EngineError, Priority, RequestCancelled
-from app.engine.llama.engine import (
-    ONLINE_SHARED_GAP,
-    ONLINE_SHARED_PROMPT,
-    LlamaEngine,
-    load_engine,
-)
+from app.engine.llama.engine import LlamaEngine
+from app.engine.llama.loading import load_engine
 from app.engine.llama.shared import KEEP_IDLE
+from app.engine.llama.shared_context import ONLINE_SHARED_GAP, ONLINE_SHARED_PROMPT
 from app.wire.endpoints import CHAT, COMPLETIONS, EMBEDDINGS
 from tests.waiting import until
 
@@ -521,10 +518,10 @@ def test_batch_lines_sharing_a_new_block_fork_from_it_in_the_shared_context(
     block_tokens = len(engine.vocab.tokenize(block, add_special=False))
     assert block_tokens > 300
     assert all(_cached(a) >= block_tokens for a in answers), [_cached(a) for a in answers]
-    assert engine._blocks is not None
-    assert [len(b.tokens) >= block_tokens for b in engine._blocks.blocks] == [True]
+    assert engine._shared is not None
+    assert [len(b.tokens) >= block_tokens for b in engine._shared.blocks.blocks] == [True]
     # The lines ran at once, past the main context's slots, and gave their cells back.
-    assert not any(line.busy for line in engine._branches)
+    assert not any(line.busy for line in engine._shared.branches)
     # Each line's first token as the slots of an f16 cache see it, a stream of its own each:
     # the same distribution (greedy text can part at a near tie, so the logprobs are compared).
     probe = [{**body, "max_tokens": 1, "logprobs": True, "top_logprobs": 5} for body in bodies]
@@ -556,9 +553,9 @@ def test_a_later_batch_starts_from_the_block_and_mixed_blocks_run_together(
     mixed = _run_batch(engine, _lines([_block(2), _block(3)], 10, first=100))
     assert all(_cached(a) >= block_tokens for a in mixed), [_cached(a) for a in mixed]
     # One block at a time: each opened when the other's lines were done.
-    assert engine._blocks is not None
-    assert 2 <= len(engine._blocks.blocks) <= KEEP_IDLE + 1
-    assert not any(b.users or b.pending for b in engine._blocks.blocks)
+    assert engine._shared is not None
+    assert 2 <= len(engine._shared.blocks.blocks) <= KEEP_IDLE + 1
+    assert not any(b.users or b.pending for b in engine._shared.blocks.blocks)
 
 
 def test_a_block_parked_for_another_comes_back_with_its_cells(engine: LlamaEngine) -> None:
@@ -569,12 +566,12 @@ def test_a_block_parked_for_another_comes_back_with_its_cells(engine: LlamaEngin
         for body in _lines([_block(7)], 6, first=200)
     ]
     before = _run_batch(engine, probe)
-    assert engine._blocks is not None
-    (block,) = [b for b in engine._blocks.blocks if not b.parked]
+    assert engine._shared is not None
+    (block,) = [b for b in engine._shared.blocks.blocks if not b.parked]
     _run_batch(engine, _lines([_block(8)], 4, first=300))
-    assert block in engine._blocks.blocks and block.parked and block.state is not None
+    assert block in engine._shared.blocks.blocks and block.parked and block.state is not None
     after = _run_batch(engine, probe)
-    assert block in engine._blocks.blocks and not block.parked and block.state is None
+    assert block in engine._shared.blocks.blocks and not block.parked and block.state is None
     # Every line, the first included, forked from the block's cells: nothing recomputed.
     assert all(_cached(a) >= len(block.tokens) for a in after), [_cached(a) for a in after]
     for old, new in zip(before, after, strict=True):
@@ -594,23 +591,25 @@ def test_an_online_request_answers_while_a_wave_runs_in_the_shared_context(
     # Few enough lines of 48 tokens that the 20 later ones find room beside them.
     bodies = [{**body, "max_tokens": 48, "logit_bias": NO_EOG} for body in _lines([_block(5)], 8)]
     steps: list[tuple[float, float, int, bool]] = []  # start, end, prompt rows, online
-    decode = engine._decode_shared
+    shared = engine._shared
+    assert shared is not None
+    decode = shared.decode
 
     def traced(n: int) -> bool:
         online = any(s.job is not None and s.job.priority == Priority.ONLINE for s in engine._slots)
-        generating = sum(1 for line in engine._branches if line.generating)
+        generating = sum(1 for line in shared.branches if line.generating)
         start = time.monotonic()
         ok = decode(n)
         steps.append((start, time.monotonic(), n - generating, online))
         return ok
 
-    engine._decode_shared = traced  # type: ignore[method-assign]
+    shared.decode = traced  # type: ignore[method-assign]
     try:
         with engine._cond:
             wave = [engine.submit(CHAT, b, priority=Priority.BATCH) for b in bodies]
-        until(lambda: any(line.generating for line in engine._branches), timeout=60)
+        until(lambda: any(line.generating for line in shared.branches), timeout=60)
         # While the shared context has work, the runner is told to feed its lines too.
-        assert engine.info.lane_slots == SLOTS + len(engine._branches) == SLOTS * 9
+        assert engine.info.lane_slots == SLOTS + len(shared.branches) == SLOTS * 9
         online = engine.submit(CHAT, chat("Quick question?", max_tokens=400, logit_bias=NO_EOG))
         until(lambda: any(s.generating for s in engine._slots), timeout=10)
         # More lines of the block now: their prompts' rest waits for the turns' few rows.
@@ -623,7 +622,7 @@ def test_an_online_request_answers_while_a_wave_runs_in_the_shared_context(
         assert online.result(timeout=60)["usage"]["completion_tokens"] == 400
         assert sum(f.done() for f in wave) == 0
     finally:
-        del engine._decode_shared
+        del shared.decode
     # Each step while the online request decoded: after a pause since the step before.
     during = [(before, step) for before, step in zip(steps, steps[1:], strict=False) if step[3]]
     assert during, steps

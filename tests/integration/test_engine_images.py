@@ -17,7 +17,8 @@ import pytest
 from app.config import Settings
 from app.engine.base import EngineError, Priority
 from app.engine.llama import vision
-from app.engine.llama.engine import LlamaEngine, load_engine
+from app.engine.llama.engine import LlamaEngine
+from app.engine.llama.loading import load_engine
 from app.wire.endpoints import CHAT, RESPONSES
 from tests.live import free_port
 from tests.vision import png, vision_model  # noqa: F401  (the fixture)

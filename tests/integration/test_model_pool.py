@@ -20,7 +20,7 @@ import pytest
 from app.catalog import Entry
 from app.config import Settings, default_model_path
 from app.engine.base import Engine, EngineError
-from app.engine.llama.engine import load_engine
+from app.engine.llama.loading import load_engine
 from app.engine.pool.pool import ModelPool
 from app.wire.endpoints import CHAT
 from tests.catalogs import DictCatalog, entry

@@ -10,9 +10,10 @@ import httpx
 import pytest
 from litestar.testing import TestClient
 
-import app.engine.llama.engine as llama
+import app.engine.llama.loading as llama
 from app.catalog import Entry
 from app.config import Settings
+from app.engine.llama.engine import LlamaEngine
 from app.server import create_app
 from tests.factories import batch_line, jsonl
 from tests.http_helpers import batch_getter, create_batch, upload, wait_for_status
@@ -130,7 +131,7 @@ def slow_model_load(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
     go_on = threading.Event()
     real = llama.load_engine
 
-    def load(settings: Settings, entry: Entry | None = None) -> llama.LlamaEngine:
+    def load(settings: Settings, entry: Entry | None = None) -> LlamaEngine:
         assert go_on.wait(60)
         return real(settings, entry)
 

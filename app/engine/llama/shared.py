@@ -14,7 +14,7 @@ Independent lines stay in the main context: in one stream each row would scan ev
 line's cells (bench/README.md, issue 33).
 
 This module decides, without llama.cpp, which queued batch lines run here, which blocks to
-evaluate and which to drop; the loop (engine.py) carries it out.
+evaluate and which to drop; shared_context.py carries it out on the context.
 """
 
 from __future__ import annotations
@@ -147,14 +147,14 @@ class SharedBlocks:
         self._parked_ids: list[int] = []  # free again from the next round on
         self._round = 0
         self._version = 0  # changes whenever a block comes or goes (Task.shared_match)
-        self._free: list[Slot] = []  # this round's free lines
+        self._free: list[Slot] = []  # this round's free branches
         self._running = 0  # lines running at the round's start
         self._reserved = 0  # cells they may take
         self._taken = 0  # cells reserved this round
 
-    def cells_in_use(self, lines: list[Slot]) -> int:
-        """Cells the blocks hold and the running lines may take (an upper bound)."""
-        return self._block_cells() + sum(s.reserved for s in lines if s.busy)
+    def cells_in_use(self, branches: list[Slot]) -> int:
+        """Cells the blocks hold and the running branches may take (an upper bound)."""
+        return self._block_cells() + sum(s.reserved for s in branches if s.busy)
 
     def _block_cells(self) -> int:
         return sum(len(b.tokens) for b in self.blocks if not b.parked)
@@ -176,7 +176,7 @@ class SharedBlocks:
                 best, forked = block, shared
         return best, forked
 
-    def plan(self, window: list[Task], lines: list[Slot], others: list[list[int]]) -> SharedPlan:
+    def plan(self, window: list[Task], branches: list[Slot], others: list[list[int]]) -> SharedPlan:
         """Place the lines of `window` (queue order) that share a block, and the blocks they
         need. `others`: the prompts the main context holds or evaluates, which count as
         company: a line that shares a long prefix with one of them starts a block here.
@@ -194,9 +194,9 @@ class SharedBlocks:
         mine = [t for t in window if fits_here(t) and len(_prompt(t)) > MIN_BLOCK_TOKENS]
         if not mine:
             return plan
-        busy = [s for s in lines if s.busy]
+        busy = [s for s in branches if s.busy]
         self._running, self._reserved, self._taken = len(busy), sum(s.reserved for s in busy), 0
-        self._free = [s for s in lines if not s.busy][: max(0, self.max_wave - self._running)]
+        self._free = [s for s in branches if not s.busy][: max(0, self.max_wave - self._running)]
         company = self._company(mine, others)
         wants_new: list[tuple[Task, Block | None, int, int]] = []
         room_short = False  # lines of a ready block wait for room: no new block yet

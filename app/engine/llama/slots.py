@@ -3,8 +3,8 @@
 A `Job` (jobs.py) is one submitted request; its prompts become `Task`s on a priority queue; a
 `Slot` is one llama.cpp sequence and the choice decoding in it. The `Scheduler` decides which tasks
 take which free slots, which batch slots sit a step out while an online request decodes,
-and which slot's cached KV a new prompt starts from. The loop (engine/llama/engine.py) carries the
-decisions out on the llama.cpp context.
+and which slot's cached KV a new prompt starts from. The slots' context (slots_context.py) carries
+the decisions out on the llama.cpp context.
 """
 
 from __future__ import annotations
@@ -12,8 +12,9 @@ from __future__ import annotations
 import codecs
 import enum
 import heapq
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 from app.engine.base import Priority
 from app.engine.llama.jobs import Choice, Job, Task
@@ -122,9 +123,9 @@ class Slot:
         self.decoder = codecs.getincrementaldecoder("utf-8")("replace")
         self.stops: StopMatcher = StopMatcher([])
         self.max_tokens = 0
-        # In the shared-prefix context (shared.py): the block this line forked from, and the
-        # KV cells it may take beyond it (its prompt's rest and its longest answer).
-        self.block: Any = None
+        # A branch of the shared-prefix context (shared.py): the block it forked from, and
+        # the KV cells it may take beyond it (its prompt's rest and its longest answer).
+        self.block: BranchBlock | None = None
         self.reserved = 0
 
     def take(
@@ -157,29 +158,55 @@ class Slot:
         return self.state is _GENERATING
 
 
+class BranchBlock(Protocol):
+    """The block a branch forked from (shared.py's Block), as the branch sees it: its
+    sequence id (a step's rows go in sequence order) and how many branches still use it.
+    shared.py builds on this module, so the block is named by what a branch reads of it."""
+
+    seq_id: int
+    users: int
+
+
+class SharedStart(Protocol):
+    """A line the shared context's round starts (shared.py's Start), as admission sees it."""
+
+    @property
+    def task(self) -> Task: ...
+
+
 class SharedRound(Protocol):
     """What the admission reads of the shared context's round (shared.py's SharedPlan)."""
 
-    starts: list[Any]  # shared.Start: .task, the line it takes, its block
+    @property
+    def starts(self) -> Sequence[SharedStart]: ...
+
     held: set[int]  # id() of the tasks that run there or wait for it
 
 
-class SharedAdmission(Protocol):
+#: The shared context's round, as its admission gives it (shared.py's SharedPlan): the
+#: Scheduler hands it on, whole, to the loop that carries it out (shared_context.py).
+Round = TypeVar("Round", bound=SharedRound)
+Round_co = TypeVar("Round_co", bound=SharedRound, covariant=True)
+
+
+class SharedAdmission(Protocol[Round_co]):
     """The shared-prefix context's admission (shared.py's SharedBlocks), as slots.py sees
     it: shared.py builds on this module, so it is named by what it does."""
 
     def plan(
-        self, window: list[Task], lines: list[Slot], others: list[list[int]]
-    ) -> SharedRound: ...
+        self, window: list[Task], branches: list[Slot], others: list[list[int]]
+    ) -> Round_co: ...
 
 
 @dataclass
-class Admission:
-    """What one admission round decided: tasks with their slots (leader first), embeddings."""
+class Admission(Generic[Round]):
+    """What one admission round decided: tasks with their slots (leader first), embeddings,
+    and the shared context's round (None: it has none, or batch lines did not head the
+    queue)."""
 
     starts: list[tuple[Task, list[Slot]]] = field(default_factory=list)
     embeds: list[Job] = field(default_factory=list)
-    shared: Any = None  # shared.SharedPlan: lines and blocks of the shared-prefix context
+    shared: Round | None = None
 
 
 @dataclass
@@ -197,7 +224,7 @@ def _keys(task: Task) -> list[int]:
     return task.prefix_keys
 
 
-class Scheduler:
+class Scheduler(Generic[Round]):
     """The loop's decisions: admission, the online window, and where a prompt's KV comes from."""
 
     def __init__(
@@ -207,15 +234,15 @@ class Scheduler:
         prefix_cache: bool = True,
         embed_tokens: int = 0,
         embed_seqs: int = 0,
-        shared: SharedAdmission | None = None,
-        lines: list[Slot] | None = None,
+        shared: SharedAdmission[Round] | None = None,
+        branches: list[Slot] | None = None,
     ) -> None:
         self.n_slots = n_slots
         self.prefix_cache = prefix_cache
-        # The shared-prefix context (shared.py) and its sequences, where the model has one.
+        # The shared-prefix context (shared.py) and its branches, where the model has one.
         self.shared = shared
-        self.lines = lines or []
-        self.lookahead = LOOKAHEAD_PER_SLOT * n_slots + len(self.lines)
+        self.branches = branches or []
+        self.lookahead = LOOKAHEAD_PER_SLOT * n_slots + len(self.branches)
         # One embeddings decode's worth of inputs (0: no bound): each admission round hands
         # over the queued embedding requests that fill one decode together, so a batch's
         # lines share decodes instead of taking one each.
@@ -226,7 +253,7 @@ class Scheduler:
         self.batch_room = n_slots - ONLINE_RESERVED_SLOTS if n_slots > 1 else 1
         self.window = 0  # the batch slots' turn while online requests decode (held_back)
 
-    def admit(self, queue: list[Task], slots: list[Slot]) -> Admission:
+    def admit(self, queue: list[Task], slots: list[Slot]) -> Admission[Round]:
         """Pop the tasks that fit into free slots off the heap `queue`, highest priority first.
 
         Strict order: the head of the queue waits (and so does everything behind it) when
@@ -235,7 +262,7 @@ class Scheduler:
         its prompt lands where its prefix is cached (`_leader`). Batch lines, once they head
         the queue, go by what they share instead (`_admit_batch`).
         """
-        out = Admission()
+        out: Admission[Round] = Admission()
         free = [s for s in slots if not s.busy]
         batch_busy = sum(1 for s in slots if s.job is not None and s.job.priority == Priority.BATCH)
         embeds = _EmbedRound()
@@ -270,7 +297,7 @@ class Scheduler:
         slots: list[Slot],
         free: list[Slot],
         batch_busy: int,
-        out: Admission,
+        out: Admission[Round],
     ) -> None:
         """Start the batch lines of the queue's first window that fit, longest cached prefix
         first; a line waits while a prompt it shares more with is being evaluated.
@@ -287,7 +314,7 @@ class Scheduler:
         if self.shared is not None:
             # Lines that share a long block go to the shared context, or wait for it.
             others = [s.cached + s.pending for s in slots if s.cached or s.pending]
-            shared = self.shared.plan(window, self.lines, others)
+            shared = self.shared.plan(window, self.branches, others)
             out.shared = shared
             started.update(id(start.task) for start in shared.starts)
             window = [t for t in window if id(t) not in shared.held]

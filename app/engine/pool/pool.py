@@ -67,7 +67,7 @@ class Models(Protocol):
     def names(self) -> frozenset[str]: ...
 
 
-#: Loads an entry and starts its engine: `app.engine.llama.engine.load_engine` (tests may
+#: Loads an entry and starts its engine: `app.engine.llama.loading.load_engine` (tests may
 #: give another). The engine it returns may say `measured_bytes` and `load_seconds`.
 Loader = Callable[[Settings, Entry], Engine]
 
@@ -706,6 +706,6 @@ def node_budget(settings: Settings) -> int:
 
 def _llama_loader(settings: Settings, entry: Entry) -> Engine:
     # Imported here: llama_cpp loads its libraries on import (registry.load_engines).
-    from app.engine.llama import engine as llama
+    from app.engine.llama import loading
 
-    return llama.load_engine(settings, entry)
+    return loading.load_engine(settings, entry)
