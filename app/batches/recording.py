@@ -7,7 +7,8 @@ a line whose engine was down (`EngineUnavailable`) goes back to the queue with i
 unused. A line this node no longer holds (cancelled, expired, or claimed again elsewhere
 once its lease lapsed) is not written: so no line is recorded twice. The counters move in
 SQL (lifecycle.record). A claimed line that never reaches the engine is recorded the same
-way, through a future that holds its error (`unreadable`, `input_away`).
+way, through a future that holds its error (`failed`: `unreadable`, `exhausted`); one whose
+input's store is away (`input_away`) goes back to the queue as if its engine were down.
 """
 
 from __future__ import annotations
