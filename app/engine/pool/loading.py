@@ -104,6 +104,7 @@ class Loads:
         #: their model could not load (/metrics' counters never go back).
         self.retired = EngineStats()
         self._threads: list[threading.Thread] = []
+        self._group: _Group | None = None
         self._prefetched: Path | None = None
 
     # ------------------------------------------------------------------------- loads
@@ -140,7 +141,12 @@ class Loads:
         if not ready:
             return
         self._prefetched = None  # read ahead again next time one is to load
-        group = _Group(ready, before=self._memory() if len(ready) > 1 else 0)
+        with self._cond:
+            # Loads that overlap in time are measured together: these join any under way.
+            if self._group is None or self._group.finished():
+                self._group = _Group(before=self._memory())
+            group = self._group
+            group.berths += ready
         entries = self._placed([b.entry for b in ready])
         for berth, entry in zip(ready, entries, strict=True):
             thread = threading.Thread(
@@ -167,18 +173,37 @@ class Loads:
             log.exception("model=%s could not be loaded", berth.id)
             with self._cond:
                 self.fail(berth, f"{type(exc).__name__}: {exc}")
-                group.done(berth, None)
-                self._cond.notify_all()
+            self._ended(group, berth, None)
             return
         measured = getattr(engine, "measured_bytes", None)
         if len(group.berths) > 1:
-            with self._cond:
-                group.done(berth, engine)
-                shares = group.shares(self._memory()) if group.finished() else {}
             measured = None  # another load's bytes are in this one's own figure
-            for b, size in shares.items():
-                self._measured(b, size)
-        self._loaded(berth, engine, measured, t)
+        self._ended(group, berth, engine, lambda: self._loaded(berth, engine, measured, t))
+
+    def _ended(
+        self,
+        group: _Group,
+        berth: Berth,
+        engine: Engine | None,
+        loaded: Callable[[], None] | None = None,
+    ) -> None:
+        """One load of a group has ended: once the last has, the group's bytes are
+        measured and shared out (a load alone measured itself), before the model is
+        `loaded` (its lines may go to it then). The loop plans again."""
+        with self._cond:
+            group.done(berth, engine)
+            last = group.finished() and len(group.berths) > 1
+        shares = group.shares(self._memory()) if last else {}
+        for b, size in shares.items():
+            self._measured(b, size)
+        if shares:
+            log.info(
+                "models=%s loaded side by side measured=%s",
+                ",".join(b.id for b in shares),
+                _mib(sum(shares.values())),
+            )
+        if loaded is not None:
+            loaded()
         with self._cond:
             self._cond.notify_all()
 
@@ -286,10 +311,11 @@ class Loads:
 
 
 class _Group:
-    """Loads started together: the process's memory before them, and which have ended."""
+    """Loads under way at once: the process's memory before the first began, and which
+    have ended."""
 
-    def __init__(self, berths: list[Berth], *, before: int) -> None:
-        self.berths = berths
+    def __init__(self, *, before: int) -> None:
+        self.berths: list[Berth] = []
         self.before = before
         self._loaded: list[Berth] = []
         self._ended = 0

@@ -22,9 +22,9 @@ The rules (issue 32):
 - A model with lines in flight is never unloaded.
 - A loaded model idle (nothing waiting, nothing in flight) for `ttl` seconds is unloaded,
   unless pinned (the default model, which a one-model server keeps loaded as before).
-- Loads side by side where there is room (issue 39): when nothing is loading and every
-  model waiting on disk fits beside those loaded, all of them load at once. Otherwise
-  one load at a time: the next is planned once it is done.
+- Loads side by side where there is room (issue 39): when every model waiting on disk
+  fits beside those loaded and loading, all of them load at once, beside any load under
+  way. Otherwise one load at a time: the next is planned once it is done.
 """
 
 from __future__ import annotations
@@ -97,10 +97,7 @@ class Plan:
                 and not m.waiting
                 and now - m.last_used >= self.ttl
             ]
-        load: tuple[Hashable, ...] = ()
-        prefetch = None
-        if not any(m.state == LOADING for m in models):
-            load, prefetch = self._next_loads(now, models, loaded, unload)
+        load, prefetch = self._next_loads(now, models, loaded, unload)
         for m in unload:
             self._draining.discard(m)
         active = frozenset(m for m in loaded if m not in self._draining and m not in unload)
@@ -134,9 +131,12 @@ class Plan:
             key=lambda m: (self._waited_since(m, now), repr(m.id)),
         )
         reserved = sum(m.reserved for m in models)
+        loading = [m for m in models if m.state == LOADING]
         staying = [m for m in loaded.values() if m.id not in unload]
-        if waiters and self._room(waiters, staying, reserved, unload, models):
+        if waiters and self._room(waiters, staying + loading, reserved, unload, models):
             return tuple(m.id for m in waiters), None  # all of them, side by side
+        if loading:
+            return (), None  # one at a time: the next is planned once this one is done
         for cand in waiters:
             if self._room([cand], staying, reserved, unload, models):
                 return (cand.id,), _next_after(waiters, cand)

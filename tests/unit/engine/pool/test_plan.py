@@ -84,12 +84,14 @@ def test_memory_bounds_the_models_as_the_count_does() -> None:
     assert d.load == ("small",) and d.active == {"a"}
 
 
-def test_one_load_at_a_time() -> None:
-    p = plan(max_loaded=3)
-    b = Model("b", 100 * MiB, waiting=1, oldest=0.0, state=LOADING, reserved=100 * MiB)
-    c = Model("c", 100 * MiB, waiting=1, oldest=0.0)
-    assert p.step(1.0, [b, c]).load == ()
-    assert p.step(2.0, [loaded(replace(b, state=ON_DISK)), c]).load == ("c",)
+def test_one_load_at_a_time_where_the_budget_holds_not_all() -> None:
+    p = plan(budget=250 * MiB, max_loaded=0)
+    a = Model("a", 100 * MiB, waiting=1, oldest=0.0, state=LOADING, reserved=100 * MiB)
+    b = Model("b", 100 * MiB, waiting=1, oldest=1.0)
+    c = Model("c", 100 * MiB, waiting=1, oldest=2.0)
+    assert p.step(1.0, [a, b, c]).load == ()
+    d = p.step(2.0, [loaded(replace(a, state=ON_DISK)), b, c])
+    assert d.load == ("b",) and d.prefetch == "c"
 
 
 def test_the_oldest_waiting_model_loads_first() -> None:
@@ -221,14 +223,20 @@ def test_where_the_budget_holds_every_waiting_model_they_load_side_by_side() -> 
     d = p.step(3.0, [a, b, c])
     # Both fit beside a: both load now, the longest waiting first; a is still fed.
     assert d.load == ("c", "b") and d.active == {"a"} and d.prefetch is None
-    # While they load, nothing else starts, even what would fit.
-    e = Model("e", 10 * MiB, waiting=1, oldest=3.5)
+    # While they load, a model that fits beside them all joins them; one that does not
+    # waits until nothing is loading.
     b = replace(b, state=LOADING, reserved=b.need)
     c = replace(c, state=LOADING, reserved=c.need)
-    assert p.step(4.0, [a, b, c, e]).load == ()
-    # One done: e would fit, but it waits until nothing is loading.
-    assert p.step(5.0, [a, loaded(b, 5.0), c, e]).load == ()
-    assert p.step(6.0, [a, loaded(b, 5.0), loaded(c, 6.0), e]).load == ("e",)
+    e = Model("e", 10 * MiB, waiting=1, oldest=3.5)
+    assert p.step(4.0, [a, b, c, e]).load == ("e",)
+    e = replace(e, state=LOADING, reserved=e.need)
+    f = Model("f", 100 * MiB, waiting=1, oldest=4.5)
+    assert p.step(5.0, [a, b, c, e, f]).load == ()
+    assert p.step(6.0, [a, loaded(b, 5.0), c, loaded(e), f]).load == ()
+    # Once nothing is loading, f displaces a model whose queue is empty.
+    idle = replace(loaded(b, 5.0), waiting=0)
+    d = p.step(7.0, [a, idle, loaded(c, 6.0), loaded(e), f])
+    assert d.load == ("f",) and d.unload == ("b",)
 
 
 def test_where_the_budget_is_short_the_loads_go_one_at_a_time() -> None:

@@ -165,8 +165,11 @@ def test_where_the_budget_holds_them_all_models_load_side_by_side() -> None:
     pool = ModelPool(settings, catalog, budget=1 << 30, loader=loads, memory=Memory(loads))
     pool.start()
     try:
-        answers = [pool.submit(CHAT, body(m)) for m in "bc"]
-        until(lambda: loads.inside == 2, 10, "b and c to load together")
+        answers = [pool.submit(CHAT, body("b"))]
+        until(lambda: loads.inside == 1, 10, "b to load")
+        # c is asked for while b loads: it fits beside them all, so it does not wait.
+        answers.append(pool.submit(CHAT, body("c")))
+        until(lambda: loads.inside == 2, 10, "c to load beside b")
         assert {v.entry.id: v.state for v in pool.views()} == {
             "a": "idle",
             "b": "loading",
