@@ -143,6 +143,23 @@ class HangingEngine(FakeEngine):
     hang_word = "HANG"
 
 
+class FakeLoads:
+    """A model pool's loader (app/engine/pool/loading.py `Loader`) of fake engines: a
+    HangingEngine (2 slots) for each entry, answering as that model."""
+
+    def __init__(self) -> None:
+        self.engines: list[HangingEngine] = []
+
+    def __call__(self, settings: Any, e: Any) -> HangingEngine:
+        engine = HangingEngine(n_slots=2)
+        engine.info.id = e.id
+        self.engines.append(engine)
+        return engine
+
+    def ids(self) -> list[str]:
+        return [e.info.id for e in self.engines]
+
+
 class FakeUpstream(HangingEngine):
     """The fake engine standing in for an upstream in a registry: it serves the model names
     in `served` (as if its /v1/models listed them; a test may change the list) and, like

@@ -30,7 +30,7 @@ from app.catalog import DEFAULT_ROUTE, Catalog, Entry
 from app.config import Settings
 from app.db import Database
 from app.engine.base import Engine
-from app.engine.pool.pool import node_budget
+from app.engine.pool.loading import node_budget
 from app.engine.registry import EngineRegistry
 from app.tables import Batch, BatchStatus, Node, NodeModel, Request, RequestStatus, now
 

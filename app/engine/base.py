@@ -113,6 +113,17 @@ class EngineStats:
     requests_total: dict[str, int] = field(default_factory=dict)  # outcome -> count
     images_encoded: int = 0  # image chunks the projector encoded (each distinct image once)
 
+    def add(self, other: EngineStats) -> None:
+        """Add another engine's figures to these (a registry's or a pool's total)."""
+        self.active_slots += other.active_slots
+        self.queue_depth += other.queue_depth
+        self.tokens_per_second += other.tokens_per_second
+        self.prompt_tokens_total += other.prompt_tokens_total
+        self.completion_tokens_total += other.completion_tokens_total
+        self.images_encoded += other.images_encoded
+        for outcome, n in other.requests_total.items():
+            self.requests_total[outcome] = self.requests_total.get(outcome, 0) + n
+
 
 #: Called from the engine thread with each `chat.completion.chunk` (or `text_completion`
 #: chunk) dict while a streamed request decodes. The final, whole response body still

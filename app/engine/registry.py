@@ -15,14 +15,14 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import threading
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from app.catalog import DEFAULT_ROUTE, Catalog, Entry
 from app.engine.base import ChunkCallback, Engine, EngineError, EngineStats, ModelInfo, Priority
-from app.engine.pool.pool import ModelPool, node_budget
+from app.engine.pool.loading import node_budget
+from app.engine.pool.pool import ModelPool
 from app.engine.upstream.engine import UpstreamEngine, UpstreamStatus
 from app.engine.upstream.process import UpstreamProcess
 
@@ -101,8 +101,6 @@ class EngineRegistry:
         self.owns_embedded = owns_embedded
         #: Why the embedded model is missing, when it failed to load (upstreams still serve).
         self.embedded_failure = embedded_failure
-        self._owner: dict[Future[dict[str, Any]], Engine] = {}
-        self._lock = threading.Lock()
 
     @property
     def info(self) -> ModelInfo:
@@ -201,7 +199,7 @@ class EngineRegistry:
             return
         catalog = self.pool.catalog
         budget = self.pool.budget()[1]
-        mine: dict[str | None, tuple[int, float]] = {}
+        mine: dict[str, tuple[int, float]] = {}
         for route, count, oldest in lines:
             if route is None:
                 continue  # not resolved yet: no lane takes it either
@@ -225,15 +223,7 @@ class EngineRegistry:
             fut: Future[dict[str, Any]] = Future()
             fut.set_exception(self._unknown_model(body.get("model")))
             return fut
-        fut = engine.submit(endpoint, body, priority=priority, on_chunk=on_chunk)
-        with self._lock:
-            self._owner[fut] = engine
-        fut.add_done_callback(self._forget)
-        return fut
-
-    def _forget(self, fut: Future[dict[str, Any]]) -> None:
-        with self._lock:
-            self._owner.pop(fut, None)
+        return engine.submit(endpoint, body, priority=priority, on_chunk=on_chunk)
 
     def _unknown_model(self, model: Any) -> EngineError:
         known = ", ".join(f"'{m}'" for m in self.model_names()) or "none"
@@ -245,23 +235,15 @@ class EngineRegistry:
         )
 
     def cancel(self, future: Future[dict[str, Any]]) -> None:
-        with self._lock:
-            engine = self._owner.get(future)
-        if engine is not None:
+        """Each engine keeps its own futures (one map each) and leaves others' alone."""
+        for engine in self._engines():
             engine.cancel(future)
 
     def stats(self) -> EngineStats:
         """Every engine's figures added up."""
         total = EngineStats()
         for engine in self._engines():
-            s = engine.stats()
-            total.active_slots += s.active_slots
-            total.queue_depth += s.queue_depth
-            total.tokens_per_second += s.tokens_per_second
-            total.prompt_tokens_total += s.prompt_tokens_total
-            total.completion_tokens_total += s.completion_tokens_total
-            for outcome, n in s.requests_total.items():
-                total.requests_total[outcome] = total.requests_total.get(outcome, 0) + n
+            total.add(engine.stats())
         return total
 
     def close(self) -> None:

@@ -1,8 +1,9 @@
 """The embedded engine for several models: loaded on demand, within a memory budget.
 
-`ModelPool` (pool.py) is one Engine over one llama.cpp engine per loaded model; `plan.py`
-decides which model to feed, load and unload next, and `placement.py` what fits in the
-budget. The dashboard and /metrics read `ModelPool.views()` and `ModelPool.budget()`.
+`ModelPool` (pool.py) is one Engine over one llama.cpp engine per loaded model, each in a
+berth (berth.py); `plan.py` decides which model to feed, load and unload next, `loading.py`
+carries out the loads and unloads, and `placement.py` keeps the bytes each model holds in
+the budget. The dashboard and /metrics read `ModelPool.views()` and `ModelPool.budget()`.
 """
 
 from __future__ import annotations

@@ -13,16 +13,14 @@ import pytest
 from app.batches import runner as runner_module
 from app.catalog import Entry
 from app.config import Settings, default_model_path
-from app.engine.base import EngineError, Priority
-from app.engine.pool import pool as pool_module
+from app.engine.pool import loading
 from app.engine.pool.pool import ModelPool
 from app.engine.registry import EMBEDDED, EngineRegistry
 from app.services import Services
 from app.tables import BatchStatus
-from app.wire.endpoints import CHAT
 from tests.catalogs import DictCatalog, entry
 from tests.factories import batch_line
-from tests.fakes import HangingEngine, finish
+from tests.fakes import FakeLoads, HangingEngine, finish
 from tests.unit.helpers import (
     batch,
     file_lines,
@@ -34,22 +32,6 @@ from tests.unit.helpers import (
 from tests.waiting import until
 
 MODEL_SETTINGS = dict(max_loaded_models=1, model_ttl="0", model_switch_after="1h")
-
-
-class FakeLoads:
-    """Loads a HangingEngine (2 slots) for each entry, answering as that model."""
-
-    def __init__(self) -> None:
-        self.engines: list[HangingEngine] = []
-
-    def __call__(self, settings: Settings, e: Entry) -> HangingEngine:
-        engine = HangingEngine(n_slots=2)
-        engine.info.id = e.id
-        self.engines.append(engine)
-        return engine
-
-    def ids(self) -> list[str]:
-        return [e.info.id for e in self.engines]
 
 
 def pool_node(
@@ -88,7 +70,7 @@ def test_lines_wait_for_their_model_and_the_pool_switches_when_a_queue_empties(
 ) -> None:
     svc, loads = node
     read: list[Path] = []
-    monkeypatch.setattr(pool_module, "read_ahead", read.append)
+    monkeypatch.setattr(loading, "read_ahead", read.append)
     a = make_batch(svc, hanging_lines("a", 4, "a"))
     unknown = make_batch(svc, hanging_lines("u", 2, "gpt-4o-mini"))  # a name nothing knows: a's
     b = make_batch(svc, hanging_lines("b", 4, "b-alias"))
@@ -141,28 +123,6 @@ def test_the_runner_tells_the_pool_which_lines_wait(node: tuple[Services, FakeLo
     assert loads.ids() == ["a"]
 
 
-def test_a_model_that_cannot_fit_alone_fails_its_requests_saying_why() -> None:
-    settings = Settings(**MODEL_SETTINGS)
-    path = default_model_path()
-    big = entry("big", path, Settings(**MODEL_SETTINGS, ctx_size=1024))
-    pool = ModelPool(
-        settings,
-        DictCatalog([entry("a", path, settings, default=True), big]),
-        budget=big.size_bytes // 2,
-        loader=FakeLoads(),
-    )
-    pool.start()
-    try:
-        body = {"model": "big", "messages": [{"role": "user", "content": "hi"}]}
-        with pytest.raises(EngineError) as failed:
-            pool.submit(CHAT, body).result(10)
-        assert failed.value.code == "model_load_failed"
-        assert "needs 0.09 GiB, the budget is 0.05 GiB (--models-memory)" in failed.value.message
-        assert pool.submit(CHAT, {**body, "model": "a"}).result(10)["model"] == "a"
-    finally:
-        pool.close()
-
-
 def test_a_model_that_fails_to_load_fails_its_own_lines_and_the_others_go_on(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -198,62 +158,5 @@ def test_a_model_that_fails_to_load_fails_its_own_lines_and_the_others_go_on(
         assert {
             line["response"]["body"]["model"] for line in file_lines(svc, g.output_file_id)
         } == {"a"}
-    finally:
-        pool.close()
-
-
-def test_a_line_claimed_as_its_model_drains_still_runs_on_it() -> None:
-    """A line claimed just before its model stopped being fed goes to the engine still
-    loaded (finishing the others), not to a later load; an online request waits."""
-    settings = Settings(**MODEL_SETTINGS)
-    path = default_model_path()
-    other = Settings(**MODEL_SETTINGS, ctx_size=1024)
-    loads = FakeLoads()
-    catalog = DictCatalog([entry("a", path, settings, default=True), entry("b", path, other)])
-    pool = ModelPool(settings, catalog, budget=1 << 40, loader=loads)
-    pool.start()
-    try:
-        hang = {"model": "a", "messages": [{"role": "user", "content": "HANG"}]}
-        first = pool.submit(CHAT, hang, priority=Priority.BATCH)
-        pool.demand({"b": (5, 0.0)})  # a's queue is empty: b's turn once a's line is done
-        until(lambda: pool.active() == [], 10, "a to be drained")
-        late = pool.submit(CHAT, hang, priority=Priority.BATCH)
-        online = pool.submit(CHAT, {**hang, "messages": [{"role": "user", "content": "hi"}]})
-        assert len(loads.engines[0].hanging) == 2 and not online.done()
-        assert finish(loads.engines[0]) == 2
-        assert first.result(5)["model"] == late.result(5)["model"] == "a"
-        # Then b loads; the online request for a waits for a's next turn.
-        until(lambda: loads.ids() == ["a", "b"], 10, "b to be loaded")
-        assert not online.done()
-    finally:
-        pool.close()
-
-
-def test_a_model_that_failed_to_load_is_tried_again_once_its_file_changed(
-    tmp_path: Path,
-) -> None:
-    settings = Settings(**MODEL_SETTINGS)
-    path = tmp_path / "late.gguf"
-    path.write_bytes(b"GGUF cut short")
-    loads = FakeLoads()
-
-    def loader(s: Settings, e: Entry) -> HangingEngine:
-        if e.path.read_bytes().startswith(b"GGUF cut"):
-            raise RuntimeError(f"llama.cpp could not load {e.path}")
-        return loads(s, e)
-
-    default = entry("a", default_model_path(), settings, default=True)
-    catalog = DictCatalog([default, entry("late", path, settings)])
-    pool = ModelPool(settings, catalog, budget=1 << 40, loader=loader)
-    pool.start()
-    try:
-        body = {"model": "late", "messages": [{"role": "user", "content": "hi"}]}
-        with pytest.raises(EngineError, match="could not load"):
-            pool.submit(CHAT, body).result(10)
-        # The download finishes: the catalog lists the file with its new size.
-        path.write_bytes(b"GGUF, whole this time")
-        catalog.put(entry("late", path, settings))
-        assert pool.submit(CHAT, body).result(10)["model"] == "late"
-        assert loads.ids() == ["a", "late"]
     finally:
         pool.close()

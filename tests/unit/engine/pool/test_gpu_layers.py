@@ -94,10 +94,10 @@ def test_the_pool_loads_each_model_with_the_layers_the_stand_in_gpu_holds(
         assert pool.submit("/v1/chat/completions", body).result(10)["model"] == "three"
         # auto became five layers; a number set for a model (models.toml) stays as it is.
         assert loaded == {"auto": 5, "three": 3}
-        # The slot is still the catalog's entry (keyed by its own profile).
+        # The berth is still the catalog's entry (keyed by its own profile).
         assert {v.entry.id: v.state for v in pool.views()} == {"auto": "idle", "three": "idle"}
         # Without nvidia-smi (or on a CPU build), auto is no layer at all.
         monkeypatch.setenv("PATH", "/nonexistent")
-        assert pool._placed(catalog.default()).profile.n_gpu_layers == 0
+        assert pool._loads._placed([catalog.default()])[0].profile.n_gpu_layers == 0
     finally:
         pool.close()

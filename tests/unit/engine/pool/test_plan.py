@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from app.engine.pool.placement import Placement
 from app.engine.pool.plan import FAILED, LOADED, LOADING, ON_DISK, Model, Plan
 
 MiB = 1 << 20
@@ -13,112 +12,111 @@ SWITCH, TTL = 300.0, 600.0
 
 
 def plan(budget: int = 1000 * MiB, max_loaded: int = 1) -> Plan:
-    return Plan(Placement(budget), max_loaded=max_loaded, switch_after=SWITCH, ttl=TTL)
+    return Plan(budget=budget, max_loaded=max_loaded, switch_after=SWITCH, ttl=TTL)
 
 
-def loaded(p: Plan, m: Model, now: float = 0.0) -> Model:
-    """What the pool does when the plan says load: reserve, load, say loaded."""
-    p.placement.reserve(m.id, m.need, now=now)
-    return replace(m, state=LOADED, last_used=now)
+def loaded(m: Model, now: float = 0.0) -> Model:
+    """What the pool tells the plan once a load it decided is done: loaded, its bytes held."""
+    return replace(m, state=LOADED, last_used=now, reserved=m.need)
 
 
-def unloaded(p: Plan, m: Model) -> Model:
-    p.placement.release(m.id)
-    return replace(m, state=ON_DISK, in_flight=0)
+def unloaded(m: Model) -> Model:
+    return replace(m, state=ON_DISK, in_flight=0, reserved=0)
 
 
 def test_a_loaded_model_is_fed_and_another_waits_while_its_queue_is_not_empty() -> None:
     p = plan()
-    a = loaded(p, Model("a", 100 * MiB, waiting=50, oldest=0.0))
+    a = loaded(Model("a", 100 * MiB, waiting=50, oldest=0.0))
     b = Model("b", 100 * MiB, waiting=10, oldest=1.0)
     d = p.step(10.0, [a, b])
-    assert d.active == {"a"} and d.load is None and not d.unload and not d.drain
+    assert d.active == {"a"} and d.load == () and not d.unload and not d.drain
     # Before the switch bound, b still waits while a has lines.
     d = p.step(1.0 + SWITCH - 1, [a, b])
-    assert d.active == {"a"} and d.load is None
+    assert d.active == {"a"} and d.load == ()
 
 
 def test_the_switch_waits_for_the_displaced_models_lines_in_flight() -> None:
     p = plan()
-    a = loaded(p, Model("a", 100 * MiB, waiting=0, in_flight=3))
+    a = loaded(Model("a", 100 * MiB, waiting=0, in_flight=3))
     b = Model("b", 100 * MiB, waiting=10, oldest=1.0)
     # a's queue is empty: it is drained (fed no more), b's file is read ahead.
     d = p.step(2.0, [a, b])
     assert d.active == frozenset() and d.drain == {"a"} and d.prefetch == "b"
-    assert d.load is None and not d.unload  # never unloaded with lines in flight
+    assert d.load == () and not d.unload  # never unloaded with lines in flight
     # New lines for a meanwhile do not bring it back: it finishes what it runs.
     a = replace(a, waiting=5, oldest=3.0, in_flight=1)
     d = p.step(3.0, [a, b])
-    assert d.active == frozenset() and d.load is None and not d.unload
+    assert d.active == frozenset() and d.load == () and not d.unload
     a = replace(a, in_flight=0)
     d = p.step(4.0, [a, b])
-    assert d.unload == ("a",) and d.load == "b"
+    assert d.unload == ("a",) and d.load == ("b",)
 
 
 def test_an_overdue_line_displaces_a_busy_model() -> None:
     p = plan()
-    a = loaded(p, Model("a", 100 * MiB, waiting=500, oldest=0.0, in_flight=4))
+    a = loaded(Model("a", 100 * MiB, waiting=500, oldest=0.0, in_flight=4))
     b = Model("b", 100 * MiB, waiting=1, oldest=10.0)
     assert p.step(0.0, [a]).active == {"a"}
     assert p.step(10.0 + SWITCH - 0.5, [a, b]).active == {"a"}
     d = p.step(10.0 + SWITCH, [a, b])
     assert d.drain == {"a"} and d.active == frozenset() and d.prefetch == "b"
     d = p.step(10.0 + SWITCH + 1, [replace(a, in_flight=0), b])
-    assert d.unload == ("a",) and d.load == "b"
+    assert d.unload == ("a",) and d.load == ("b",)
 
 
 def test_room_for_both_loads_at_once_and_keeps_feeding() -> None:
     p = plan(max_loaded=2)
-    a = loaded(p, Model("a", 100 * MiB, waiting=50, oldest=0.0, in_flight=4))
+    a = loaded(Model("a", 100 * MiB, waiting=50, oldest=0.0, in_flight=4))
     b = Model("b", 100 * MiB, waiting=1, oldest=1.0)
     d = p.step(1.0, [a, b])
-    assert d.load == "b" and d.active == {"a"} and not d.unload
-    b = loaded(p, b, 1.0)
+    assert d.load == ("b",) and d.active == {"a"} and not d.unload
+    b = loaded(b, 1.0)
     assert p.step(2.0, [a, b]).active == {"a", "b"}
 
 
 def test_memory_bounds_the_models_as_the_count_does() -> None:
     p = plan(budget=250 * MiB, max_loaded=0)
-    a = loaded(p, Model("a", 150 * MiB, waiting=5, oldest=0.0, in_flight=1))
+    a = loaded(Model("a", 150 * MiB, waiting=5, oldest=0.0, in_flight=1))
     b = Model("b", 150 * MiB, waiting=1, oldest=1.0)
     small = Model("small", 50 * MiB, waiting=1, oldest=2.0)
     d = p.step(3.0, [a, b, small])
     # b does not fit beside a (and a's queue is not empty); the small one does.
-    assert d.load == "small" and d.active == {"a"}
+    assert d.load == ("small",) and d.active == {"a"}
 
 
-def test_one_load_at_a_time() -> None:
-    p = plan(max_loaded=3)
-    b = Model("b", 100 * MiB, waiting=1, oldest=0.0, state=LOADING)
-    p.placement.reserve("b", 100 * MiB)
-    c = Model("c", 100 * MiB, waiting=1, oldest=0.0)
-    assert p.step(1.0, [b, c]).load is None
-    assert p.step(2.0, [loaded(p, replace(b, state=ON_DISK)), c]).load == "c"
+def test_one_load_at_a_time_where_the_budget_holds_not_all() -> None:
+    p = plan(budget=250 * MiB, max_loaded=0)
+    a = Model("a", 100 * MiB, waiting=1, oldest=0.0, state=LOADING, reserved=100 * MiB)
+    b = Model("b", 100 * MiB, waiting=1, oldest=1.0)
+    c = Model("c", 100 * MiB, waiting=1, oldest=2.0)
+    assert p.step(1.0, [a, b, c]).load == ()
+    d = p.step(2.0, [loaded(replace(a, state=ON_DISK)), b, c])
+    assert d.load == ("b",) and d.prefetch == "c"
 
 
 def test_the_oldest_waiting_model_loads_first() -> None:
     p = plan()
     b = Model("b", 100 * MiB, waiting=9, oldest=5.0)
     c = Model("c", 100 * MiB, waiting=1, oldest=2.0)
-    assert p.step(6.0, [b, c]).load == "c"
+    assert p.step(6.0, [b, c]).load == ("c",)
 
 
 def test_idle_queues_are_displaced_before_busy_ones_then_least_recently_used() -> None:
     # Three loaded at a bound of two (as after a dashboard load): d needs two to make way.
     p = plan(max_loaded=2)
-    a = loaded(p, Model("a", 100 * MiB, waiting=5, oldest=0.0, in_flight=1), now=1.0)
-    b = loaded(p, Model("b", 100 * MiB), now=5.0)
-    c = loaded(p, Model("c", 100 * MiB), now=3.0)
+    a = loaded(Model("a", 100 * MiB, waiting=5, oldest=0.0, in_flight=1), now=1.0)
+    b = loaded(Model("b", 100 * MiB), now=5.0)
+    c = loaded(Model("c", 100 * MiB), now=3.0)
     d = Model("d", 100 * MiB, waiting=1, oldest=6.0)
     step = p.step(7.0, [a, b, c, d])
     # Without overdue lines a busy queue stays: the idle ones go, least recently used first.
-    assert step.unload == ("c", "b") and step.load == "d" and step.active == {"a"}
+    assert step.unload == ("c", "b") and step.load == ("d",) and step.active == {"a"}
 
 
 def test_an_idle_model_is_unloaded_after_the_ttl_unless_pinned() -> None:
     p = plan(max_loaded=0)
-    a = loaded(p, Model("a", 100 * MiB), now=0.0)
-    pinned = loaded(p, Model("default", 100 * MiB, pinned=True), now=0.0)
+    a = loaded(Model("a", 100 * MiB), now=0.0)
+    pinned = loaded(Model("default", 100 * MiB, pinned=True), now=0.0)
     assert p.step(TTL - 1, [a, pinned]).unload == ()
     assert p.step(TTL, [a, pinned]).unload == ("a",)
     busy = replace(a, in_flight=1)
@@ -129,15 +127,15 @@ def test_a_failed_model_is_active_so_its_lines_fail_and_is_never_loaded_again() 
     p = plan()
     bad = Model("bad", 100 * MiB, waiting=3, oldest=0.0, state=FAILED)
     d = p.step(1.0, [bad])
-    assert d.active == {"bad"} and d.load is None
+    assert d.active == {"bad"} and d.load == ()
 
 
 def test_a_model_too_big_for_the_budget_displaces_nothing() -> None:
     p = plan(budget=200 * MiB, max_loaded=0)
-    a = loaded(p, Model("a", 100 * MiB), now=SWITCH * 2 - 1)  # within its TTL
+    a = loaded(Model("a", 100 * MiB), now=SWITCH * 2 - 1)  # within its TTL
     huge = Model("huge", 300 * MiB, waiting=1, oldest=0.0)
     d = p.step(SWITCH * 2, [a, huge])
-    assert d.load is None and not d.unload and d.active == {"a"}
+    assert d.load == () and not d.unload and d.active == {"a"}
 
 
 def test_three_models_one_slot_each_loads_once_while_queues_drain() -> None:
@@ -151,10 +149,10 @@ def test_three_models_one_slot_each_loads_once_while_queues_drain() -> None:
         d = p.step(now, list(models.values()))
         for m in d.unload:
             assert models[m].in_flight == 0
-            models[m] = unloaded(p, models[m])
-        if d.load:
-            loads.append(d.load)
-            models[d.load] = loaded(p, models[d.load], now)
+            models[m] = unloaded(models[m])
+        for m in d.load:
+            loads.append(m)
+            models[m] = loaded(models[m], now)
         for m in d.active:  # claim 4 lines, finish those in flight
             cur = models[m]
             take = min(4, cur.waiting)
@@ -173,14 +171,14 @@ def test_two_big_queues_take_turns_of_the_switch_bound_not_a_swap_per_step() -> 
     """Both batches began at 0. Once b displaces a, a's lines wait from the moment it
     stopped being fed: it comes back after another switch bound, not at once."""
     p = plan()
-    a = loaded(p, Model("a", 100 * MiB, waiting=1000, oldest=0.0, in_flight=2))
+    a = loaded(Model("a", 100 * MiB, waiting=1000, oldest=0.0, in_flight=2))
     b = Model("b", 100 * MiB, waiting=1000, oldest=0.0)
     assert p.step(0.0, [a, b]).active == {"a"}
     assert p.step(SWITCH - 1, [a, b]).active == {"a"}
     assert p.step(SWITCH, [a, b]).drain == {"a"}
     d = p.step(SWITCH + 1, [replace(a, in_flight=0), b])
-    assert d.unload == ("a",) and d.load == "b"
-    a, b = unloaded(p, a), loaded(p, b, SWITCH + 1)
+    assert d.unload == ("a",) and d.load == ("b",)
+    a, b = unloaded(a), loaded(b, SWITCH + 1)
     b = replace(b, in_flight=2)
     assert p.step(SWITCH + 2, [a, b]).active == {"b"}
     # a was last fed at SWITCH - 1: its lines count as waiting from then; b has been fed
@@ -195,9 +193,9 @@ def test_a_load_slower_than_the_switch_bound_does_not_swap_the_model_out_unused(
     still gets its turn: its waiting line is sent before anything displaces it."""
     p = plan()
     a = Model("a", 100 * MiB, waiting=10, oldest=0.0)
-    b = loaded(p, Model("b", 100 * MiB, waiting=1, oldest=5.0), now=2 * SWITCH)
+    b = loaded(Model("b", 100 * MiB, waiting=1, oldest=5.0), now=2 * SWITCH)
     d = p.step(2 * SWITCH, [a, b])
-    assert d.active == {"b"} and d.load is None and not d.unload and not d.drain
+    assert d.active == {"b"} and d.load == () and not d.unload and not d.drain
     # Its line sent, b's queue is empty: a's turn, once that line is done.
     d = p.step(2 * SWITCH + 1, [a, replace(b, waiting=0, in_flight=1)])
     assert d.drain == {"b"} and not d.unload and d.prefetch == "a"
@@ -205,13 +203,59 @@ def test_a_load_slower_than_the_switch_bound_does_not_swap_the_model_out_unused(
 
 def test_the_next_model_in_line_is_read_ahead() -> None:
     p = plan()
-    a = loaded(p, Model("a", 100 * MiB, waiting=50, oldest=0.0, in_flight=4))
+    a = loaded(Model("a", 100 * MiB, waiting=50, oldest=0.0, in_flight=4))
     b = Model("b", 100 * MiB, waiting=10, oldest=1.0)
     c = Model("c", 100 * MiB, waiting=10, oldest=2.0)
     # a's queue is not empty: nothing loads, and b, waiting longest, is read ahead.
     d = p.step(3.0, [a, b, c])
-    assert d.load is None and d.prefetch == "b"
-    # With room for more, b loads and c, next in line, is read ahead meanwhile.
-    p.max_loaded = 3
+    assert d.load == () and d.prefetch == "b"
+    # With room for one more, b loads and c, next in line, is read ahead meanwhile.
+    p = plan(max_loaded=2)
     d = p.step(4.0, [a, b, c])
-    assert d.load == "b" and d.prefetch == "c"
+    assert d.load == ("b",) and d.prefetch == "c"
+
+
+def test_where_the_budget_holds_every_waiting_model_they_load_side_by_side() -> None:
+    p = plan(budget=400 * MiB, max_loaded=0)
+    a = loaded(Model("a", 100 * MiB, waiting=5, oldest=0.0, in_flight=2))
+    b = Model("b", 100 * MiB, waiting=3, oldest=2.0)
+    c = Model("c", 150 * MiB, waiting=3, oldest=1.0)
+    d = p.step(3.0, [a, b, c])
+    # Both fit beside a: both load now, the longest waiting first; a is still fed.
+    assert d.load == ("c", "b") and d.active == {"a"} and d.prefetch is None
+    # While they load, a model that fits beside them all joins them; one that does not
+    # waits until nothing is loading.
+    b = replace(b, state=LOADING, reserved=b.need)
+    c = replace(c, state=LOADING, reserved=c.need)
+    e = Model("e", 10 * MiB, waiting=1, oldest=3.5)
+    assert p.step(4.0, [a, b, c, e]).load == ("e",)
+    e = replace(e, state=LOADING, reserved=e.need)
+    f = Model("f", 100 * MiB, waiting=1, oldest=4.5)
+    assert p.step(5.0, [a, b, c, e, f]).load == ()
+    assert p.step(6.0, [a, loaded(b, 5.0), c, loaded(e), f]).load == ()
+    # Once nothing is loading, f displaces a model whose queue is empty.
+    idle = replace(loaded(b, 5.0), waiting=0)
+    d = p.step(7.0, [a, idle, loaded(c, 6.0), loaded(e), f])
+    assert d.load == ("f",) and d.unload == ("b",)
+
+
+def test_where_the_budget_is_short_the_loads_go_one_at_a_time() -> None:
+    # The bytes hold a beside b or c, not both: b (waiting longest) loads, c is read ahead.
+    p = plan(budget=350 * MiB, max_loaded=0)
+    a = loaded(Model("a", 100 * MiB, waiting=5, oldest=0.0, in_flight=2))
+    b = Model("b", 150 * MiB, waiting=3, oldest=1.0)
+    c = Model("c", 150 * MiB, waiting=3, oldest=2.0)
+    d = p.step(3.0, [a, b, c])
+    assert d.load == ("b",) and d.prefetch == "c"
+    # The count bounds them as the bytes do.
+    p = plan(max_loaded=2)
+    d = p.step(3.0, [a, replace(b, need=10 * MiB), replace(c, need=10 * MiB)])
+    assert d.load == ("b",) and d.prefetch == "c"
+
+
+def test_the_dashboards_unload_waits_for_nothing_in_flight() -> None:
+    p = plan(max_loaded=0)
+    a = loaded(Model("a", 100 * MiB, waiting=5, oldest=0.0))
+    assert p.step(1.0, [replace(a, evict=True, in_flight=1)]).unload == ()
+    d = p.step(2.0, [replace(a, evict=True)])
+    assert d.unload == ("a",) and d.active == frozenset()

@@ -167,3 +167,23 @@ def test_closing_the_pool_fails_what_still_waits(gemma: Path, broken: Path) -> N
     with pytest.raises(EngineError) as closed:
         waiting.result(30)
     assert closed.value.code == "engine_closed"
+
+
+def test_with_room_for_both_two_models_load_side_by_side(gemma: Path, broken: Path) -> None:
+    """Gemma and the corrupt file asked for at once, with room for all: both loads begin
+    together; the corrupt one fails alone, and Gemma's bytes are the memory the two took."""
+    p, loads = make_pool(gemma, broken, max_loaded_models=3)
+    try:
+        good, bad = ask(p, GEMMA), ask(p, BROKEN)
+        assert good.result(60)["model"] == GEMMA
+        with pytest.raises(EngineError, match="could not be loaded"):
+            bad.result(60)
+        began = dict(loads.calls)
+        assert abs(began[GEMMA] - began[BROKEN]) < 0.5  # neither waited for the other
+        views = {v.entry.id: v for v in p.views()}
+        assert views[SMOL].state == "idle" and views[BROKEN].state == "failed"
+        measured = views[GEMMA].measured_bytes
+        assert measured is not None and measured > 50 << 20
+        assert p.budget()[0] == measured + views[SMOL].measured_bytes
+    finally:
+        p.close()
