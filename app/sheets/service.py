@@ -23,12 +23,14 @@ from app.db import Database
 from app.errors import APIError, invalid
 from app.files.service import FileService
 from app.files.storage import Storage
+from app.sheets.images import ImageCellError, ImageCells
 from app.sheets.reading import SheetError, is_sheet, open_sheet
 from app.sheets.requests import (
     ENDPOINT,
     RowTemplate,
     SheetSpec,
     check_output_columns,
+    content_text,
     estimate_sheet_tokens,
     estimate_tokens,
     request_lines,
@@ -69,7 +71,7 @@ class SheetLook:
 @dataclass
 class RequestPreview:
     row: int
-    messages: list[dict[str, str]]
+    messages: list[dict[str, Any]]
     body: dict[str, object]
 
 
@@ -84,6 +86,8 @@ class SheetPreview:
     tokens: int
     #: The model whose tokenizer counted the first requests; None for four characters a token.
     counted_by: str | None = None
+    #: Whether the requests carry images (their tokens are not in the estimate).
+    images: bool = False
 
 
 class SheetService:
@@ -166,27 +170,42 @@ class SheetService:
             open_sheet(path, row.filename, sheet=spec.sheet) as opened,
         ):
             check_output_columns(spec.output_columns, opened.columns)
-            template = RowTemplate(spec, opened.columns)
+            template = RowTemplate(spec, opened.columns, self.image_cells(spec))
             tokens = estimate_sheet_tokens(template, stats.rows, stats.chars)
             preview = SheetPreview([], stats.rows, tokens)
             for number, cells in opened.rows:
-                body = template.body(cells)
-                preview.requests.append(RequestPreview(number, template.messages(cells), body))
+                try:
+                    body = template.body(cells)
+                except ImageCellError as exc:
+                    raise invalid(f"Row {number}: {exc}.", param="template") from None
+                messages: Any = body["messages"]
+                preview.requests.append(RequestPreview(number, messages, body))
+                preview.images = preview.images or any(
+                    isinstance(m["content"], list) for m in messages
+                )
                 if len(preview.requests) >= PREVIEW_REQUESTS:
                     break
-        if count is not None and preview.requests:
+        # The tokenizer counts text: a preview with images keeps the text's estimate.
+        if count is not None and preview.requests and not preview.images:
             try:
                 counted = [count(r.body) for r in preview.requests]
             except APIError:  # a request the model would refuse: characters it is
                 counted = [None]
             guessed = sum(
-                estimate_tokens("".join(m["content"] for m in r.messages)) for r in preview.requests
+                estimate_tokens("".join(content_text(m["content"]) for m in r.messages))
+                for r in preview.requests
             )
             if guessed and all(n is not None for n in counted):
                 ratio = sum(n for n in counted if n is not None) / guessed
                 preview.tokens = round(tokens * ratio)
                 preview.counted_by = spec.model
         return preview
+
+    def image_cells(self, spec: SheetSpec) -> ImageCells:
+        """How the spec's image cells become URLs: paths in its folder (if it has one), at
+        most --max-image-bytes each."""
+        folder = Path(spec.folder) if spec.folder else None
+        return ImageCells(folder, self.settings.max_image_bytes)
 
     def stats(self, sheet_file: File, sheet: str | None) -> SheetStats:
         """The sheet's rows and column sizes (a limit broken on the way is refused here)."""
@@ -233,7 +252,7 @@ class SheetService:
                 )
             )
             check_output_columns(spec.output_columns, opened.columns)
-            template = RowTemplate(spec, opened.columns)
+            template = RowTemplate(spec, opened.columns, self.image_cells(spec))
             spec.sheet = opened.sheet_name
             stored = self.files.store_chunks(
                 request_lines(template, opened.rows),
