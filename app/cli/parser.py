@@ -71,27 +71,38 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = sub.add_parser(
         "run",
-        help="run one batch input file (or a sheet and a prompt) to an output file, with no server",
+        help="run one batch input file (or a sheet, or a folder of images, and a prompt) to an "
+        "output file, with no server",
         description="Run every line of a batch input JSONL file through the model and write "
         "the output JSONL (OpenAI's batch output format), with no server. "
         "Or give a sheet (.csv, .tsv, .xlsx) and --prompt: one request per row, and the sheet "
-        "comes back (-o out.csv or out.xlsx) with the answers in new columns. "
+        "comes back (-o out.csv or out.xlsx) with the answers in new columns; a column of "
+        "images is placed with {{ image(column) }} (a path next to the sheet, a URL or a file "
+        "id). Or give a folder and --prompt: one request per image (.png, .jpg, .jpeg, .webp, "
+        ".gif, by name), and a sheet of file names and answers comes back. "
         "Exit codes: 0 all lines succeeded; 1 the input failed validation; 2 usage error; "
         "3 done, but some lines failed (see the errors file); 130 interrupted (--resume).",
     )
     run.add_argument(
-        "input", type=Path, help="the batch input file (.jsonl), or a sheet (.csv, .tsv, .xlsx)"
+        "input",
+        type=Path,
+        help="the batch input file (.jsonl), a sheet (.csv, .tsv, .xlsx) or a folder of images",
     )
     run.add_argument(
         "-o",
         "--output",
         type=Path,
         required=True,
-        help="where to write the output .jsonl (for a sheet: a .csv or .xlsx)",
+        help="where to write the output .jsonl (for a sheet or a folder: a .csv or .xlsx)",
     )
-    sheet = run.add_argument_group("a sheet's rows as requests (when the input is a sheet)")
+    sheet = run.add_argument_group(
+        "a sheet's rows (or a folder's images) as requests (when the input is one)"
+    )
     sheet.add_argument(
-        "--prompt", default=None, help="the prompt template over the columns: '… {{ review }} …'"
+        "--prompt",
+        default=None,
+        help="the prompt template over the columns: '… {{ review }} …', '{{ image(photo) }}'; "
+        "for a folder, the prompt each image follows (its name is {{ file }})",
     )
     sheet.add_argument("--system", default="", help="a system prompt (a template too)")
     sheet.add_argument(
@@ -99,8 +110,9 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="NAME:TYPE",
-        help="an output column, answered as JSON (repeat for more): NAME:text, NAME:number, "
-        "NAME:boolean or 'NAME:one of a,b,c'; without any, the answer is one column",
+        help="output columns, answered as JSON, comma-separated or repeated: NAME (text), "
+        "NAME:number, NAME:boolean, NAME:list (strings; its cell holds them as a JSON array) "
+        "or 'NAME:one of a,b,c' (last in its list); without any, the answer is one column",
     )
     sheet.add_argument("--sheet", default=None, help="the workbook's sheet (default: the first)")
     sheet.add_argument("--max-tokens", type=int, default=None, help="max_tokens of each request")

@@ -34,24 +34,37 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> int:
 
 
 def sheet_spec(args: argparse.Namespace) -> Any:
-    """The SheetSpec of `run` on a sheet, None for a JSONL input, or what is wrong (a str)."""
+    """The SheetSpec of `run` on a sheet or a folder of images, None for a JSONL input, or
+    what is wrong (a str)."""
     from app.config import default_model_path
+    from app.sheets.images import FOLDER_COLUMN
     from app.sheets.reading import is_sheet
-    from app.sheets.requests import SheetSpec, parse_column
+    from app.sheets.requests import IMAGE_NAME, SheetSpec, parse_columns
 
-    if not is_sheet(args.input.name):
+    folder = args.input.is_dir()
+    if not is_sheet(args.input.name) and not folder:
         if args.prompt is not None or args.columns:
-            return "--prompt and --columns are for a sheet (.csv, .tsv, .xlsx) input."
+            return "--prompt and --columns are for a sheet (.csv, .tsv, .xlsx) or a folder."
         return None
     if args.prompt is None:
-        return f"{args.input} is a sheet: give --prompt, a template over its columns."
+        what = (
+            "a folder: give --prompt, what to ask of each image"
+            if folder
+            else "a sheet: give --prompt, a template over its columns"
+        )
+        return f"{args.input} is {what}."
+    template = args.prompt
+    if folder and f"{IMAGE_NAME}(" not in template:  # each image after the prompt's text
+        template = f"{template}\n{{{{ {IMAGE_NAME}({FOLDER_COLUMN}) }}}}"
     model = Path(args.model) if args.model else default_model_path()
     return SheetSpec(
-        template=args.prompt,
+        template=template,
         system=args.system,
         model=model.stem if model.suffix == ".gguf" else model.name,
         max_tokens=args.max_tokens,
         temperature=args.temperature,
-        output_columns=[parse_column(c) for c in args.columns],
+        output_columns=[c for text in args.columns for c in parse_columns(text)],
         sheet=args.sheet,
+        # Image cells' paths are the sheet's neighbours (a folder's: its own files).
+        folder=str((args.input if folder else args.input.parent).resolve()),
     )
