@@ -100,6 +100,29 @@ class ImageCells:
         return f"data:{mime_of(data, value)};base64,{base64.b64encode(data).decode('ascii')}"
 
 
+def names_an_image(cell: str, *, paths: bool = True) -> bool:
+    """Whether a cell looks like what `image()` takes: a file id, an image's data URL, an
+    http(s) URL, or (with `paths`) a path ending in an image's suffix."""
+    value = cell.strip()
+    lower = value[:11].lower()
+    if FILE_ID.match(value) or lower == "data:image/" or lower.startswith(("http://", "https:/")):
+        return True
+    path = value.split("?", 1)[0].split("#", 1)[0]
+    return paths and Path(path).suffix.lower() in IMAGE_SUFFIXES
+
+
+def image_column(columns: list[str], rows: list[list[str]]) -> str | None:
+    """The first column whose cells (in `rows`, the first of the sheet) all name images:
+    by file id or URL first, else by a path (a column of file names is a path's column
+    only when no column holds ids or URLs)."""
+    for paths in (False, True):
+        for i, name in enumerate(columns):
+            cells = [r[i] for r in rows if i < len(r) and r[i].strip()]
+            if cells and all(names_an_image(c, paths=paths) for c in cells):
+                return name
+    return None
+
+
 def folder_images(folder: Path) -> list[str]:
     """The image files directly in `folder`, by name (PNG, JPEG, WEBP, GIF by their ending;
     hidden files left out)."""

@@ -9,6 +9,7 @@ for `export`, which joins the batch's output and error files back to the rows.
 
 from __future__ import annotations
 
+import io
 import secrets
 import shutil
 from collections.abc import Callable, Iterator
@@ -36,6 +37,7 @@ from app.sheets.requests import (
     request_lines,
 )
 from app.sheets.writing import FORMATS, added_columns, joined_rows, write_csv, write_xlsx
+from app.sheets.zips import images_in_zip, sheet_of_images
 from app.tables import Batch, BatchStatus, File, SheetBatch
 
 #: Rows the form shows of a sheet.
@@ -115,6 +117,38 @@ class SheetService:
         if not is_sheet(filename):
             raise SheetError(f"'{filename}' is not a .csv, .tsv or .xlsx file.")
         return self.files.store(source, filename=filename, purpose="user_data", owner=owner)
+
+    def from_zip(self, zip_id: str, owner: str) -> File:
+        """The dashboard's zip of images (a stored file) as a sheet: each image a file of
+        purpose `vision`, and a CSV sheet of their names and file ids (app/sheets/zips.py).
+        The zip itself is deleted once read; on a refusal nothing it held is kept."""
+        row = self.files.get(zip_id, owner)
+        made: list[File] = []
+        names: list[str] = []  # as the zip names them, folders and all
+        try:
+            with self._local(zip_id) as path:
+                for name, data in images_in_zip(
+                    path,
+                    max_bytes=self.settings.max_image_bytes,
+                    max_images=self.settings.max_requests_per_batch,
+                ):
+                    made.append(
+                        self.files.store(
+                            io.BytesIO(data), filename=name, purpose="vision", owner=owner
+                        )
+                    )
+                    names.append(name)
+            rows = [(name, f.id) for name, f in zip(names, made, strict=True)]
+            sheet = self.store(
+                io.BytesIO(sheet_of_images(rows)), f"{Path(row.filename).stem}.csv", owner
+            )
+        except BaseException:
+            for f in made:
+                self.files.delete(f.id, owner)
+            raise
+        finally:
+            self.files.delete(zip_id, owner)
+        return sheet
 
     def _sheet_file(self, file_id: str, owner: str) -> File:
         row = self.files.get(file_id, owner)
