@@ -5,8 +5,10 @@ It takes the API's own path: a state data dir holds the database and the files,
 `FileService` stores the input, `BatchService.create` makes the batch, the real `Runner`
 validates, claims and records every line on the real engine, and the batch's output and
 error files are copied to where the user asked. A sheet takes `SheetService`'s path, as the
-dashboard does: its rows become the input file, and the results are joined back to them. An interrupted run leaves its state dir
-behind; `--resume` starts the runner on it again, and lines already recorded stay done.
+dashboard does: its rows become the input file, and the results are joined back to them.
+A folder of images is a sheet of their names (written in the state dir), one row each. An
+interrupted run leaves its state dir behind; `--resume` starts the runner on it again, and
+lines already recorded stay done.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from app.batches.validate import first_endpoint
 from app.config import Settings
 from app.errors import APIError
 from app.logs import LOG_FORMAT
+from app.sheets.images import IMAGE_SUFFIXES, folder_images, write_folder_sheet
 from app.sheets.requests import SheetSpec
 from app.tables import Batch, BatchStatus
 
@@ -48,6 +51,8 @@ OFFLINE_LEASE_SECONDS = 2
 OFFLINE_WINDOW_SECONDS = 10 * 365 * 24 * 3600
 #: What the state dir remembers about its run, to resume it.
 RUN_FILE = "run.json"
+#: The sheet a folder of images becomes, in the state dir.
+FOLDER_SHEET = "folder.csv"
 #: Seconds between progress lines when stderr is not a terminal.
 PLAIN_PROGRESS_EVERY_S = 5.0
 BAR_WIDTH = 28
@@ -78,6 +83,15 @@ class RunOptions:
     @property
     def state(self) -> Path:
         return self.state_dir or self.output.with_name(self.output.name + ".batchyard-state")
+
+    @property
+    def source(self) -> Path:
+        """The file the run stores: the input, or the sheet a folder of images becomes."""
+        return self.state / FOLDER_SHEET if self.input.is_dir() else self.input
+
+    @property
+    def source_name(self) -> str:
+        return f"{self.input.resolve().name}.csv" if self.input.is_dir() else self.input.name
 
 
 def sha256_of(path: Path) -> str:
@@ -203,7 +217,7 @@ def _copy_out(storage_path: Path | None, dest: Path) -> None:
 
 def _start_or_resume(opts: RunOptions, services: Services) -> Batch:
     """Store the input and create its batch, or find the batch of the run to resume."""
-    digest = sha256_of(opts.input)
+    digest = sha256_of(opts.source)
     if opts.resume:
         run_file = opts.state / RUN_FILE
         record = json.loads(run_file.read_text(encoding="utf-8"))
@@ -214,8 +228,8 @@ def _start_or_resume(opts: RunOptions, services: Services) -> Batch:
             )
         return services.batches.get(record["batch_id"], OWNER)
     if opts.sheet is not None:
-        with open(opts.input, "rb") as fh:
-            stored = services.sheets.store(fh, opts.input.name, OWNER)
+        with open(opts.source, "rb") as fh:
+            stored = services.sheets.store(fh, opts.source_name, OWNER)
         batch = services.sheets.start(OWNER, stored.id, opts.sheet)
         _remember(opts, digest, stored.id, batch.id)
         return batch
@@ -328,8 +342,11 @@ class _Run:
 
 def _open_state(opts: RunOptions, overrides: dict[str, Any]) -> Settings:
     """Check the input, prepare the state dir and read the settings (RunError: usage)."""
-    if not opts.input.is_file():
+    folder = opts.sheet is not None and opts.input.is_dir()
+    if not opts.input.is_file() and not folder:
         raise RunError(f"{opts.input}: no such file")
+    if folder and not folder_images(opts.input):
+        raise RunError(f"{opts.input} holds no {', '.join(IMAGE_SUFFIXES)} images.")
     if opts.sheet is not None:
         sheet_format(opts.output)
     from app.db import DatabaseError
@@ -338,6 +355,9 @@ def _open_state(opts: RunOptions, overrides: dict[str, Any]) -> Settings:
         _prepare_state(opts)
     except DatabaseError as exc:  # another run holds the state dir
         raise RunError(str(exc)) from exc
+    if folder:  # the same names in the same order make the same sheet (--resume checks it)
+        opts.state.mkdir(parents=True, exist_ok=True)
+        write_folder_sheet(opts.input, opts.source)
     try:
         settings = offline_settings(overrides, opts.state)
     except ValueError as exc:

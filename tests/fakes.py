@@ -16,9 +16,21 @@ from app.engine.base import EngineError, EngineStats, ModelInfo, Priority, Reque
 from app.wire.endpoints import CHAT, EMBEDDINGS
 
 
+def text_of(content: Any) -> str:
+    """A message's content as text: a string as it is; content parts' text joined, each
+    image part as `[image]` (so that an echo shows where an image went)."""
+    if not isinstance(content, list):
+        return str(content)
+    return " ".join(
+        "[image]" if p.get("type") in ("image_url", "input_image") else str(p.get("text", ""))
+        for p in content
+        if isinstance(p, dict)
+    )
+
+
 def prompt(endpoint: str, body: dict[str, Any]) -> str:
     """The text a request asks about: its last message, or its prompt."""
-    return str(body["messages"][-1]["content"] if endpoint == CHAT else body.get("prompt"))
+    return text_of(body["messages"][-1]["content"]) if endpoint == CHAT else str(body.get("prompt"))
 
 
 class FakeEngine:
@@ -93,7 +105,7 @@ class FakeEngine:
                 "model": self.info.id,
                 "usage": {"prompt_tokens": len(inputs), "total_tokens": len(inputs)},
             }
-        text = body["messages"][-1]["content"] if endpoint == CHAT else body["prompt"]
+        text = prompt(endpoint, body) if endpoint == CHAT else body["prompt"]
         if "FAIL" in text:
             raise EngineError(
                 "The prompt is longer than the context.",

@@ -320,6 +320,27 @@ class BatchService:
             source = None
         return LineDetail(request=req, input=source)
 
+    def inputs(
+        self, batch: Batch, rows: builtins.list[Request], max_line_bytes: int
+    ) -> dict[int, dict[str, Any] | None]:
+        """The input lines of `rows` (a page of `lines` of this batch, already the owner's),
+        by line number, read in blocks of neighbours; a line longer than `max_line_bytes`,
+        or one that can no longer be read, is None."""
+        shown = [r for r in rows if r.length <= max_line_bytes]
+        out: dict[int, dict[str, Any] | None] = {r.line: None for r in rows}
+        try:
+            raws = self.runner.storage.read_spans(
+                batch.input_file_id, [(r.offset, r.length) for r in shown]
+            )
+        except OSError:  # the input file expired or was deleted
+            return out
+        for r, raw in zip(shown, raws, strict=True):
+            try:
+                out[r.line] = json.loads(raw.decode("utf-8"))
+            except ValueError:
+                out[r.line] = None
+        return out
+
     def finished_output(self, batch_id: str, owner: str, kind: str) -> Iterator[bytes]:
         """The output (`kind` "output") or error lines ("errors") of the lines finished so
         far, in input order, as the output files will hold them; read in chunks."""

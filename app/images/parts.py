@@ -3,12 +3,14 @@
 a way to put another reference in its place.
 
 Chat: `{"type": "image_url", "image_url": {"url": ..., "detail": "low" | "high" | "auto"}}`
-in the `content` list of any message. Responses: `{"type": "input_image", "image_url": ...,
+in the `content` list of any message; a `url` that is a Files API id (`file-...`, as a
+sheet's image column makes) names that file, as Responses' `file_id` does. Responses: `{"type": "input_image", "image_url": ...,
 "file_id": ..., "detail": ...}` in the `content` list of an `input` item.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -16,6 +18,8 @@ from app.images.errors import INVALID_IMAGE, ImageError
 from app.wire.endpoints import CHAT, RESPONSES
 
 Source = Literal["data", "url", "file"]
+#: A Files API id where a URL goes: `file-` and the id's letters (no scheme, no path).
+FILE_ID = re.compile(r"^file-[A-Za-z0-9_-]+$")
 
 
 @dataclass
@@ -78,7 +82,7 @@ def _chat_images(body: dict[str, Any]) -> list[ImageRef]:
                 url = inner
             if not isinstance(url, str) or not url:
                 raise ImageError(
-                    f"{where} must be an image's URL (http(s) or data:).",
+                    f"{where} must be an image's URL (http(s) or data:) or a file id.",
                     code=INVALID_IMAGE,
                     param=where,
                 )
@@ -116,7 +120,9 @@ def _responses_images(body: dict[str, Any]) -> list[ImageRef]:
 
 
 def _url_source(url: str) -> Source:
-    return "data" if url[:5].lower() == "data:" else "url"
+    if url[:5].lower() == "data:":
+        return "data"
+    return "file" if FILE_ID.match(url) else "url"
 
 
 def _detail(value: Any) -> str | None:

@@ -9,6 +9,7 @@ for `export`, which joins the batch's output and error files back to the rows.
 
 from __future__ import annotations
 
+import io
 import secrets
 import shutil
 from collections.abc import Callable, Iterator
@@ -23,17 +24,20 @@ from app.db import Database
 from app.errors import APIError, invalid
 from app.files.service import FileService
 from app.files.storage import Storage
+from app.sheets.images import ImageCellError, ImageCells
 from app.sheets.reading import SheetError, is_sheet, open_sheet
 from app.sheets.requests import (
     ENDPOINT,
     RowTemplate,
     SheetSpec,
     check_output_columns,
+    content_text,
     estimate_sheet_tokens,
     estimate_tokens,
     request_lines,
 )
 from app.sheets.writing import FORMATS, added_columns, joined_rows, write_csv, write_xlsx
+from app.sheets.zips import images_in_zip, sheet_of_images
 from app.tables import Batch, BatchStatus, File, SheetBatch
 
 #: Rows the form shows of a sheet.
@@ -69,7 +73,7 @@ class SheetLook:
 @dataclass
 class RequestPreview:
     row: int
-    messages: list[dict[str, str]]
+    messages: list[dict[str, Any]]
     body: dict[str, object]
 
 
@@ -84,6 +88,8 @@ class SheetPreview:
     tokens: int
     #: The model whose tokenizer counted the first requests; None for four characters a token.
     counted_by: str | None = None
+    #: Whether the requests carry images (their tokens are not in the estimate).
+    images: bool = False
 
 
 class SheetService:
@@ -111,6 +117,38 @@ class SheetService:
         if not is_sheet(filename):
             raise SheetError(f"'{filename}' is not a .csv, .tsv or .xlsx file.")
         return self.files.store(source, filename=filename, purpose="user_data", owner=owner)
+
+    def from_zip(self, zip_id: str, owner: str) -> File:
+        """The dashboard's zip of images (a stored file) as a sheet: each image a file of
+        purpose `vision`, and a CSV sheet of their names and file ids (app/sheets/zips.py).
+        The zip itself is deleted once read; on a refusal nothing it held is kept."""
+        row = self.files.get(zip_id, owner)
+        made: list[File] = []
+        names: list[str] = []  # as the zip names them, folders and all
+        try:
+            with self._local(zip_id) as path:
+                for name, data in images_in_zip(
+                    path,
+                    max_bytes=self.settings.max_image_bytes,
+                    max_images=self.settings.max_requests_per_batch,
+                ):
+                    made.append(
+                        self.files.store(
+                            io.BytesIO(data), filename=name, purpose="vision", owner=owner
+                        )
+                    )
+                    names.append(name)
+            rows = [(name, f.id) for name, f in zip(names, made, strict=True)]
+            sheet = self.store(
+                io.BytesIO(sheet_of_images(rows)), f"{Path(row.filename).stem}.csv", owner
+            )
+        except BaseException:
+            for f in made:
+                self.files.delete(f.id, owner)
+            raise
+        finally:
+            self.files.delete(zip_id, owner)
+        return sheet
 
     def _sheet_file(self, file_id: str, owner: str) -> File:
         row = self.files.get(file_id, owner)
@@ -166,27 +204,42 @@ class SheetService:
             open_sheet(path, row.filename, sheet=spec.sheet) as opened,
         ):
             check_output_columns(spec.output_columns, opened.columns)
-            template = RowTemplate(spec, opened.columns)
+            template = RowTemplate(spec, opened.columns, self.image_cells(spec))
             tokens = estimate_sheet_tokens(template, stats.rows, stats.chars)
             preview = SheetPreview([], stats.rows, tokens)
             for number, cells in opened.rows:
-                body = template.body(cells)
-                preview.requests.append(RequestPreview(number, template.messages(cells), body))
+                try:
+                    body = template.body(cells)
+                except ImageCellError as exc:
+                    raise invalid(f"Row {number}: {exc}.", param="template") from None
+                messages: Any = body["messages"]
+                preview.requests.append(RequestPreview(number, messages, body))
+                preview.images = preview.images or any(
+                    isinstance(m["content"], list) for m in messages
+                )
                 if len(preview.requests) >= PREVIEW_REQUESTS:
                     break
-        if count is not None and preview.requests:
+        # The tokenizer counts text: a preview with images keeps the text's estimate.
+        if count is not None and preview.requests and not preview.images:
             try:
                 counted = [count(r.body) for r in preview.requests]
             except APIError:  # a request the model would refuse: characters it is
                 counted = [None]
             guessed = sum(
-                estimate_tokens("".join(m["content"] for m in r.messages)) for r in preview.requests
+                estimate_tokens("".join(content_text(m["content"]) for m in r.messages))
+                for r in preview.requests
             )
             if guessed and all(n is not None for n in counted):
                 ratio = sum(n for n in counted if n is not None) / guessed
                 preview.tokens = round(tokens * ratio)
                 preview.counted_by = spec.model
         return preview
+
+    def image_cells(self, spec: SheetSpec) -> ImageCells:
+        """How the spec's image cells become URLs: paths in its folder (if it has one), at
+        most --max-image-bytes each."""
+        folder = Path(spec.folder) if spec.folder else None
+        return ImageCells(folder, self.settings.max_image_bytes)
 
     def stats(self, sheet_file: File, sheet: str | None) -> SheetStats:
         """The sheet's rows and column sizes (a limit broken on the way is refused here)."""
@@ -233,7 +286,7 @@ class SheetService:
                 )
             )
             check_output_columns(spec.output_columns, opened.columns)
-            template = RowTemplate(spec, opened.columns)
+            template = RowTemplate(spec, opened.columns, self.image_cells(spec))
             spec.sheet = opened.sheet_name
             stored = self.files.store_chunks(
                 request_lines(template, opened.rows),

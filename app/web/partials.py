@@ -23,6 +23,7 @@ from app.files.multipart import receive_upload
 from app.files.service import FileService
 from app.services import Services
 from app.sheets.reading import is_sheet
+from app.sheets.zips import is_zip
 from app.web import views
 from app.web.models import model_choices
 from app.web.pages import batch_list_context, batch_page_context, deliveries_context
@@ -63,10 +64,13 @@ async def upload(
     owner: NamedDependency[str],
 ) -> Template:
     """Store the dropped file through the same path as POST /v1/files, then preview it (a
-    sheet opens the sheet form: app/web/sheets.py)."""
+    sheet opens the sheet form: app/web/sheets.py; a zip of images becomes a sheet of them
+    first)."""
     files = services.files
     try:
         row = await receive_upload(request, files, owner)
+        if is_zip(row.filename):
+            row = await anyio.to_thread.run_sync(services.sheets.from_zip, row.id, owner)
         if is_sheet(row.filename):
             context = await anyio.to_thread.run_sync(sheet_form_context, services, row.id, owner)
             return Template(template_name="partials/sheet_form.html", context=context)

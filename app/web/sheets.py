@@ -20,14 +20,16 @@ from litestar.params import FromPath, FromQuery
 from litestar.response import File as FileResponse
 from litestar.response import Response, Template
 
-from app.engine.registry import members
+from app.engine.registry import members, model_pool
 from app.errors import invalid
 from app.services import Services
-from app.sheets.requests import COLUMN_TYPES, ENDPOINT, OutputColumn, SheetSpec
+from app.sheets.images import image_column
+from app.sheets.requests import COLUMN_TYPES, ENDPOINT, IMAGE_NAME, OutputColumn, SheetSpec
 from app.sheets.writing import FORMATS
 from app.tables import BatchStatus
 from app.web.models import model_choices
 from app.web.pages import batch_list_context
+from app.web.thumbnails import content_views
 
 #: Output-column rows the form starts with (more come with "Add an output column").
 FORM_OUTPUT_ROWS = 2
@@ -50,14 +52,30 @@ def sheet_form_context(
     Blocking (it reads the sheet): call it from a thread."""
     look = services.sheets.look(file_id, owner, sheet)
     models = model_ids(services)
+    images = image_column(look.columns, [cells for _, cells in look.rows])
+    template = f"{{{{ {look.columns[0]} }}}}" if look.columns[0].isidentifier() else ""
+    model = models[0] if models else ""
+    if images is not None:  # a column of images: placed, and a model that sees offered
+        where = images if images.isidentifier() else f'row["{images}"]'
+        template = f"{{{{ {IMAGE_NAME}({where}) }}}}"
+        model = next(iter(seeing_models(services)), model)
     return {
         "look": look,
         "models": models,
-        "model": models[0] if models else "",
-        "template": f"{{{{ {look.columns[0]} }}}}" if look.columns[0].isidentifier() else "",
+        "model": model,
+        "image_column": images,
+        "template": template,
         "column_types": COLUMN_TYPES,
         "output_rows": range(FORM_OUTPUT_ROWS),
     }
+
+
+def seeing_models(services: Services) -> list[str]:
+    """The catalog's models that take images (those with a projector), in the pool's order."""
+    pool = model_pool(services.engine)
+    if pool is None:
+        return []
+    return [v.entry.id for v in pool.views() if not v.entry.error and v.entry.takes_images]
 
 
 def spec_from_form(form: FormMultiDict) -> SheetSpec:
@@ -137,7 +155,14 @@ async def sheet_preview(
         spec,
         functools.partial(engine.prompt_tokens, ENDPOINT) if engine is not None else None,
     )
-    return Template(template_name="partials/sheet_preview.html", context={"preview": preview})
+    # Each message's content as text and thumbnails (made here, off the event loop).
+    shown = await anyio.to_thread.run_sync(
+        lambda: [[content_views(m["content"]) for m in r.messages] for r in preview.requests]
+    )
+    return Template(
+        template_name="partials/sheet_preview.html",
+        context={"preview": preview, "shown": shown},
+    )
 
 
 @post("/web/sheets/{file_id:str}/start", name="web:sheet_start")

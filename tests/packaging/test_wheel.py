@@ -50,7 +50,7 @@ def test_wheel_contains_templates_static_files_and_vendored_js(wheel: Path, sour
             n for n in names if n.startswith("app/static/vendor/htmx") and n.endswith(".js")
         ]
         assert vendored, sorted(n for n in names if "static" in n)
-    assert "app/cli.py" in names
+    assert "app/cli/__init__.py" in names
     assert "app/toolchain/amx_tilecfg.h" in names  # `batchyard engine build` compiles with it
     # Alembic finds its revisions as files next to env.py (Database.migrate at start-up).
     migrations = files_under(source / "app" / "migrations")

@@ -112,3 +112,18 @@ def test_an_image_part_that_names_no_image_is_refused_at_its_param(
         "invalid_image",
         param,
     )
+
+
+def test_a_chat_url_that_is_a_file_id_names_that_file() -> None:
+    body = chat(
+        [
+            {"type": "image_url", "image_url": {"url": "file-abc123_X"}},
+            {"type": "image_url", "image_url": {"url": "https://x/file-abc.png"}},
+            {"type": "image_url", "image_url": {"url": "file-abc/../x.png"}},
+        ]
+    )
+    assert [(r.source, r.value) for r in find_images(CHAT, body)] == [
+        ("file", "file-abc123_X"),
+        ("url", "https://x/file-abc.png"),
+        ("url", "file-abc/../x.png"),
+    ]

@@ -191,6 +191,22 @@ def test_a_file_id_of_the_owners_is_read(svc: Services, purpose: str) -> None:
     assert (mime, img.size) == ("image/png", (12, 8))
 
 
+def test_a_chat_url_that_is_a_file_id_is_read_as_the_owners_file(svc: Services) -> None:
+    f = svc.files.store(
+        io.BytesIO(image_bytes("GIF")), filename="x.gif", purpose="vision", owner="ann"
+    )
+    resolved = svc.runner.images.resolve(CHAT, chat(f.id), owner="ann")
+    (url,) = urls_of(resolved.body)
+    mime, img = decoded(url)
+    assert (mime, img.size) == ("image/png", (12, 8))
+    with pytest.raises(ImageError) as caught:
+        svc.runner.images.resolve(CHAT, chat(f.id), owner="bob")
+    assert (caught.value.code, caught.value.param) == (
+        "invalid_image_file",
+        "messages[0].content[1].image_url.url",
+    )
+
+
 def test_a_file_id_of_another_owner_or_purpose_is_refused(svc: Services) -> None:
     f = svc.files.store(
         io.BytesIO(image_bytes("PNG")), filename="x.png", purpose="vision", owner="ann"

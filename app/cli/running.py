@@ -1,0 +1,70 @@
+"""`batchyard run`: a batch input file, or a sheet and a prompt, to an output file with no
+server."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+from app.config import Settings
+
+
+def run(args: argparse.Namespace, argv: list[str] | None) -> int:
+    from app.offline import RunOptions, run_batch
+
+    names = {f.name for f in fields(Settings)}
+    sheet = sheet_spec(args)
+    if isinstance(sheet, str):
+        print(f"batchyard run: {sheet}", file=sys.stderr)
+        return 2
+    opts = RunOptions(
+        input=args.input,
+        output=args.output,
+        errors=args.errors,
+        state_dir=args.state_dir,
+        endpoint=args.endpoint,
+        resume=args.resume,
+        sheet=sheet,
+    )
+    words = ["batchyard", *(sys.argv[1:] if argv is None else argv)]
+    return run_batch(opts, {k: v for k, v in vars(args).items() if k in names}, argv=words)
+
+
+def sheet_spec(args: argparse.Namespace) -> Any:
+    """The SheetSpec of `run` on a sheet or a folder of images, None for a JSONL input, or
+    what is wrong (a str)."""
+    from app.config import default_model_path
+    from app.sheets.images import FOLDER_COLUMN
+    from app.sheets.reading import is_sheet
+    from app.sheets.requests import IMAGE_NAME, SheetSpec, parse_columns
+
+    folder = args.input.is_dir()
+    if not is_sheet(args.input.name) and not folder:
+        if args.prompt is not None or args.columns:
+            return "--prompt and --columns are for a sheet (.csv, .tsv, .xlsx) or a folder."
+        return None
+    if args.prompt is None:
+        what = (
+            "a folder: give --prompt, what to ask of each image"
+            if folder
+            else "a sheet: give --prompt, a template over its columns"
+        )
+        return f"{args.input} is {what}."
+    template = args.prompt
+    if folder and f"{IMAGE_NAME}(" not in template:  # each image after the prompt's text
+        template = f"{template}\n{{{{ {IMAGE_NAME}({FOLDER_COLUMN}) }}}}"
+    model = Path(args.model) if args.model else default_model_path()
+    return SheetSpec(
+        template=template,
+        system=args.system,
+        model=model.stem if model.suffix == ".gguf" else model.name,
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        output_columns=[c for text in args.columns for c in parse_columns(text)],
+        sheet=args.sheet,
+        # Image cells' paths are the sheet's neighbours (a folder's: its own files).
+        folder=str((args.input if folder else args.input.parent).resolve()),
+    )
