@@ -425,6 +425,16 @@ class Runner:
         """Claim lines in the caller's transaction, into the room left by the lines this
         node holds besides those `recorded` in it."""
         held = Counter(h.lane for rid, h in self._inflight.items() if rid not in recorded)
+        risky = self.projections.at_risk()  # served ahead of shares, within a bound
+        held_risky = (
+            Counter(
+                h.lane
+                for rid, h in self._inflight.items()
+                if h.batch_id in risky and rid not in recorded
+            )
+            if risky
+            else None
+        )
         return claim(
             s,
             self._open_lanes(),
@@ -432,6 +442,8 @@ class Runner:
             self._inflight,
             worker_id=self.worker_id,
             lease_seconds=self.settings.lease_seconds,
+            at_risk=risky,
+            held_at_risk=held_risky,
         )
 
     def _claim_and_submit(self) -> None:
