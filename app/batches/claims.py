@@ -28,6 +28,9 @@ as above, where the at-risk batches take their turns too. So at least half of ev
 lane's room still goes by fair shares: every owner keeps at least half the share it
 would have had, and none stops while another's batch is late.
 
+An upstream lane with `priority=on` gives each line it claims vLLM's and SGLang's
+`priority` (lower runs sooner), from its batch's deadline: line_priority.
+
 A line is routed by its batch's `route`: validation refuses a batch whose lines name
 different models (`mismatched_model`) and resolves the one they name, once, to the id of
 the model that runs them (app/batches/routes.py), so the batch row says where each of its
@@ -62,6 +65,8 @@ MAX_ATTEMPTS = 3
 LOOK_AHEAD = 4
 #: The deadline the claim gives a batch without one: after every real one (unix seconds).
 NO_DEADLINE = 2**62
+#: line_priority of a batch without a deadline: after a 7-day window's.
+NO_DEADLINE_PRIORITY = 15
 #: The most of a lane's room that at-risk batches take ahead of fair shares.
 RISK_SHARE = 0.5
 
@@ -85,6 +90,20 @@ class Claim:
     #: Its batch's route: the id of the model it runs on ("" for the default model's
     #: lines; None for a batch not routed yet, on a node with one engine).
     route: str | None = None
+    #: The `priority` its engine is sent (a lane with `priority=on`), else None.
+    priority: int | None = None
+
+
+def line_priority(expires_at: int | None, now: float) -> int:
+    """vLLM's and SGLang's `priority` for a batch line (lower runs sooner): k while the
+    minutes left to its batch's deadline are under 2**k, and 1 under 2 minutes (or past
+    it): 6 for a 1-hour window at its start, 11 for 24 hours, 14 for 7 days; 15 without a
+    deadline. Never 0, which online requests have by sending none: the engine serves them
+    first."""
+    if expires_at is None:
+        return NO_DEADLINE_PRIORITY
+    minutes = int(max(0.0, expires_at - now) // 60)
+    return max(1, minutes.bit_length())
 
 
 def room(lane: Lane, held: int) -> int:
@@ -210,7 +229,7 @@ def _claim_lane(
         params["only"] = only
     rows = conn.execute(_claim_query(lane.models, only is not None), params).all()
     claims = []
-    for request_id, batch_id, offset, length, attempts, endpoint, file_id, route in rows:
+    for request_id, batch_id, offset, length, attempts, endpoint, file_id, route, dl in rows:
         if request_id in inflight:
             continue
         exhausted = attempts >= MAX_ATTEMPTS
@@ -226,6 +245,7 @@ def _claim_lane(
                 lane.name,
                 exhausted,
                 route,
+                line_priority(dl, t) if lane.priority else None,
             )
         )
         if len(claims) == n:
@@ -236,7 +256,7 @@ def _claim_lane(
 @functools.lru_cache(maxsize=64)
 def _claim_query(
     routes: frozenset[str] | None, some: bool = False
-) -> Select[str, str, int, int, int, str, str, str | None]:
+) -> Select[str, str, int, int, int, str, str, str | None, int | None]:
     """A lane's claim SELECT, built once for each set of routes (a lane's change only when
     the pool feeds another model or an upstream's /v1/models changes): built every step, it took longer in SQLAlchemy
     than in the database (bench/fleet.py). Its parameters: `look`, how far into each batch
@@ -333,6 +353,7 @@ def _claim_query(
             col(Batch.endpoint),
             col(Batch.input_file_id),
             col(Batch.route),
+            col(Batch.expires_at),
         )
         .select_from(Request)
         .join(turns, turns.c.id == col(Request.id))

@@ -519,6 +519,8 @@ class Runner:
             # The model its batch was routed to at validation, by id: the engine reads no
             # other name (the one written may differ in case, or be an alias).
             body["model"] = c.route
+        if c.priority is not None:  # a lane with priority=on (claims.line_priority)
+            body["priority"] = c.priority
         fut = self.images.submit(
             self._engine, c.endpoint, body, priority=Priority.BATCH, batch_id=c.batch_id
         )

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from app.batches.claims import risk_room
+from app.batches.claims import NO_DEADLINE_PRIORITY, line_priority, risk_room
 from app.batches.projection import Running
 from app.engine.registry import EMBEDDED, UNROUTED, EngineRegistry, Lane, lanes
 from app.tables import BatchStatus
@@ -219,3 +219,25 @@ def test_the_risk_room_is_half_a_lanes_room_less_what_it_holds() -> None:
     assert risk_room(Lane("up", 32, depth=4), 60) == 4
     assert risk_room(Lane(EMBEDDED, 1), 0) == 1  # a lane of room 2 still serves its risk
     assert risk_room(Lane(EMBEDDED, 1), 1) == 0
+
+
+def test_a_lines_priority_follows_the_minutes_to_its_deadline() -> None:
+    now = 1_000_000.0
+    minutes = [-5, 0, 1.9, 2, 3.9, 4, 59, 64, 1439, 10079]
+    got = [line_priority(int(now + m * 60), now) for m in minutes]
+    assert got == [1, 1, 1, 2, 2, 3, 6, 7, 11, 14]
+    assert line_priority(None, now) == NO_DEADLINE_PRIORITY == 15
+    assert sorted(got) == got  # sooner, lower: served first
+
+
+def test_a_priority_lane_sends_each_line_its_priority(tmp_path: Path) -> None:
+    remote = FakeUpstream("remote", [REMOTE], n_slots=2)
+    remote.spec = dataclasses.replace(remote.spec, priority=True)
+    local = HangingEngine(n_slots=2)
+    svc = services(tmp_path, EngineRegistry(local, [remote]))
+    make_batch(svc, hanging_lines("r", 3, REMOTE))
+    make_batch(svc, hanging_lines("e", 3, LOCAL))
+    for _ in range(3):
+        svc.runner.step()
+    assert {body["priority"] for _, body, _ in remote.submitted} == {11}  # a 24-hour window
+    assert all("priority" not in body for _, body, _ in local.submitted)
