@@ -99,6 +99,9 @@ def seaweed_server(data: Path, log: Path) -> Iterator[Seaweed | str]:
         "-ip.bind=127.0.0.1",
         "-s3",
         "-master.telemetry=false",
+        # A restart waits one election timeout for its lone master to lead again (10 s by
+        # default): a test that restarts it waits 1.
+        "-master.electionTimeout=1s",
         "-volume.max=20",
         "-master.volumeSizeLimitMB=256",
         # The S3 gateway's Iceberg and Lance listeners take fixed ports (8181, 9101) by

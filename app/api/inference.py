@@ -58,11 +58,52 @@ RESPONSES_STREAM_NOTE = (
 )
 
 
-async def _run(engine: Engine, endpoint: str, body: dict[str, Any], receive: Receive) -> Any:
+#: The `service_tier`s a chat or Responses request may name. `flex` runs at batch priority
+#: (behind online requests, among the batch lines the engine holds: answered when its
+#: turn comes); `auto` and `default` run as online requests do.
+SERVICE_TIERS = ("auto", "default", "flex")
+
+
+def _service_tier(body: dict[str, Any]) -> tuple[dict[str, Any], Priority, str | None]:
+    """The body without its `service_tier`, the priority that tier runs at, and the tier
+    its answer names (None when the body named none); an unknown tier is a 400."""
+    tier = body.get("service_tier")
+    if tier is None:
+        return body, Priority.ONLINE, None
+    if tier not in SERVICE_TIERS:
+        allowed = ", ".join(f"'{t}'" for t in SERVICE_TIERS)
+        raise APIError(
+            400,
+            f"service_tier {tier!r} is not offered here; use one of {allowed}.",
+            param="service_tier",
+            code="invalid_value",
+        )
+    rest = {k: v for k, v in body.items() if k != "service_tier"}
+    if tier == "flex":
+        return rest, Priority.BATCH, "flex"
+    return rest, Priority.ONLINE, "default"
+
+
+def _named_tier(answer: dict[str, Any], tier: str | None) -> dict[str, Any]:
+    """A chat answer or chunk, or a Responses answer or event, naming the tier it ran at."""
+    if tier is not None and isinstance(answer, dict):
+        inner = answer.get("response")
+        (inner if isinstance(inner, dict) else answer)["service_tier"] = tier
+    return answer
+
+
+async def _run(
+    engine: Engine,
+    endpoint: str,
+    body: dict[str, Any],
+    receive: Receive,
+    priority: Priority = Priority.ONLINE,
+    tier: str | None = None,
+) -> Any:
     if body.get("stream") and endpoint != EMBEDDINGS:
-        return await _stream(engine, endpoint, body, receive)
-    fut = engine.submit(endpoint, body, priority=Priority.ONLINE)
-    return await _unless_gone(engine, fut, _settled(fut), receive)
+        return await _stream(engine, endpoint, body, receive, priority, tier)
+    fut = engine.submit(endpoint, body, priority=priority)
+    return _named_tier(await _unless_gone(engine, fut, _settled(fut), receive), tier)
 
 
 async def _with_images(
@@ -127,7 +168,14 @@ async def _unless_gone(
     return await waiting
 
 
-async def _stream(engine: Engine, endpoint: str, body: dict[str, Any], receive: Receive) -> Stream:
+async def _stream(
+    engine: Engine,
+    endpoint: str,
+    body: dict[str, Any],
+    receive: Receive,
+    priority: Priority = Priority.ONLINE,
+    tier: str | None = None,
+) -> Stream:
     """Relay the engine's chunks as server-sent events. The engine itself sends the
     usage-only chunk that `stream_options.include_usage` asks for. The answer starts with
     the first chunk: a request refused before any (a bad parameter, an upstream's 400) is
@@ -136,9 +184,9 @@ async def _stream(engine: Engine, endpoint: str, body: dict[str, Any], receive: 
     chunks: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
 
     def on_chunk(chunk: dict[str, Any]) -> None:
-        loop.call_soon_threadsafe(chunks.put_nowait, chunk)
+        loop.call_soon_threadsafe(chunks.put_nowait, _named_tier(chunk, tier))
 
-    fut = engine.submit(endpoint, body, priority=Priority.ONLINE, on_chunk=on_chunk)
+    fut = engine.submit(endpoint, body, priority=priority, on_chunk=on_chunk)
     fut.add_done_callback(lambda _: loop.call_soon_threadsafe(chunks.put_nowait, None))
     responses = endpoint == RESPONSES
     # Until the first chunk the client is watched as for a whole answer (an upstream may be
@@ -203,9 +251,10 @@ async def chat_completions(
     owner: NamedDependency[str],
     request: Request[Any, Any, Any],
 ) -> Any:
-    """Answer a chat (`messages`), whole or streamed."""
+    """Answer a chat (`messages`), whole or streamed; `service_tier: flex` at batch priority."""
+    data, priority, tier = _service_tier(data)
     data = await _with_images(services, engine, CHAT, data, owner)
-    return await _run(engine, CHAT, data, request.receive)
+    return await _run(engine, CHAT, data, request.receive, priority, tier)
 
 
 @post(
@@ -225,9 +274,10 @@ async def create_response(
     owner: NamedDependency[str],
     request: Request[Any, Any, Any],
 ) -> Any:
-    """Answer a Responses request, whole or streamed."""
+    """Answer a Responses request, whole or streamed; `service_tier: flex` at batch priority."""
+    data, priority, tier = _service_tier(data)
     data = await _with_images(services, engine, RESPONSES, data, owner)
-    return await _run(engine, RESPONSES, data, request.receive)
+    return await _run(engine, RESPONSES, data, request.receive, priority, tier)
 
 
 @post(

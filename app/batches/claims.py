@@ -18,6 +18,19 @@ claim takes the lowest turns, the older batch first on a tie. So a 10-line batch
 behind a 50,000-line one of another key starts at the next claim, and a key's 1-hour batch
 goes ahead of its own 24-hour one. Each node shares its own room this way.
 
+At risk, ahead of shares, within a bound: a batch that its projection
+(projection.py: the rate measured for its model's lane, played forward under these
+shares) says will finish after its deadline is at risk. A claim first fills up to half of
+each lane's room (RISK_SHARE of `room()`'s whole room, the lines of at-risk batches the
+lane holds already counted against it) with at-risk batches' lines, in the same turns
+(owners round-robin, nearest deadline first), then the rest of the room by fair shares
+as above, where the at-risk batches take their turns too. So at least half of every
+lane's room still goes by fair shares: every owner keeps at least half the share it
+would have had, and none stops while another's batch is late.
+
+An upstream lane with `priority=on` gives each line it claims vLLM's and SGLang's
+`priority` (lower runs sooner), from its batch's deadline: line_priority.
+
 A line is routed by its batch's `route`: validation refuses a batch whose lines name
 different models (`mismatched_model`) and resolves the one they name, once, to the id of
 the model that runs them (app/batches/routes.py), so the batch row says where each of its
@@ -34,7 +47,7 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Container, Mapping
+from collections.abc import Collection, Container, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,6 +65,10 @@ MAX_ATTEMPTS = 3
 LOOK_AHEAD = 4
 #: The deadline the claim gives a batch without one: after every real one (unix seconds).
 NO_DEADLINE = 2**62
+#: line_priority of a batch without a deadline: after a 7-day window's.
+NO_DEADLINE_PRIORITY = 15
+#: The most of a lane's room that at-risk batches take ahead of fair shares.
+RISK_SHARE = 0.5
 
 
 @dataclass
@@ -73,12 +90,32 @@ class Claim:
     #: Its batch's route: the id of the model it runs on ("" for the default model's
     #: lines; None for a batch not routed yet, on a node with one engine).
     route: str | None = None
+    #: The `priority` its engine is sent (a lane with `priority=on`), else None.
+    priority: int | None = None
+
+
+def line_priority(expires_at: int | None, now: float) -> int:
+    """vLLM's and SGLang's `priority` for a batch line (lower runs sooner): k while the
+    minutes left to its batch's deadline are under 2**k, and 1 under 2 minutes (or past
+    it): 6 for a 1-hour window at its start, 11 for 24 hours, 14 for 7 days; 15 without a
+    deadline. Never 0, which online requests have by sending none: the engine serves them
+    first."""
+    if expires_at is None:
+        return NO_DEADLINE_PRIORITY
+    minutes = int(max(0.0, expires_at - now) // 60)
+    return max(1, minutes.bit_length())
 
 
 def room(lane: Lane, held: int) -> int:
     """How many more lines the lane's engine may take: its queue a little ahead of its
     slots, so no slot idles between lines, and no more, so the rest stays for other nodes."""
     return max(2, lane.slots * lane.depth) - held
+
+
+def risk_room(lane: Lane, held_at_risk: int) -> int:
+    """How many more lines of at-risk batches the lane may take ahead of fair shares:
+    RISK_SHARE of its whole room (at least one line) less those it holds."""
+    return max(1, int(room(lane, 0) * RISK_SHARE)) - held_at_risk
 
 
 def _routed(routes: frozenset[str] | None) -> Any:
@@ -116,9 +153,13 @@ def claim(
     *,
     worker_id: str,
     lease_seconds: float,
+    at_risk: Collection[str] = frozenset(),
+    held_at_risk: Mapping[str, int] | None = None,
 ) -> list[Claim]:
     """Claim up to each lane's room of its oldest pending lines (or lines whose lease ran
-    out); `held` counts the lines each lane holds now, `inflight` names them.
+    out); `held` counts the lines each lane holds now, `inflight` names them. Lines of the
+    batches `at_risk` go first into each lane's risk_room (`held_at_risk`: those of their
+    lines each lane holds now).
 
     One SELECT per lane finds (and on PostgreSQL locks) the lines, and one UPDATE by their
     ids takes them all: a line already used up keeps its attempts and is failed by the
@@ -132,20 +173,24 @@ def claim(
     t = time.time()
     claims: list[Claim] = []
     conn = s.connection()
+    risky = sorted(at_risk)
+    take = {"worker_id": worker_id, "claimed_at": int(t), "lease_until": t + lease_seconds}
+    fair: list[Claim] = []
     for lane, n in rooms:
-        claims += _claim_lane(conn, lane, n, held.get(lane.name, 0), inflight, t)
-    if not claims:
-        return []
-    conn.execute(
-        _TAKE,
-        {
-            "ids": [c.request_id for c in claims],
-            "worker_id": worker_id,
-            "claimed_at": int(t),
-            "lease_until": t + lease_seconds,
-        },
-    )
-    return claims
+        ahead = min(n, risk_room(lane, (held_at_risk or {}).get(lane.name, 0)))
+        if risky and ahead > 0:
+            first = _claim_lane(conn, lane, ahead, held.get(lane.name, 0), inflight, t, risky)
+            if first:
+                # Taken before the fair shares' turns are counted, so that these lines are
+                # no longer pending there: the at-risk batches' turns start after them.
+                conn.execute(_TAKE, {"ids": [c.request_id for c in first], **take})
+                claims += first
+                n -= len(first)
+        if n > 0:
+            fair += _claim_lane(conn, lane, n, held.get(lane.name, 0), inflight, t)
+    if fair:
+        conn.execute(_TAKE, {"ids": [c.request_id for c in fair], **take})
+    return claims + fair
 
 
 #: The claim's UPDATE, built once (it runs every step; building it cost more than running it).
@@ -172,16 +217,19 @@ def _claim_lane(
     held: int,
     inflight: Container[str],
     t: float,
+    only: list[str] | None = None,
 ) -> list[Claim]:
     # Lines this node holds whose lease lapsed may come back: the LIMIT looks past them.
     # The look into each batch's pending lines is a few times the room alone: the lines
-    # this node holds are running, not pending, so they take no place in it.
+    # this node holds are running, not pending, so they take no place in it. `only`: the
+    # batches it may take lines of (the at-risk ones), else any.
     wanted = n + held
-    rows = conn.execute(
-        _claim_query(lane.models), {"look": LOOK_AHEAD * n, "lapsed": t, "wanted": wanted}
-    ).all()
+    params: dict[str, Any] = {"look": LOOK_AHEAD * n, "lapsed": t, "wanted": wanted}
+    if only is not None:
+        params["only"] = only
+    rows = conn.execute(_claim_query(lane.models, only is not None), params).all()
     claims = []
-    for request_id, batch_id, offset, length, attempts, endpoint, file_id, route in rows:
+    for request_id, batch_id, offset, length, attempts, endpoint, file_id, route, dl in rows:
         if request_id in inflight:
             continue
         exhausted = attempts >= MAX_ATTEMPTS
@@ -197,6 +245,7 @@ def _claim_lane(
                 lane.name,
                 exhausted,
                 route,
+                line_priority(dl, t) if lane.priority else None,
             )
         )
         if len(claims) == n:
@@ -206,12 +255,13 @@ def _claim_lane(
 
 @functools.lru_cache(maxsize=64)
 def _claim_query(
-    routes: frozenset[str] | None,
-) -> Select[str, str, int, int, int, str, str, str | None]:
+    routes: frozenset[str] | None, some: bool = False
+) -> Select[str, str, int, int, int, str, str, str | None, int | None]:
     """A lane's claim SELECT, built once for each set of routes (a lane's change only when
     the pool feeds another model or an upstream's /v1/models changes): built every step, it took longer in SQLAlchemy
     than in the database (bench/fleet.py). Its parameters: `look`, how far into each batch
-    it looks; `lapsed`, the time before which a lease has run out; `wanted`, its LIMIT."""
+    it looks; `lapsed`, the time before which a lease has run out; `wanted`, its LIMIT;
+    with `some`, `only`: the ids of the batches it takes lines of."""
     where = _routed(routes)
     # The lane's batches in progress, each with its first pending line (one short look
     # into the (batch_id, status, line) index per batch).
@@ -233,6 +283,8 @@ def _claim_query(
     ).where(col(Batch.status) == BatchStatus.IN_PROGRESS)
     if where is not None:
         batches = batches.where(where)
+    if some:
+        batches = batches.where(col(Batch.id).in_(bindparam("only", expanding=True)))
     # A CTE, not a subquery: PostgreSQL inlined the subquery and ran the first-pending look
     # again for every candidate row (EXPLAIN: 512 loops a claim); read twice below, the
     # CTE is computed once.
@@ -301,6 +353,7 @@ def _claim_query(
             col(Batch.endpoint),
             col(Batch.input_file_id),
             col(Batch.route),
+            col(Batch.expires_at),
         )
         .select_from(Request)
         .join(turns, turns.c.id == col(Request.id))

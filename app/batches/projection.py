@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from sqlalchemy import select
 from sqlmodel import Session, col
 
+from app.batches.claims import NO_DEADLINE
 from app.db import Database
 from app.tables import Batch, BatchStatus
 
@@ -97,40 +98,59 @@ class ProjectionError:
     half: tuple[float, float] | None
 
 
-def play(remaining: Mapping[str, tuple[str, int]], rate: float) -> dict[str, tuple[float, int]]:
+def play(
+    remaining: Mapping[str, tuple[str, int, int | None]], rate: float
+) -> dict[str, tuple[float, int]]:
     """Each batch's (seconds until its last line, lines of the others played before it),
-    for batches {id: (owner, lines left)} sharing a lane that finishes `rate` lines a
-    second round-robin between owners, then between an owner's batches."""
-    left = {b: float(n) for b, (_, n) in remaining.items() if n > 0}
-    out = {b: (0.0, 0) for b, (_, n) in remaining.items() if n <= 0}
+    for batches {id: (owner, lines left, deadline)} sharing a lane that finishes `rate`
+    lines a second as the claims share it (claims.py): round-robin between owners; within
+    an owner, its share to its batches of the nearest deadline (expires_at; None after
+    every deadline), split between them when they share it."""
+    left = {b: float(n) for b, (_, n, _) in remaining.items() if n > 0}
+    out = {b: (0.0, 0) for b, (_, n, _) in remaining.items() if n <= 0}
     played = dict.fromkeys(left, 0.0)
     t = 0.0
     while left:
-        owners: dict[str, int] = {}
+        first: dict[str, int] = {}  # each owner's nearest deadline
         for b in left:
-            owners[remaining[b][0]] = owners.get(remaining[b][0], 0) + 1
-        shares = {b: rate / len(owners) / owners[remaining[b][0]] for b in left}
-        step = min(left[b] / shares[b] for b in left)
+            owner, d = remaining[b][0], _deadline(remaining[b])
+            first[owner] = min(first.get(owner, d), d)
+        served = [b for b in left if _deadline(remaining[b]) == first[remaining[b][0]]]
+        counts: dict[str, int] = {}
+        for b in served:
+            counts[remaining[b][0]] = counts.get(remaining[b][0], 0) + 1
+        shares = {b: rate / len(first) / counts[remaining[b][0]] for b in served}
+        step = min(left[b] / shares[b] for b in served)
         t += step
-        for b in list(left):
+        for b in served:
             left[b] -= shares[b] * step
             played[b] += shares[b] * step
-        for b in [b for b in left if left[b] <= 1e-9]:
+        for b in [b for b in served if left[b] <= 1e-9]:
             del left[b]
             ahead = sum(p for other, p in played.items() if other != b)
             out[b] = (t, round(ahead))
     return out
 
 
+def _deadline(item: tuple[str, int, int | None]) -> int:
+    return NO_DEADLINE if item[2] is None else item[2]
+
+
 def share_of(batch: Running, batches: Iterable[Running]) -> float:
-    """The batch's part of its lane's rate now, under fair shares."""
-    owners: dict[str, int] = {}
-    for b in batches:
-        if b.done < b.total:
-            owners[b.owner] = owners.get(b.owner, 0) + 1
-    if batch.owner not in owners:
+    """The batch's part of its lane's rate now, as the claims share it: an owner's part goes
+    to its batches of the nearest deadline (0 for its others until they are done)."""
+    running = [b for b in batches if b.done < b.total]
+    first: dict[str, int] = {}
+    for b in running:
+        d = _deadline((b.owner, 0, b.expires_at))
+        first[b.owner] = min(first.get(b.owner, d), d)
+    if batch.owner not in first:
         return 1.0
-    return 1.0 / len(owners) / owners[batch.owner]
+    mine = [b for b in running if b.owner == batch.owner]
+    served = [b for b in mine if _deadline((b.owner, 0, b.expires_at)) == first[b.owner]]
+    if batch not in served and batch in mine:
+        return 0.0
+    return 1.0 / len(first) / max(1, len(served))
 
 
 @dataclass
@@ -155,6 +175,7 @@ class Projector:
     _last_sample: float = float("-inf")  # monotonic
     _last_now: float = float("inf")  # the last sample's unix time
     _current: dict[str, Projection] = field(default_factory=dict)
+    _at_risk: frozenset[str] = frozenset()
     _history: dict[str, _History] = field(default_factory=dict)
     errors: deque[ProjectionError] = field(default_factory=lambda: deque(maxlen=ERRORS_KEPT))
 
@@ -165,6 +186,12 @@ class Projector:
     def current(self) -> dict[str, Projection]:
         with self._lock:
             return dict(self._current)
+
+    def at_risk(self) -> frozenset[str]:
+        """The batches projected to finish after their deadline at the rate measured for
+        their lane: the claims serve them ahead of fair shares, within a bound (claims.py)."""
+        with self._lock:
+            return self._at_risk
 
     def sample(self, now: float | None = None, *, force: bool = False) -> None:
         """Read the batches in progress and project them again (each SAMPLE_INTERVAL_S at
@@ -204,7 +231,7 @@ class Projector:
             current: dict[str, Projection] = {}
             for model, batches in by_model.items():
                 rate = self._rate(model, batches, now)
-                left = {b.id: (b.owner, b.total - b.done) for b in batches}
+                left = {b.id: (b.owner, b.total - b.done, b.expires_at) for b in batches}
                 plan = play(left, rate) if rate else {}
                 for b in batches:
                     ahead_s, ahead = plan.get(b.id, (0.0, 0))
@@ -220,6 +247,7 @@ class Projector:
                     current[b.id] = p
                     self._remember(b, p)
             self._current = current
+            self._at_risk = frozenset(b for b, p in current.items() if p.late)
             self._last_now = now
             # A batch's history waits for ended(), which comes after it left in_progress;
             # one that ended elsewhere (another node finalized it) goes when many have.
@@ -253,6 +281,7 @@ class Projector:
         with self._lock:
             h = self._history.pop(batch.id, None)
             self._current.pop(batch.id, None)
+            self._at_risk = self._at_risk - {batch.id}
         if batch.status != BatchStatus.COMPLETED or h is None:
             return
         actual = float(batch.finalizing_at or batch.completed_at or time.time())

@@ -395,6 +395,16 @@ class Runner:
         """Claim lines in the caller's transaction, into the room left by the lines this
         node holds besides those `recorded` in it."""
         held = Counter(h.lane for rid, h in self._inflight.items() if rid not in recorded)
+        risky = self.projections.at_risk()  # served ahead of shares, within a bound
+        held_risky = (
+            Counter(
+                h.lane
+                for rid, h in self._inflight.items()
+                if h.batch_id in risky and rid not in recorded
+            )
+            if risky
+            else None
+        )
         return claim(
             s,
             self._open_lanes(),
@@ -402,6 +412,8 @@ class Runner:
             self._inflight,
             worker_id=self.worker_id,
             lease_seconds=self.settings.lease_seconds,
+            at_risk=risky,
+            held_at_risk=held_risky,
         )
 
     def _claim_and_submit(self) -> None:
@@ -468,6 +480,8 @@ class Runner:
             # The model its batch was routed to at validation, by id: the engine reads no
             # other name (the one written may differ in case, or be an alias).
             body["model"] = c.route
+        if c.priority is not None:  # a lane with priority=on (claims.line_priority)
+            body["priority"] = c.priority
         fut = self.images.submit(
             self._engine, c.endpoint, body, priority=Priority.BATCH, batch_id=c.batch_id
         )

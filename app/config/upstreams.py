@@ -10,7 +10,7 @@ from urllib.parse import urlsplit
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 SPEC_HELP = (
     "NAME=openai:URL[,key=KEY,models=a|b,concurrency=N,retries=N,timeout=SECONDS,"
-    "images=pass|inline|png,image_max_side=N]"
+    "images=pass|inline|png,image_max_side=N,priority=on|off]"
 )
 #: How an upstream gets a line's images (app/images/): `pass` sends http(s) URLs as they are
 #: (file ids become data URLs: the upstream cannot read batchyard's files); `inline` makes
@@ -34,6 +34,9 @@ class UpstreamSpec:
     timeout: float = 600.0  # seconds to wait for one answer
     images: str = ""  # one of IMAGE_MODES; empty: the default for the server (image_mode)
     image_max_side: int = 0  # images larger than this many pixels a side are scaled down
+    #: Send vLLM's and SGLang's `priority` on each batch line, from its batch's deadline
+    #: (app/batches/claims.py: line_priority); online requests send none.
+    priority: bool = False
 
     @property
     def image_mode(self) -> str:
@@ -121,10 +124,14 @@ def parse_engine_spec(text: str) -> UpstreamSpec:
             if not 16 <= side <= 65535:
                 raise ValueError(f"{where}: image_max_side must be a number of pixels, 16 or more")
             values["image_max_side"] = side
+        elif key == "priority":
+            if value.strip().lower() not in ("on", "off"):
+                raise ValueError(f"{where}: priority must be on or off")
+            values["priority"] = value.strip().lower() == "on"
         else:
             raise ValueError(
                 f"{where}: unknown option {key!r}; the options are key, models, concurrency, "
-                "retries, timeout, images and image_max_side"
+                "retries, timeout, images, image_max_side and priority"
             )
     return UpstreamSpec(**values)
 

@@ -58,6 +58,8 @@ class Lane:
     #: slots take seconds a line, so a queue as deep as its slots keeps them busy; an
     #: upstream answering in milliseconds needs more queued to cover the runner's steps.
     depth: int = 2
+    #: Its engine takes vLLM's and SGLang's `priority` on batch lines (`priority=on`).
+    priority: bool = False
 
 
 @dataclass
@@ -125,7 +127,15 @@ class EngineRegistry:
             if self.embedded is not None:
                 return [Lane(EMBEDDED, engines[0].info.lane_slots)]
             only = self.upstreams[0]
-            return [Lane(only.name, only.info.n_slots, up=only.up, depth=only.lane_depth)]
+            return [
+                Lane(
+                    only.name,
+                    only.info.n_slots,
+                    up=only.up,
+                    depth=only.lane_depth,
+                    priority=only.spec.priority,
+                )
+            ]
         routed: dict[str, set[str]] = {u.name: set() for u in self.upstreams}
         names = {id(u): u.name for u in self.upstreams}
         for upstream in self.upstreams:
@@ -140,6 +150,7 @@ class EngineRegistry:
                 frozenset(routed[u.name]),
                 up=u.up,
                 depth=u.lane_depth,
+                priority=u.spec.priority,
             )
             for u in self.upstreams
             if routed[u.name]

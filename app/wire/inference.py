@@ -124,6 +124,13 @@ class ChatCompletionToolParam(Struct, kw_only=True):
 
 
 #: One of "none", "auto", "required", or {"type": "function", "function": {"name": ...}}.
+#: What an online chat or Responses request may ask for, and what its answer says it got.
+ServiceTier = Literal["auto", "default", "flex"]
+SERVICE_TIER_DOC = doc(
+    "`flex` runs at batch priority, behind online requests and among the batch lines the "
+    "engine holds: answered when its turn comes. `auto` and `default` run as online requests "
+    "do. The answer names the tier it ran at (`default` or `flex`)."
+)
 TOOL_CHOICE_DOC = doc(
     "'none', 'auto', 'required', {'type': 'function', 'function': {'name': ...}} or "
     "{'type': 'allowed_tools', 'allowed_tools': {'mode': ..., 'tools': [...]}}. A required or "
@@ -169,6 +176,7 @@ class ChatCompletionCreateParams(SamplingParams, kw_only=True):
     parallel_tool_calls: Annotated[
         bool | None, doc("Accepted either way: an answer holds at most one call.")
     ] = None
+    service_tier: Annotated[ServiceTier | None, SERVICE_TIER_DOC] = None
 
 
 class CompletionCreateParams(SamplingParams, kw_only=True):
@@ -240,6 +248,7 @@ class ChatCompletion(Struct, kw_only=True):
     choices: list[ChatCompletionChoice]
     usage: CompletionUsage | None = None
     system_fingerprint: str | None = None
+    service_tier: Literal["default", "flex"] | None = None
 
 
 class ChoiceDeltaToolCall(Struct, kw_only=True):
@@ -273,6 +282,7 @@ class ChatCompletionChunk(Struct, kw_only=True):
     choices: list[ChatCompletionChunkChoice]
     usage: CompletionUsage | None = None
     system_fingerprint: str | None = None
+    service_tier: Literal["default", "flex"] | None = None
 
 
 class CompletionLogprobs(Struct, kw_only=True):
@@ -368,7 +378,7 @@ class ResponseCreateParams(Struct, kw_only=True):
     safety_identifier: str | None = None
     prompt_cache_key: str | None = None
     truncation: Literal["disabled"] | None = None
-    service_tier: Literal["auto", "default"] | None = None
+    service_tier: Annotated[ServiceTier | None, SERVICE_TIER_DOC] = None
     max_tool_calls: int | None = None
 
 
@@ -411,3 +421,4 @@ class Response(Struct, kw_only=True):
     tools: list[dict[str, Any]]
     usage: ResponseUsage | None = None
     metadata: dict[str, str] | None = None
+    service_tier: Literal["default", "flex"] | None = None

@@ -6,14 +6,19 @@ whose requests hang until the test answers them, on a real SQLite file and on Po
 
 from __future__ import annotations
 
+import dataclasses
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from app.batches.claims import NO_DEADLINE_PRIORITY, line_priority, risk_room
+from app.batches.projection import Running
 from app.engine.registry import EMBEDDED, UNROUTED, EngineRegistry, Lane, lanes
 from app.tables import BatchStatus
+from app.wire.endpoints import CHAT
 from tests.fakes import FakeEngine, FakeUpstream, HangingEngine, finish
 from tests.unit.helpers import (
     drive,
@@ -162,3 +167,77 @@ def test_the_lanes_follow_the_registrys_routing() -> None:
         Lane("b", 4, frozenset({"b1", "shared"})),
         Lane(UNROUTED, 7, frozenset({""})),
     ]
+
+
+def answer(engine: FakeEngine, names: set[str]) -> None:
+    """Answer the engine's hanging requests whose prompt (without HANG) is in `names`."""
+    with engine._lock:
+        hung = list(zip(engine.hanging, engine.hanging_bodies, strict=True))
+    for fut, body in hung:
+        if body["messages"][-1]["content"].removeprefix("HANG ") in names and not fut.done():
+            fut.set_result(engine.answer(CHAT, body))
+
+
+def test_an_at_risk_batch_goes_ahead_of_shares_into_half_the_room(
+    tmp_path: Path, database: dict[str, Any]
+) -> None:
+    eng = HangingEngine(n_slots=3)  # room 6: at most 3 ahead of shares
+    svc = services(tmp_path, eng, **database)
+    a = make_batch(svc, hanging_lines("a", 40, LOCAL), owner="key-a")
+    b = make_batch(svc, hanging_lines("b", 40, LOCAL), owner="key-b")
+    r = make_batch(svc, hanging_lines("r", 40, LOCAL), owner="key-c")
+    for _ in range(3):
+        svc.runner._validate_next()
+    # The lane's measured rate (1 line in 5 s) finishes r's 40 lines long after its
+    # deadline, 5 s away; a's and b's 24-hour windows are far enough.
+    now = time.time()
+    rows = [
+        Running(x, owner, LOCAL, 40, 0, int(now) - 10, int(now) + deadline, 0)
+        for x, owner, deadline in ((a, "key-a", 86400), (b, "key-b", 86400), (r, "key-c", 5))
+    ]
+    svc.runner.projections.project(rows, now - 5)
+    svc.runner.projections.project([dataclasses.replace(rows[2], done=1), *rows[:2]], now)
+    assert svc.runner.projections.at_risk() == {r}
+
+    svc.runner._claim_and_submit()
+    # r's first three lines ahead of shares; the other three in turns, r taking its own.
+    assert sorted(sent(eng)) == ["a0", "b0", "r0", "r1", "r2", "r3"]
+    # a0 and b0 come back. r holds 4 lines, more than half the room: nothing more goes
+    # ahead of shares, and the other owners move on.
+    answer(eng, {"a0", "b0"})
+    svc.runner._record_results(claim=True)
+    assert sorted(sent(eng)[6:]) == ["a1", "b1"]
+    # r's lines come back: up to half the room goes to it ahead of shares again.
+    answer(eng, {"r0", "r1", "r2", "r3"})
+    svc.runner._record_results(claim=True)
+    assert sorted(sent(eng)[8:]) == ["a2", "r4", "r5", "r6"]
+    eng.close()
+
+
+def test_the_risk_room_is_half_a_lanes_room_less_what_it_holds() -> None:
+    assert risk_room(Lane("up", 32, depth=4), 0) == 64
+    assert risk_room(Lane("up", 32, depth=4), 60) == 4
+    assert risk_room(Lane(EMBEDDED, 1), 0) == 1  # a lane of room 2 still serves its risk
+    assert risk_room(Lane(EMBEDDED, 1), 1) == 0
+
+
+def test_a_lines_priority_follows_the_minutes_to_its_deadline() -> None:
+    now = 1_000_000.0
+    minutes = [-5, 0, 1.9, 2, 3.9, 4, 59, 64, 1439, 10079]
+    got = [line_priority(int(now + m * 60), now) for m in minutes]
+    assert got == [1, 1, 1, 2, 2, 3, 6, 7, 11, 14]
+    assert line_priority(None, now) == NO_DEADLINE_PRIORITY == 15
+    assert sorted(got) == got  # sooner, lower: served first
+
+
+def test_a_priority_lane_sends_each_line_its_priority(tmp_path: Path) -> None:
+    remote = FakeUpstream("remote", [REMOTE], n_slots=2)
+    remote.spec = dataclasses.replace(remote.spec, priority=True)
+    local = HangingEngine(n_slots=2)
+    svc = services(tmp_path, EngineRegistry(local, [remote]))
+    make_batch(svc, hanging_lines("r", 3, REMOTE))
+    make_batch(svc, hanging_lines("e", 3, LOCAL))
+    for _ in range(3):
+        svc.runner.step()
+    assert {body["priority"] for _, body, _ in remote.submitted} == {11}  # a 24-hour window
+    assert all("priority" not in body for _, body, _ in local.submitted)

@@ -7,28 +7,50 @@ from pathlib import Path
 
 import pytest
 
-from app.batches.projection import Projector, Running, play
+from app.batches.projection import Projector, Running, play, share_of
 from app.db import Database
 from app.tables import Batch, BatchStatus
 
+HOUR, DAY = 3600, 86400
+
 
 def test_one_batch_alone_finishes_at_its_lines_over_the_rate() -> None:
-    assert play({"a": ("k", 100)}, 10.0) == {"a": (pytest.approx(10.0), 0)}
+    assert play({"a": ("k", 100, None)}, 10.0) == {"a": (pytest.approx(10.0), 0)}
 
 
 def test_two_owners_split_the_rate_until_the_small_batch_is_done() -> None:
     # Key B's 10 lines get half of 10 lines/s: done in 2 s, with 10 of A's lines played
     # meanwhile; A then runs alone: 400 lines in all at 10/s.
-    out = play({"a": ("A", 400), "b": ("B", 10)}, 10.0)
+    out = play({"a": ("A", 400, DAY), "b": ("B", 10, DAY)}, 10.0)
     assert out["b"] == (pytest.approx(2.0), 10)
     assert out["a"] == (pytest.approx(41.0), 10)
 
 
-def test_an_owners_batches_share_its_half() -> None:
-    out = play({"a1": ("A", 100), "a2": ("A", 100), "b": ("B", 100)}, 4.0)
+def test_an_owners_batches_of_one_deadline_share_its_half() -> None:
+    out = play({"a1": ("A", 100, DAY), "a2": ("A", 100, DAY), "b": ("B", 100, DAY)}, 4.0)
     # B gets 2/s, A's two batches 1/s each, until B ends at 50 s; then A's share 2/s each.
     assert out["b"][0] == pytest.approx(50.0)
     assert out["a1"][0] == pytest.approx(75.0) and out["a2"][0] == pytest.approx(75.0)
+
+
+def test_an_owners_nearest_deadline_takes_its_half_first() -> None:
+    # As the claims serve them: A's 1-hour batch takes all of A's half (2/s) and ends at
+    # 25 s; then A's 24-hour batch has it. B's batch has its half throughout.
+    out = play({"day": ("A", 100, DAY), "hour": ("A", 50, HOUR), "b": ("B", 100, DAY)}, 4.0)
+    assert out["hour"] == (pytest.approx(25.0), 50)  # 50 of B's lines meanwhile
+    assert out["b"][0] == pytest.approx(50.0)
+    # At 50 s: 50 of day's done; then it runs alone, 50 more at 4/s.
+    assert out["day"][0] == pytest.approx(62.5)
+    # A batch with no deadline comes after every one with one.
+    later = play({"none": ("A", 10, None), "day": ("A", 10, DAY)}, 1.0)
+    assert later["day"][0] == pytest.approx(10.0) and later["none"][0] == pytest.approx(20.0)
+
+
+def test_the_share_now_follows_the_deadlines() -> None:
+    hour = Running("hour", "A", "m", 50, 0, 0, HOUR, 0)
+    day = Running("day", "A", "m", 100, 0, 0, DAY, 0)
+    b = Running("b", "B", "m", 100, 0, 0, DAY, 0)
+    assert [share_of(x, [hour, day, b]) for x in (hour, day, b)] == [0.5, 0.0, 0.5]
 
 
 def row(bid: str, owner: str, total: int, done: int, started: int) -> Running:

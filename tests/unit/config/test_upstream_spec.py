@@ -44,6 +44,7 @@ def test_a_full_spec() -> None:
         ("g=openai:http://h/v1,images=jpeg", "images must be one of pass, inline, png"),
         ("g=openai:http://h/v1,image_max_side=8", "image_max_side must be a number of pixels"),
         ("g=openai:http://h/v1,image_max_side=big", "image_max_side must be"),
+        ("g=openai:http://h/v1,priority=yes", "priority must be on or off"),
     ],
 )
 def test_a_bad_spec_is_refused_with_its_reason(text: str, says: str) -> None:
@@ -77,3 +78,9 @@ def test_an_image_setting_and_bound() -> None:
     spec = parse_engine_spec("lms=openai:http://h:9000/v1,images=PNG,image_max_side=1024")
     assert (spec.images, spec.image_mode, spec.image_max_side) == ("png", "png", 1024)
     assert parse_engine_spec("v=openai:http://h:8000/v1").image_max_side == 0
+
+
+def test_priority_is_off_unless_turned_on() -> None:
+    assert parse_engine_spec("v=openai:http://h:8000/v1").priority is False
+    assert parse_engine_spec("v=openai:http://h:8000/v1,priority=ON").priority is True
+    assert parse_engine_spec("v=openai:http://h:8000/v1,priority=off").priority is False
