@@ -34,6 +34,10 @@ def prompt(endpoint: str, body: dict[str, Any]) -> str:
 
 
 class FakeEngine:
+    #: No model is loaded: what a load took is not known (the Engine contract).
+    measured_bytes: int | None = None
+    load_seconds: float | None = None
+    freed_bytes: int | None = None
     #: A prompt holding this word never finishes until cancelled (see HangingEngine).
     hang_word: str | None = None
 

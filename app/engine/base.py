@@ -167,6 +167,25 @@ class Engine(Protocol):
         model on disk). Counting never loads a model."""
         ...
 
+    # What the engine's model took and gave back, for the pool's budget and /metrics. Each
+    # is None where not known: an engine that loads no model here (an upstream's, a
+    # registry's, a pool's own) says None, and so does a model not yet loaded or closed.
+
+    @property
+    def measured_bytes(self) -> int | None:
+        """Bytes the model's load took in this process (its memory before and after)."""
+        ...
+
+    @property
+    def load_seconds(self) -> float | None:
+        """Seconds the model's load took."""
+        ...
+
+    @property
+    def freed_bytes(self) -> int | None:
+        """Bytes the process gave back when the engine closed (None until it has)."""
+        ...
+
     def close(self) -> None:
         """Stop the engine thread and free the model. Pending futures fail."""
         ...

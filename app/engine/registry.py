@@ -83,6 +83,11 @@ class EngineView:
 class EngineRegistry:
     """Routes each request by its `model` to the engine that serves it."""
 
+    #: Its engines' figures are each member's (`members`), not the registry's: not known.
+    measured_bytes: int | None = None
+    load_seconds: float | None = None
+    freed_bytes: int | None = None
+
     def __init__(
         self,
         embedded: Engine | None,

@@ -35,8 +35,8 @@ log = logging.getLogger("batchyard.pool")
 READ_AHEAD_CHUNK = 8 << 20
 
 #: Loads an entry and starts its engine: `app.engine.llama.loading.load_engine` (tests may
-#: give another). The engine it returns may say `measured_bytes`, `load_seconds` and, once
-#: closed, `freed_bytes` (LlamaEngine does).
+#: give another). The engine it returns says `measured_bytes`, `load_seconds` and, once
+#: closed, `freed_bytes` where it knows them (the Engine contract; LlamaEngine does).
 Loader = Callable[[Settings, Entry], Engine]
 
 
@@ -122,7 +122,7 @@ class Loads:
                 berth.state = ON_DISK
                 self.placement.release(berth.key)
             raise
-        self._loaded(berth, engine, getattr(engine, "measured_bytes", None), t)
+        self._loaded(berth, engine, engine.measured_bytes, t)
 
     def start(self, berths: list[Berth]) -> None:
         """Start the loads of `berths`, side by side: each in a thread of its own."""
@@ -175,7 +175,7 @@ class Loads:
                 self.fail(berth, f"{type(exc).__name__}: {exc}")
             self._ended(group, berth, None)
             return
-        measured = getattr(engine, "measured_bytes", None)
+        measured = engine.measured_bytes
         if len(group.berths) > 1:
             measured = None  # another load's bytes are in this one's own figure
         self._ended(group, berth, engine, lambda: self._loaded(berth, engine, measured, t))
@@ -209,7 +209,7 @@ class Loads:
 
     def _loaded(self, berth: Berth, engine: Engine, measured: int | None, began: float) -> None:
         """Note what a load took; its requests may go to it from the next plan on."""
-        seconds = getattr(engine, "load_seconds", None) or time.monotonic() - began
+        seconds = engine.load_seconds or time.monotonic() - began
         with self._cond:
             berth.engine, berth.info, berth.state, berth.error = engine, engine.info, LOADED, ""
             berth.loads += 1
@@ -296,7 +296,7 @@ class Loads:
                 self.retired.add(stats)
         with self._cond:
             self.placement.release(berth.key)
-        freed = getattr(engine, "freed_bytes", None)
+        freed = engine.freed_bytes if engine is not None else None
         log.info(
             "model=%s unloaded freed=%s measured=%s", berth.id, _mib(freed), _mib(berth.need())
         )

@@ -63,6 +63,11 @@ class Models(Protocol):
 class ModelPool:
     """The Engine contract over one llama.cpp engine per loaded model."""
 
+    #: Its models' figures are each berth's (`views`), not the pool's: not known here.
+    measured_bytes: int | None = None
+    load_seconds: float | None = None
+    freed_bytes: int | None = None
+
     def __init__(
         self,
         settings: Settings,

@@ -82,6 +82,11 @@ class UpstreamStatus:
 class UpstreamEngine:
     """The Engine protocol over HTTP to one OpenAI-compatible server."""
 
+    #: It loads no model in this process: what a load took is not known (the Engine contract).
+    measured_bytes: int | None = None
+    load_seconds: float | None = None
+    freed_bytes: int | None = None
+
     kind = "openai"
     #: How many times its slots a node's claims may hand it (Lane.depth). bench/fleet.py,
     #: 10,000 lines to a 20 ms upstream at C=64 on 2 cores, medians of 2 rounds: 2 -> 4 took

@@ -86,6 +86,11 @@ def _child_env() -> dict[str, str]:
 class UpstreamProcess:
     """The Engine protocol over one OpenAI-compatible server, through a client process."""
 
+    #: It loads no model in this process: what a load took is not known (the Engine contract).
+    measured_bytes: int | None = None
+    load_seconds: float | None = None
+    freed_bytes: int | None = None
+
     kind = "openai"
     #: The engine its child runs: the same queue to keep filled (UpstreamEngine.lane_depth).
     lane_depth = UpstreamEngine.lane_depth
