@@ -162,11 +162,11 @@ class EngineRegistry:
         ]
         if self.pool is not None:
             default = self.pool.catalog.default()
-            for entry, slots in self.pool.active():
-                if entry.key == default.key:
-                    lanes.append(Lane(EMBEDDED, slots, frozenset({entry.id, DEFAULT_ROUTE})))
+            for fed in self.pool.active():
+                if fed.entry.key == default.key:
+                    lanes.append(Lane(EMBEDDED, fed.slots, frozenset({*fed.ids, DEFAULT_ROUTE})))
                 else:
-                    lanes.append(Lane(f"{EMBEDDED}:{entry.id}", slots, frozenset({entry.id})))
+                    lanes.append(Lane(f"{EMBEDDED}:{fed.entry.id}", fed.slots, frozenset(fed.ids)))
         elif self.embedded is not None:
             ids = frozenset({self.embedded.info.id, DEFAULT_ROUTE})
             lanes.append(Lane(EMBEDDED, self.embedded.info.lane_slots, ids))
@@ -292,7 +292,7 @@ class EngineRegistry:
     def members(self) -> list[EngineView]:
         views = []
         if self.embedded is not None:
-            loaded = [e.id for e, _ in self.pool.active()] if self.pool is not None else []
+            loaded = [i for f in self.pool.active() for i in f.ids] if self.pool is not None else []
             views.append(
                 EngineView(
                     name=EMBEDDED,

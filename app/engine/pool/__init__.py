@@ -9,6 +9,7 @@ the budget. The dashboard and /metrics read `ModelPool.views()` and `ModelPool.b
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from app.catalog import Entry
 from app.engine.base import EngineError
@@ -30,6 +31,16 @@ class ModelView:
     #: When each load since start finished (unix times, the last LOADS_KEPT): a batch page
     #: counts the loads its model took while it ran.
     loaded_at: tuple[float, ...] = ()
+
+
+class Fed(NamedTuple):
+    """A model whose lines may be claimed now (`ModelPool.active`)."""
+
+    entry: Entry  # its berth's
+    #: Every catalog id of its berth, the berth's own first: one file under one profile
+    #: may be listed under several ids (`ollama cp` names one blob twice), one engine for all.
+    ids: tuple[str, ...]
+    slots: int  # its engine's lane slots (1 for a failed model: its lines fail at once)
 
 
 #: How many load times a model keeps for `ModelView.loaded_at`.
@@ -56,4 +67,4 @@ def model_busy(id: str, in_flight: int) -> EngineError:
     )
 
 
-__all__ = ["LOADS_KEPT", "ModelView", "model_busy", "model_not_found"]
+__all__ = ["LOADS_KEPT", "Fed", "ModelView", "model_busy", "model_not_found"]

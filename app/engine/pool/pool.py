@@ -37,7 +37,7 @@ from app.engine.base import (
     engine_closed,
     resolve,
 )
-from app.engine.pool import ModelView, model_busy, model_not_found
+from app.engine.pool import Fed, ModelView, model_busy, model_not_found
 from app.engine.pool.berth import Berth, Key, Waiting
 from app.engine.pool.loading import Loader, Loads, llama_loader, load_failed, too_big
 from app.engine.pool.placement import Placement
@@ -289,16 +289,21 @@ class ModelPool:
             if changed:
                 self._cond.notify_all()
 
-    def active(self) -> list[tuple[Entry, int]]:
-        """The models whose lines may be claimed now, each with its engine's slots: the
-        loaded ones the plan feeds, and failed ones (their lines fail with the reason)."""
+    def active(self) -> list[Fed]:
+        """The models whose lines may be claimed now, each with every id the catalog lists
+        it under and its engine's slots: the loaded ones the plan feeds, and failed ones
+        (their lines fail with the reason)."""
+        ids: dict[Key, list[str]] = {}
+        for entry in self.catalog.entries():
+            ids.setdefault(entry.key, []).append(entry.id)
         with self._cond:
             out = []
             for berth in self._berths.values():
                 if berth.key not in self._decision.active:
                     continue
                 slots = berth.engine.info.lane_slots if berth.engine is not None else 1
-                out.append((berth.entry, slots))
+                others = [i for i in ids.get(berth.key, []) if i != berth.id]
+                out.append(Fed(berth.entry, (berth.id, *others), slots))
             return out
 
     # ------------------------------------------------------------- dashboard and /metrics

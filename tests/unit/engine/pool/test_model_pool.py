@@ -147,7 +147,7 @@ def test_batch_demand_loads_a_model_and_an_online_request_waits_for_the_switch(
     p, loads = make_pool(gemma, broken, model_switch_after="1s")
     try:
         p.demand({GEMMA: (10, time.time())})
-        until(lambda: [e.id for e, _ in p.active()] == [GEMMA], 30, "Gemma to be fed")
+        until(lambda: [f.entry.id for f in p.active()] == [GEMMA], 30, "Gemma to be fed")
         started = time.monotonic()
         online = ask(p, SMOL)
         assert online.result(60)["model"] == SMOL

@@ -15,6 +15,7 @@ from app.catalog import Entry, Estimate
 from app.config import Settings, default_model_path
 from app.engine.base import EngineError, EngineStats, Priority
 from app.engine.pool.pool import ModelPool
+from app.engine.registry import DEFAULT_ROUTE, EMBEDDED, EngineRegistry
 from app.wire.endpoints import CHAT
 from tests.catalogs import DictCatalog, entry
 from tests.fakes import FakeLoads, HangingEngine, finish
@@ -96,6 +97,41 @@ def test_a_line_claimed_as_its_model_drains_still_runs_on_it() -> None:
         assert {v.entry.id: v.waiting for v in pool.views()}["a"] == 0
     finally:
         pool.close()
+
+
+def test_every_id_of_a_model_listed_twice_gets_its_lane() -> None:
+    """One file under one profile listed under two ids (`ollama cp` copies a model under a
+    new name, its blob the same) is one berth: the lines routed to either id are claimed
+    by its lane, and the default model's second id rides with the default lane."""
+    settings = Settings(**MODEL_SETTINGS)
+    path = default_model_path()
+    other = Settings(**MODEL_SETTINGS, ctx_size=1024)
+    entries = [
+        entry("a", path, settings, default=True),
+        entry("a-copy", path, settings),
+        entry("b", path, other),
+        entry("b-copy", path, other),
+    ]
+    loads = FakeLoads()
+    pool = ModelPool(settings, DictCatalog(entries), budget=1 << 40, loader=loads)
+    pool.start()
+    registry = EngineRegistry(pool, [], owns_embedded=False)
+    try:
+        assert lanes_of(registry) == {EMBEDDED: {"a", "a-copy", DEFAULT_ROUTE}}
+        pool.demand({"b-copy": (3, 0.0)})  # lines routed to the second id only
+        until(lambda: set(lanes_of(registry)) == {f"{EMBEDDED}:b-copy"}, 10, "b to be fed")
+        assert list(lanes_of(registry).values()) == [{"b", "b-copy"}]
+        assert [f.ids for f in pool.active()] == [("b-copy", "b")]  # the berth's id first
+        # Either id runs on the one engine: one load for both.
+        for model in ("b", "b-copy"):
+            pool.submit(CHAT, body(model), priority=Priority.BATCH).result(10)
+        assert loads.ids() == ["a", "b-copy"]
+    finally:
+        pool.close()
+
+
+def lanes_of(registry: EngineRegistry) -> dict[str, frozenset[str]]:
+    return {lane.name: lane.models for lane in registry.lanes()}
 
 
 def test_a_model_that_failed_to_load_is_tried_again_once_its_file_changed(
