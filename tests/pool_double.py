@@ -10,12 +10,16 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
 from app.catalog import Entry, Estimate, HeaderFacts, LoadProfile
-from app.engine.pool import ModelView, model_busy, model_not_found
+from app.engine.base import ChunkCallback, EngineStats, ModelInfo, Priority
+from app.engine.pool import Fed, ModelView, model_busy, model_not_found
+from app.engine.pool.pool import ModelPool
 from tests.catalogs import DictCatalog
+from tests.fakes import FakeEngine
 
 MiB = 1024 * 1024
 
@@ -80,14 +84,55 @@ def entry(
     )
 
 
-class PoolDouble:
-    """Views a test sets; load/unload move a model's state as the pool's buttons would."""
+class PoolDouble(ModelPool):
+    """Views a test sets; load/unload move a model's state as the pool's buttons would.
 
-    def __init__(self, views: list[ModelView], budget: int = 1024 * MiB) -> None:
+    A ModelPool to the registry it is handed to (`create_app(engine=...)`: the registry's
+    `pool`), it builds none of the real pool's state: its requests go to `engine` (a
+    FakeEngine unless given), whatever model they name."""
+
+    def __init__(
+        self,
+        views: list[ModelView],
+        budget: int = 1024 * MiB,
+        *,
+        engine: FakeEngine | None = None,
+    ) -> None:
         self._views = {v.entry.id: v for v in views}
         self._budget = budget
         self._lock = threading.Lock()
         self.calls: list[tuple[str, str]] = []
+        self.engine = engine if engine is not None else FakeEngine()
+
+    # The Engine contract, handed to the fake engine.
+
+    @property
+    def info(self) -> ModelInfo:
+        return self.engine.info
+
+    def submit(
+        self,
+        endpoint: str,
+        body: dict[str, Any],
+        *,
+        priority: Priority = Priority.ONLINE,
+        on_chunk: ChunkCallback | None = None,
+    ) -> Future[dict[str, Any]]:
+        return self.engine.submit(endpoint, body, priority=priority, on_chunk=on_chunk)
+
+    def cancel(self, future: Future[dict[str, Any]]) -> None:
+        self.engine.cancel(future)
+
+    def stats(self) -> EngineStats:
+        return self.engine.stats()
+
+    def prompt_tokens(self, endpoint: str, body: dict[str, Any]) -> int | None:
+        return self.engine.prompt_tokens(endpoint, body)
+
+    def close(self) -> None:
+        self.engine.close()
+
+    # The pool's surface.
 
     def views(self) -> list[ModelView]:
         with self._lock:
@@ -99,9 +144,11 @@ class PoolDouble:
         entries = [v.entry for v in self.views()]
         return DictCatalog(sorted(entries, key=lambda e: not e.is_default))
 
-    def active(self) -> list[tuple[Entry, int]]:
+    def active(self) -> list[Fed]:
         """The models loaded now, each with 2 slots."""
-        return [(v.entry, 2) for v in self.views() if v.state in ("loaded", "idle")]
+        return [
+            Fed(v.entry, (v.entry.id,), 2) for v in self.views() if v.state in ("loaded", "idle")
+        ]
 
     def demand(self, lines: Any) -> None:
         self.demanded = dict(lines)
@@ -137,9 +184,3 @@ class PoolDouble:
             if v.in_flight:
                 raise model_busy(id, v.in_flight)
             v.state, v.measured_bytes = "on disk", None
-
-
-def with_pool(client: Any, pool: PoolDouble) -> Any:
-    """`client`'s app with `pool` where its engine registry keeps the model pool."""
-    client.app.state.services.engine.pool = pool
-    return client

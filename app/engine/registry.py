@@ -99,15 +99,18 @@ class EngineRegistry:
         if embedded is None and not upstreams:
             raise ValueError("a registry needs the embedded engine or at least one upstream")
         #: The embedded engine (the pool of catalog models, or a test's lone engine): it
-        #: runs the names no upstream claims first.
+        #: runs the names no upstream claims first. Held here alone: `pool` reads it.
         self.embedded = embedded
-        #: The embedded engine when it is a pool of models (routing, lanes, cards, and what
-        #: the dashboard and /metrics read of it).
-        self.pool = embedded if isinstance(embedded, ModelPool) else None
         self.upstreams = upstreams
         self.owns_embedded = owns_embedded
         #: Why the embedded model is missing, when it failed to load (upstreams still serve).
         self.embedded_failure = embedded_failure
+
+    @property
+    def pool(self) -> ModelPool | None:
+        """The embedded engine when it is a pool of models (routing, lanes, cards, and what
+        the dashboard and /metrics read of it)."""
+        return self.embedded if isinstance(self.embedded, ModelPool) else None
 
     @property
     def info(self) -> ModelInfo:

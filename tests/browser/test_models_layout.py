@@ -17,8 +17,7 @@ from playwright.sync_api import Page, Route
 from app.config import Settings
 from app.server import create_app
 from tests.browser.pages import shoot
-from tests.fakes import FakeEngine
-from tests.pool_double import MiB, PoolDouble, entry, model_view, with_pool
+from tests.pool_double import MiB, PoolDouble, entry, model_view
 
 ORIGIN = "http://batchyard.test"
 
@@ -94,8 +93,7 @@ def busy_pool() -> PoolDouble:
 def app_page(page: Page, tmp_path: Path) -> Iterator[Page]:
     """`page` with every request to ORIGIN answered by the app (over a busy pool)."""
     settings = Settings(data_dir=str(tmp_path / "data"))
-    with TestClient(create_app(settings, engine=FakeEngine())) as client:
-        with_pool(client, busy_pool())
+    with TestClient(create_app(settings, engine=busy_pool())) as client:
 
         def answer(route: Route) -> None:
             got = client.get(route.request.url.removeprefix(ORIGIN))

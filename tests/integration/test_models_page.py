@@ -21,7 +21,7 @@ from tests.factories import batch_line, chat_body, jsonl, jsonl_lines
 from tests.fakes import FakeEngine, HangingEngine
 from tests.http_helpers import MakeClient, upload
 from tests.metrics import parse, value
-from tests.pool_double import MiB, PoolDouble, entry, model_view, with_pool
+from tests.pool_double import MiB, PoolDouble, entry, model_view
 from tests.waiting import until
 
 SMOL = "smollm2-135m-instruct"
@@ -30,7 +30,7 @@ NO_END = {"0": -100, "1": -100, "2": -100}
 GEMMA = "gemma3:270m"
 
 
-def pool() -> PoolDouble:
+def pool(engine: FakeEngine | None = None) -> PoolDouble:
     return PoolDouble(
         [
             model_view(
@@ -50,6 +50,7 @@ def pool() -> PoolDouble:
             model_view(entry("broken", error="not a GGUF file: bad magic"), "on disk"),
         ],
         budget=2048 * MiB,
+        engine=engine,
     )
 
 
@@ -78,7 +79,7 @@ def state_becomes(client: TestClient, model: str, state: str, seconds: float) ->
 def test_the_models_page_lists_every_model_with_its_facts_and_state(
     make_client: MakeClient,
 ) -> None:
-    client = with_pool(make_client(FakeEngine()), pool())
+    client = make_client(pool())
     page = client.get("/models")
     assert page.status_code == 200
     html = page.text
@@ -116,7 +117,7 @@ def test_a_model_with_a_projector_says_it_takes_images_and_its_share_of_memory(
             model_view(entry(vision, source="ollama", projector=139 * MiB), "on disk"),
         ]
     )
-    client = with_pool(make_client(FakeEngine()), models)
+    client = make_client(models)
     html = client.get("/models").text
     seeing = row(html, vision)
     assert re.search(r'data-col="images" title="Takes images: its projector is '
@@ -130,7 +131,7 @@ def test_the_buttons_load_and_unload_and_an_unload_with_lines_in_flight_is_refus
     make_client: MakeClient,
 ) -> None:
     models = pool()
-    client = with_pool(make_client(FakeEngine()), models)
+    client = make_client(models)
 
     loaded = client.post("/web/models/load", data={"model": GEMMA})
     assert loaded.status_code == 200
@@ -182,7 +183,7 @@ def start_with(client: TestClient, file_id: str, model: str) -> str:
 def test_run_with_writes_the_model_into_every_line_of_a_stored_file(
     make_client: MakeClient,
 ) -> None:
-    client = with_pool(make_client(HangingEngine()), pool())
+    client = make_client(pool(HangingEngine()))
     lines = [batch_line(f"r{i}", "HANG", model="whatever", max_tokens=2) for i in range(3)]
     original = upload(client, jsonl(*lines), name="eval.jsonl")
 
@@ -222,7 +223,7 @@ def test_run_with_writes_the_model_into_every_line_of_a_stored_file(
 def test_a_batch_page_names_the_model_that_runs_it_and_its_state(
     make_client: MakeClient,
 ) -> None:
-    client = with_pool(make_client(HangingEngine()), pool())
+    client = make_client(pool(HangingEngine()))
     by_alias = upload(client, jsonl(batch_line("a", "HANG", model="gpt-4o-mini", max_tokens=2)))
     unknown = upload(client, jsonl(batch_line("u", "HANG", model="gpt-9", max_tokens=2)))
     for f, says in (
@@ -250,7 +251,7 @@ def test_a_batch_page_names_the_model_that_runs_it_and_its_state(
 
 def test_metrics_report_each_model_and_the_memory_budget(make_client: MakeClient) -> None:
     models = pool()
-    client = with_pool(make_client(FakeEngine()), models)
+    client = make_client(models)
     client.post("/web/models/load", data={"model": GEMMA})
     types, samples = parse(client.get("/metrics").text)
     assert types["batchyard_model_loads_total"] == "counter"
