@@ -19,7 +19,6 @@ files' store is away (the object store did not answer: `input_away`) waits the s
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import queue
 import threading
@@ -40,6 +39,7 @@ from app.batches.finalize import FINALIZE_RETRY_DELAYS, Finalizer
 from app.batches.leases import Leases
 from app.batches.nodes import NodeNames
 from app.batches.output import sweep_orphans
+from app.batches.pauses import LanePauses
 from app.batches.projection import Projector
 from app.batches.recording import (
     Held,
@@ -54,7 +54,7 @@ from app.batches.validate import ModelRules
 from app.config import Settings
 from app.db import Database
 from app.engine.base import Engine, EngineError, EngineUnavailable, Priority
-from app.engine.registry import Lane, demand, lanes, model_pool
+from app.engine.registry import demand, lanes, model_pool
 from app.files.service import FileService
 from app.files.storage import Storage
 from app.images import ImageResolver
@@ -78,9 +78,6 @@ DEMAND_INTERVAL = 1.0
 DEMAND_SHARE = 50
 #: Seconds between two sweeps of expired files.
 SWEEP_INTERVAL = 60.0
-#: Seconds a lane stays paused after its engine was found down, even if the engine says it
-#: is up again sooner (an engine that does not track its own state is not hammered).
-LANE_PAUSE_MIN = 1.0
 #: Files and temporary uploads younger than this are never swept at start-up: on a shared
 #: files location they may be another node's upload or output in the making.
 SWEEP_MIN_AGE = 3600.0
@@ -153,9 +150,8 @@ class Runner:
         # looks for lifecycle work at once instead of at the next poll.
         self._poked = False
         self._last_poll = 0.0
-        #: Lanes whose engine was found down -> when (monotonic): they claim nothing until
-        #: the engine's lane says it is up again (and LANE_PAUSE_MIN has passed).
-        self._paused: dict[str, float] = {}
+        #: Lanes whose engine was found down: they claim nothing until it is up again.
+        self.pauses = LanePauses()
         self._last_demand = 0.0
         self._demand_cost = 0.0  # seconds the last count of waiting lines took
         # Batches from before routes get theirs once, at this node's first poll.
@@ -375,22 +371,6 @@ class Runner:
         self._demand_cost = self._last_demand - start
         demand(self._engine, lines)
 
-    def _open_lanes(self) -> list[Lane]:
-        """The engine's lanes, those paused here (their engine was found down) marked down;
-        a paused lane opens again once its engine says it is up."""
-        now = time.monotonic()
-        out = []
-        for lane in lanes(self._engine):
-            since = self._paused.get(lane.name)
-            if since is not None:
-                if lane.up and now - since >= LANE_PAUSE_MIN:
-                    del self._paused[lane.name]
-                    log.info("lane=%s engine is up again: claiming", lane.name)
-                else:
-                    lane = dataclasses.replace(lane, up=False)
-            out.append(lane)
-        return out
-
     def _claim(self, s: Session, recorded: Container[str]) -> list[Claim]:
         """Claim lines in the caller's transaction, into the room left by the lines this
         node holds besides those `recorded` in it."""
@@ -407,7 +387,7 @@ class Runner:
         )
         return claim(
             s,
-            self._open_lanes(),
+            self.pauses.open(lanes(self._engine)),
             held,
             self._inflight,
             worker_id=self.worker_id,
@@ -453,9 +433,8 @@ class Runner:
     def _wait_for_store(self, file_id: str, group: list[Claim], exc: Exception) -> None:
         """The store that holds the lines' input is away: they go back to the queue with
         their attempt unused, as lines whose engine is down do (`_record`), and their lanes
-        pause for LANE_PAUSE_MIN before they claim again, so the store is asked about once
-        a LANE_PAUSE_MIN while it is away. Only the batch's window ends them."""
-        now = time.monotonic()
+        pause for LANE_PAUSE_MIN (pauses.py) before they claim again, so the store is asked
+        about once a LANE_PAUSE_MIN while it is away. Only the batch's window ends them."""
         if self._store_away is None:  # once an outage, not once a try
             log.warning(
                 "file=%s lines=%d input unreadable, waiting for the store: %s",
@@ -466,7 +445,7 @@ class Runner:
         self._store_away = str(exc)
         for lane in {c.lane for c in group}:
             # Paused here, so that _record does not report their engine down: it is not.
-            self._paused[lane] = now
+            self.pauses.pause(lane)
         for c in group:
             self._hand_back(c, EngineUnavailable(f"The input line could not be read: {exc}"))
 
@@ -538,8 +517,6 @@ class Runner:
         """Write the results in the caller's transaction (recording.py), and pause the lanes
         whose engine was found down."""
         down = record_done(s, done, self.worker_id, self._inflight)
-        now = time.monotonic()
         for lane in sorted(down):
-            if lane not in self._paused:
+            if self.pauses.pause(lane):
                 log.warning("lane=%s engine unavailable: its lines wait in the queue", lane)
-            self._paused[lane] = now

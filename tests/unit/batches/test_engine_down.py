@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from app.batches import runner as runner_module
+from app.batches import pauses
 from app.engine.base import EngineUnavailable
 from app.tables import RequestStatus
 from tests.factories import batch_line
@@ -31,7 +31,7 @@ class DownEngine(FakeEngine):
 def test_lines_wait_for_a_down_engine_without_using_attempts(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(runner_module, "LANE_PAUSE_MIN", 0.3)
+    monkeypatch.setattr(pauses, "LANE_PAUSE_MIN", 0.3)
     eng = DownEngine(n_slots=2)
     svc = services(tmp_path, eng)
     bid = make_batch(svc, [batch_line(f"c{i}", f"q {i}") for i in range(6)])

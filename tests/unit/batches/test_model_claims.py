@@ -15,7 +15,7 @@ from app.catalog import Entry
 from app.config import Settings, default_model_path
 from app.engine.pool import loading
 from app.engine.pool.pool import ModelPool
-from app.engine.registry import EMBEDDED, EngineRegistry
+from app.engine.registry import EMBEDDED, EngineRegistry, lanes
 from app.services import Services
 from app.tables import BatchStatus
 from tests.catalogs import DictCatalog, entry
@@ -78,7 +78,7 @@ def test_lines_wait_for_their_model_and_the_pool_switches_when_a_queue_empties(
         svc.runner.step()
     # Only "a" is loaded: its lane (the default's) takes its lines, then the unknown
     # name's, never b's; a's queue is not empty, so b waits.
-    assert [lane.name for lane in svc.runner._open_lanes()] == [EMBEDDED]
+    assert [lane.name for lane in svc.runner.pauses.open(lanes(svc.engine))] == [EMBEDDED]
     assert (running(svc, a), running(svc, unknown), running(svc, b)) == (4, 0, 0)
     first = loads.engines[0]
     assert finish(first) == 4

@@ -12,7 +12,7 @@ import pytest
 from sqlmodel import select
 
 from app.batches.claims import MAX_ATTEMPTS
-from app.batches.runner import LANE_PAUSE_MIN
+from app.batches.pauses import LANE_PAUSE_MIN
 from app.files.bucket import StoreError
 from app.services import Services
 from app.tables import Request, RequestStatus
