@@ -228,6 +228,21 @@ def test_three_batches_for_three_models_one_loaded_at_a_time(models: Models) -> 
     assert sum(loads.values()) <= 4, loads
 
 
+def test_names_in_other_letter_case_run_on_the_model_they_name(models: Models) -> None:
+    """Ollama's names ignore case: batches naming the Ollama model in capitals and in mixed
+    case, one model loaded at a time, complete on that model, and nothing else answers."""
+    client = models.client()
+    spellings = [models.ollama.upper(), models.ollama.swapcase().title()]
+    assert all(name != models.ollama for name in spellings)
+    ids = [batch_for(client, name, 2, tag=f"case-{i}") for i, name in enumerate(spellings)]
+    for batch_id in ids:
+        batch = finished(client, batch_id)
+        assert batch.status == "completed", batch
+        assert batch.request_counts.completed == 2 and batch.request_counts.failed == 0
+        answers = output(client, batch.output_file_id)
+        assert [a["response"]["body"]["model"] for a in answers] == [models.ollama] * 2
+
+
 def test_online_request_for_another_model_during_a_batch(models: Models) -> None:
     client = models.client()
     batch_id = batch_for(client, models.lmstudio, 6, max_tokens=4, tag="during")
