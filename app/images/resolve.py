@@ -28,7 +28,7 @@ import secrets
 import threading
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -59,6 +59,10 @@ WORKERS = 8
 OWNERS_KEPT = 1024
 #: What a cached failure counts against the cache's bytes.
 ERROR_BYTES = 1024
+
+#: OpenAI's `detail: "low"`: the model sees the image at most this many pixels a side (its
+#: projector then takes one tile of it, not several).
+LOW_DETAIL_SIDE = 512
 
 
 @dataclass(frozen=True)
@@ -202,7 +206,10 @@ class ImageResolver:
         elif target.fetches:
             raw = self._fetch(scope, ref.value)
         else:
-            return None  # `pass`: the upstream fetches it
+            return None  # `pass`: the upstream fetches it (and reads `detail` itself)
+        if ref.detail == "low":
+            side = min(target.max_side or LOW_DETAIL_SIDE, LOW_DETAIL_SIDE)
+            target = replace(target, max_side=side)
         return self._prepare(raw, target)
 
     def _prepare(self, raw: bytes, target: ImageTarget) -> Image:

@@ -119,6 +119,23 @@ def test_image_max_side_scales_before_sending() -> None:
     assert decoded(urls_of(resolved.body)[0])[1].size == (100, 50)
 
 
+def test_low_detail_is_seen_at_most_512_pixels_a_side() -> None:
+    """OpenAI's `detail: "low"` gives the model a low-resolution version: the embedded form
+    is scaled to 512 pixels on its longer side; `high` and `auto` keep every pixel."""
+    resolver = ImageResolver(Settings(), None)
+    raw = data_url(image_bytes("PNG", (1024, 640)))
+    sizes = {}
+    for detail in ("low", "high", "auto"):
+        body = chat(raw)
+        body["messages"][0]["content"][1]["image_url"]["detail"] = detail
+        sizes[detail] = decoded(urls_of(resolver.resolve(CHAT, body).body)[0])[1].size
+    assert sizes == {"low": (512, 320), "high": (1024, 640), "auto": (1024, 640)}
+    # An upstream's own bound below 512 still holds.
+    body = chat(raw)
+    small = resolver.resolve(CHAT, body, target=ImageTarget("inline", max_side=100))
+    assert decoded(urls_of(small.body)[0])[1].size == (100, 63)
+
+
 def test_each_distinct_url_is_fetched_once_per_batch(server: ImageServer) -> None:
     resolver = ImageResolver(ALLOW, None)
     bodies = [chat(server.url("a.webp"), server.url("b.png")) for _ in range(12)]
