@@ -145,6 +145,10 @@ class FakeEngine:
     def prompt_tokens(self, endpoint: str, body: dict[str, Any]) -> int | None:
         return None
 
+    def image_form(self, model: Any) -> tuple[str, int]:
+        """PNG and JPEG data URLs, any size: as the embedded engine's."""
+        return ("png", 0)
+
     def stats(self) -> EngineStats:
         return EngineStats()
 

@@ -129,6 +129,10 @@ class PoolDouble(ModelPool):
     def prompt_tokens(self, endpoint: str, body: dict[str, Any]) -> int | None:
         return self.engine.prompt_tokens(endpoint, body)
 
+    def image_form(self, model: Any) -> tuple[str, int]:
+        """PNG and JPEG data URLs, any size: as the embedded engine's."""
+        return ("png", 0)
+
     def close(self) -> None:
         self.engine.close()
 

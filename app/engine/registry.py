@@ -210,6 +210,11 @@ class EngineRegistry:
         engine = self.route(body.get("model"))
         return engine.prompt_tokens(endpoint, body) if engine is not None else None
 
+    def image_form(self, model: Any) -> tuple[str, int]:
+        """The form of the engine `model` routes to."""
+        engine = self.route(model)
+        return engine.image_form(model) if engine is not None else ("png", 0)
+
     def demand(self, lines: list[tuple[str | None, int, float]]) -> None:
         """Tell the pool the batch lines that wait for it: (the batch's route, lines, the
         oldest's unix time), of every model of this node's catalog that it could load (not

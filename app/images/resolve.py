@@ -35,7 +35,6 @@ from typing import TYPE_CHECKING, Any
 from sqlmodel import select
 
 from app.config import Settings
-from app.config.upstreams import UpstreamSpec
 from app.engine.base import Engine, EngineError, Priority, RequestCancelled, resolve
 from app.errors import APIError
 from app.images.decode import Image, data_url_bytes, prepare, too_large
@@ -88,15 +87,13 @@ EMBEDDED = ImageTarget("png")
 
 
 def target_for(engine: Engine | None, model: Any) -> ImageTarget:
-    """The form the engine that `model` routes to takes: an upstream's `images=` (and
-    `image_max_side=`), else the embedded engine's. A registry is asked where it routes the
-    model (`route`); a lone engine is its own route."""
-    route = getattr(engine, "route", None)
-    chosen = route(model) if callable(route) else engine
-    spec = getattr(chosen, "spec", None)
-    if isinstance(spec, UpstreamSpec):
-        return ImageTarget(spec.image_mode, spec.image_max_side)
-    return EMBEDDED
+    """The form the engine that `model` routes to takes (the Engine contract's
+    `image_form`): an upstream's `images=` and `image_max_side=`, else the embedded
+    engine's."""
+    if engine is None:
+        return EMBEDDED
+    mode, max_side = engine.image_form(model)
+    return ImageTarget(mode, max_side)
 
 
 @dataclass

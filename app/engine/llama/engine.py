@@ -241,6 +241,10 @@ class LlamaEngine:
             free_images(job)
         return sum(len(p) for p in job.prompts)
 
+    def image_form(self, model: Any) -> tuple[str, int]:
+        """PNG and JPEG data URLs, any size: its projector scales them."""
+        return ("png", 0)
+
     def cancel(self, future: Future[dict[str, Any]]) -> None:
         with self._cond:
             job = self._jobs.pop(future, None)

@@ -203,6 +203,10 @@ class ModelPool:
         except EngineError:  # closed meanwhile, or a request it would refuse: no count
             return None
 
+    def image_form(self, model: Any) -> tuple[str, int]:
+        """PNG and JPEG data URLs, any size: its projector scales them."""
+        return ("png", 0)
+
     def _send(
         self,
         berth: Berth,

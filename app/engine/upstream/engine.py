@@ -273,6 +273,10 @@ class UpstreamEngine:
         """The upstream's tokenizer is not here: no count."""
         return None
 
+    def image_form(self, model: Any) -> tuple[str, int]:
+        """What its `images=` and `image_max_side=` say."""
+        return (self.spec.image_mode, self.spec.image_max_side)
+
     def stats(self) -> EngineStats:
         with self._lock:
             active, queued = len(self._running), len(self._queue) + self._waiting

@@ -225,6 +225,10 @@ class UpstreamProcess:
         """The upstream's tokenizer is not here: no count."""
         return None
 
+    def image_form(self, model: Any) -> tuple[str, int]:
+        """What its `images=` and `image_max_side=` say."""
+        return (self.spec.image_mode, self.spec.image_max_side)
+
     def stats(self) -> EngineStats:
         with self._lock:
             pending, window = len(self._pending), self._window
