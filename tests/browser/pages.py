@@ -46,6 +46,14 @@ def drop_file(page: Page, name: str, data: str | bytes, type: str = "application
     )
 
 
+def htmx_idle(page: Page) -> None:
+    """Wait until htmx has no request, swap or settle under way: what it swapped in is then
+    processed, so an event on it (a change of a select, say) reaches its hx- attributes."""
+    page.wait_for_function(
+        "() => !document.querySelector('.htmx-request, .htmx-swapping, .htmx-settling')"
+    )
+
+
 def shoot(page: Page, name: str, **kwargs: Any) -> Path:
     shots = OUTPUT / "screenshots"
     shots.mkdir(parents=True, exist_ok=True)

@@ -11,7 +11,7 @@ from pathlib import Path
 import openpyxl
 from playwright.sync_api import Page, expect
 
-from tests.browser.pages import drop_file, shoot
+from tests.browser.pages import drop_file, htmx_idle, shoot
 from tests.reviews import check_rows, reviews_csv, reviews_workbook
 
 #: Three short rows on two CPU cores take seconds, but the model may still be warming.
@@ -99,6 +99,7 @@ def test_drop_an_xlsx_choose_its_sheet_and_download_xlsx(
     drop_file(page, "reviews.xlsx", data.getvalue(), type="")
 
     expect(page.locator("#sheet-columns thead")).to_contain_text("nothing here")
+    htmx_idle(page)  # the form and its first preview are in: the select's change is heard
     page.select_option("#sheet-name", "Reviews")
     expect(page.locator("#sheet-columns thead")).to_contain_text("when")
     expect(page.locator("#sheet-columns tbody")).to_contain_text("2026-01-02")
