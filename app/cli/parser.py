@@ -156,8 +156,11 @@ def build_parser() -> argparse.ArgumentParser:
             "log_level",
             "max_image_bytes",
             "image_fetch_timeout",
+            "models_config",
         ),
     )
+    # The catalog's stores, as serve reads them: `--model gemma3:4b` names one of them.
+    add_catalog_flags(run)
     add_image_flags(run)
 
     retry = sub.add_parser(

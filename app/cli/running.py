@@ -16,6 +16,7 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> int:
     from app.offline import RunOptions, run_batch
 
     names = {f.name for f in fields(Settings)}
+    name_model(args)
     sheet = sheet_spec(args)
     if isinstance(sheet, str):
         print(f"batchyard run: {sheet}", file=sys.stderr)
@@ -31,6 +32,14 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> int:
     )
     words = ["batchyard", *(sys.argv[1:] if argv is None else argv)]
     return run_batch(opts, {k: v for k, v in vars(args).items() if k in names}, argv=words)
+
+
+def name_model(args: argparse.Namespace) -> None:
+    """`--model` takes a file or a model's name: a name no file has (`gemma3:4b` from
+    Ollama's store, an LM Studio or hub-cache model, a models.toml alias) becomes the
+    run's default model, found by the catalog as serve finds it."""
+    if args.model and not Path(args.model).expanduser().exists():
+        args.default_model, args.model = args.model, None
 
 
 def sheet_spec(args: argparse.Namespace) -> Any:
@@ -56,11 +65,15 @@ def sheet_spec(args: argparse.Namespace) -> Any:
     template = args.prompt
     if folder and f"{IMAGE_NAME}(" not in template:  # each image after the prompt's text
         template = f"{template}\n{{{{ {IMAGE_NAME}({FOLDER_COLUMN}) }}}}"
-    model = Path(args.model) if args.model else default_model_path()
+    if getattr(args, "default_model", None):
+        model = args.default_model
+    else:
+        path = Path(args.model) if args.model else default_model_path()
+        model = path.stem if path.suffix == ".gguf" else path.name
     return SheetSpec(
         template=template,
         system=args.system,
-        model=model.stem if model.suffix == ".gguf" else model.name,
+        model=model,
         max_tokens=args.max_tokens,
         temperature=args.temperature,
         output_columns=[c for text in args.columns for c in parse_columns(text)],

@@ -58,8 +58,10 @@ def input_lines(state: Path) -> list[dict[str, object]]:
 def test_a_folder_of_photos_to_a_sheet_of_captions(tmp_path: Path, model: Path) -> None:
     folder = photos(tmp_path / "photos")
     out = tmp_path / "captions.csv"
+    # The model by its catalog name, from a models folder, as an Ollama user names theirs.
     done = batchyard(
-        "run", str(folder), "--model", str(model),
+        "run", str(folder), "--models-dir", str(model.parent), "--no-discover",
+        "--model", "vision",
         "--prompt", "Describe this photo.", "--columns", "caption, objects: list",
         "--max-tokens", "96", "-o", str(out), *SMALL, timeout=300,
     )  # fmt: skip
@@ -74,6 +76,7 @@ def test_a_folder_of_photos_to_a_sheet_of_captions(tmp_path: Path, model: Path) 
     # Each line carried its own photo, inlined, after the prompt's text.
     lines = input_lines(out.with_name("captions.csv.batchyard-state"))
     for line, row in zip(lines, rows, strict=True):
+        assert line["body"]["model"] == "vision"  # type: ignore[index]
         text, image = line["body"]["messages"][-1]["content"]  # type: ignore[index]
         assert text == {"type": "text", "text": "Describe this photo."}
         expected = base64.b64encode((folder / row["file"]).read_bytes()).decode()
