@@ -1,7 +1,8 @@
 """Images on the dashboard, on the real app and SQLite (the fake engine, which echoes
-`[image]` where an image reached it): a dropped zip of images becomes a sheet of file ids,
-its preview shows thumbnails made by the server, the batch runs, and the results explorer
-shows each line's images beside its answer; a remote URL is only ever a link."""
+`[image]` where an image reached it): a dropped zip of images becomes a sheet of file ids
+(a zip of a sheet and its images, that sheet with its paths as file ids), its preview shows
+thumbnails made by the server, the batch runs, and the results explorer shows each line's
+images beside its answer; a remote URL is only ever a link."""
 
 from __future__ import annotations
 
