@@ -6,7 +6,8 @@ A cell that `{{ image(column) }}` places holds one of:
   owner's files when the line runs (app/images);
 - a path, relative to the sheet's folder: the file is read and inlined as a data URL, at
   most --max-image-bytes of it. A sheet uploaded to the dashboard has no folder, so it may
-  hold URLs and file ids only.
+  hold URLs and file ids only; in a zip dropped with its images, its paths are replaced by
+  the images' file ids first (app/sheets/zips.py).
 
 A file that is not an image still goes (as a data URL of its bytes) and fails its own line
 when it runs; a path that names no file, or a file over the cap, refuses the sheet, with
@@ -82,7 +83,8 @@ class ImageCells:
             raise ImageCellError(
                 f"the image '{value[:200]}' is neither an http(s) URL nor a file id, and a "
                 "sheet uploaded here has no folder to find a file in: give URLs or file ids, "
-                "or upload a zip of the images"
+                "or upload a zip of the sheet and its images (paths in a column of images "
+                "only become file ids)"
             )
         path = self.folder / value
         try:

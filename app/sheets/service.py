@@ -17,6 +17,7 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
+from zipfile import ZipFile, ZipInfo
 
 from app.batches.service import BatchService
 from app.config import Settings
@@ -37,7 +38,19 @@ from app.sheets.requests import (
     request_lines,
 )
 from app.sheets.writing import FORMATS, added_columns, joined_rows, write_csv, write_xlsx
-from app.sheets.zips import images_in_zip, sheet_of_images
+from app.sheets.zips import (
+    check_image_count,
+    extract_sheet,
+    image_cells,
+    image_names,
+    images_in_zip,
+    open_zip,
+    read_image,
+    sheet_in_zip,
+    sheet_name,
+    sheet_of_images,
+    write_sheet,
+)
 from app.tables import Batch, BatchStatus, File, SheetBatch
 
 #: Rows the form shows of a sheet.
@@ -119,16 +132,21 @@ class SheetService:
         return self.files.store(source, filename=filename, purpose="user_data", owner=owner)
 
     def from_zip(self, zip_id: str, owner: str) -> File:
-        """The dashboard's zip of images (a stored file) as a sheet: each image a file of
-        purpose `vision`, and a CSV sheet of their names and file ids (app/sheets/zips.py).
-        The zip itself is deleted once read; on a refusal nothing it held is kept."""
+        """The dashboard's zip (a stored file) as a sheet (app/sheets/zips.py): a zip of
+        images becomes a CSV of their names and file ids; a zip of one sheet and its images
+        becomes that sheet, each image cell's path replaced by the image's file id. Each
+        image is a file of purpose `vision`. The zip itself is deleted once read; on a
+        refusal nothing it held is kept."""
         row = self.files.get(zip_id, owner)
         made: list[File] = []
         names: list[str] = []  # as the zip names them, folders and all
         try:
-            with self._local(zip_id) as path:
+            with self._local(zip_id) as path, open_zip(path) as archive:
+                sheet = sheet_in_zip(archive)
+                if sheet is not None:
+                    return self._zip_sheet(archive, sheet, owner, made)
                 for name, data in images_in_zip(
-                    path,
+                    archive,
                     max_bytes=self.settings.max_image_bytes,
                     max_images=self.settings.max_requests_per_batch,
                 ):
@@ -139,7 +157,7 @@ class SheetService:
                     )
                     names.append(name)
             rows = [(name, f.id) for name, f in zip(names, made, strict=True)]
-            sheet = self.store(
+            return self.store(
                 io.BytesIO(sheet_of_images(rows)), f"{Path(row.filename).stem}.csv", owner
             )
         except BaseException:
@@ -148,7 +166,32 @@ class SheetService:
             raise
         finally:
             self.files.delete(zip_id, owner)
-        return sheet
+
+    def _zip_sheet(self, archive: ZipFile, sheet: ZipInfo, owner: str, made: list[File]) -> File:
+        """The zip's sheet with its image cells as file ids; each image it names stored
+        once (appended to `made`, for the caller to delete on a refusal)."""
+        limit = self.settings.max_requests_per_batch
+        local = self.storage.tmp_dir / f"zip-sheet-{secrets.token_hex(8)}"
+        written = local.with_name(local.name + "-out")
+        try:
+            extract_sheet(archive, sheet, local, max_bytes=self.settings.max_file_bytes)
+            cells = image_cells(local, sheet.filename, set(image_names(archive)), max_rows=limit)
+            named = sorted(set(cells.values()))
+            check_image_count(len(named), limit, f"The sheet '{sheet.filename}' names")
+            ids: dict[str, str] = {}
+            for name in named:
+                data = read_image(archive, name, max_bytes=self.settings.max_image_bytes)
+                made.append(
+                    self.files.store(io.BytesIO(data), filename=name, purpose="vision", owner=owner)
+                )
+                ids[name] = made[-1].id
+            with open(written, "wb") as out:
+                write_sheet(local, sheet.filename, {c: ids[n] for c, n in cells.items()}, out)
+            with open(written, "rb") as src:
+                return self.store(src, sheet_name(sheet.filename), owner)
+        finally:
+            local.unlink(missing_ok=True)
+            written.unlink(missing_ok=True)
 
     def _sheet_file(self, file_id: str, owner: str) -> File:
         row = self.files.get(file_id, owner)

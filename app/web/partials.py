@@ -64,8 +64,8 @@ async def upload(
     owner: NamedDependency[str],
 ) -> Template:
     """Store the dropped file through the same path as POST /v1/files, then preview it (a
-    sheet opens the sheet form: app/web/sheets.py; a zip of images becomes a sheet of them
-    first)."""
+    sheet opens the sheet form: app/web/sheets.py; a zip of images, or of a sheet and its
+    images, becomes a sheet first: app/sheets/zips.py)."""
     files = services.files
     try:
         row = await receive_upload(request, files, owner)
