@@ -113,9 +113,13 @@ class Job:
         body: dict[str, Any],
         priority: Priority,
         on_chunk: ChunkCallback | None,
+        model: str = "",
     ) -> None:
         self.endpoint = endpoint  # one of base.ENDPOINTS
         self.body = body
+        #: The id its answer carries in `model`: the engine's own, or the catalog id the pool
+        #: routed the request to (one model listed under two ids answers as either).
+        self.model = model
         self.priority = priority
         self.on_chunk = on_chunk
         self.future: Future[dict[str, Any]] = Future()
