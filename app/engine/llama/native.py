@@ -22,6 +22,7 @@ import numpy as np
 from app.catalog import quantization
 from app.config import Settings
 from app.engine.base import ModelInfo
+from app.engine.llama.block import SavedCells
 from app.toolchain.cpu_check import extra_buffers
 from app.toolchain.facts import (
     advice,
@@ -239,14 +240,14 @@ class SharedContext:
         lc.llama_batch_free(self.batch)
         lc.llama_free(self.ctx)
 
-    def save(self, seq_id: int) -> Any:
+    def save(self, seq_id: int) -> SavedCells | None:
         """The cells of `seq_id` (positions and K/V), copied out to host memory."""
         size = lc.llama_state_seq_get_size(self.ctx, seq_id)
         buf = (ctypes.c_uint8 * size)()
         written = lc.llama_state_seq_get_data(self.ctx, buf, size, seq_id)
         return buf if written == size else None
 
-    def restore(self, state: Any, seq_id: int) -> bool:
+    def restore(self, state: SavedCells | None, seq_id: int) -> bool:
         """Put cells saved by `save` back, as sequence `seq_id`; False when llama.cpp finds
         no contiguous room for them (or `state` is None)."""
         if state is None:
