@@ -94,7 +94,7 @@ class LlamaEngine:
         )
         self.info = model.model_info(
             has_chat_template=self.chat_template.has_template,
-            n_gpu_layers=settings.n_gpu_layers,
+            n_gpu_layers=model.n_gpu_layers,
         )
         if model_id:
             # Answers carry the name the catalog knows the model by, not the file's stem.
@@ -299,7 +299,7 @@ class LlamaEngine:
     # ---------------------------------------------------------------------- the owner thread
 
     def _run(self) -> None:
-        on_gpu = self._native.gpu_backend is not None and self.settings.n_gpu_layers != 0
+        on_gpu = self._native.gpu_backend is not None  # None with no layer offloaded
         if effective(self.settings.engine_priority, on_gpu=on_gpu) == "low":
             # Before the first decode: llama.cpp's OpenMP workers inherit it (priority.py).
             log.info("engine priority: %s", lower_this_thread())

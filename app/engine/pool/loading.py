@@ -20,12 +20,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 from app.catalog import Entry
-from app.catalog.budget import MARGIN, memory_budget
+from app.catalog.budget import gpu_layers, memory_budget
 from app.config import AUTO_GPU_LAYERS, Settings
 from app.engine.base import Engine, EngineError, EngineStats, resolve
 from app.engine.pool import LOADS_KEPT
 from app.engine.pool.berth import Berth, Loaded
-from app.engine.pool.placement import Placement, gpu_layers
+from app.engine.pool.placement import Placement
 from app.engine.pool.plan import FAILED, LOADED, LOADING, ON_DISK
 from app.toolchain.facts import free_vram_bytes
 
@@ -247,7 +247,7 @@ class Loads:
             if free is None:
                 free = self._free_vram()
             n_layer = entry.facts.n_layer if entry.facts else 0
-            layers = gpu_layers(n_layer, entry.estimate, free, MARGIN)
+            layers = gpu_layers(profile.n_gpu_layers, n_layer, entry.estimate, free)
             log.info("model=%s n_gpu_layers auto: %d", entry.id, layers)
             if free is not None and entry.estimate is not None:
                 free -= entry.estimate.total
