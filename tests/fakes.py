@@ -71,7 +71,9 @@ class FakeEngine:
         *,
         priority: Priority = Priority.ONLINE,
         on_chunk: Any = None,
+        model: str | None = None,
     ) -> Future[dict[str, Any]]:
+        """`model`: the id the answer carries (a pool's routed id), else `info.id`."""
         fut: Future[dict[str, Any]] = Future()
         with self._lock:
             self.submitted.append((endpoint, body, priority))
@@ -84,7 +86,8 @@ class FakeEngine:
             if fut.done():
                 return
             try:
-                fut.set_result(self.answer(endpoint, body))
+                answer = self.answer(endpoint, body)
+                fut.set_result({**answer, "model": model} if model else answer)
             except EngineError as exc:
                 fut.set_exception(exc)
 

@@ -23,7 +23,7 @@ Inside: `stores.py` (where each tool keeps its models, and the names it gives th
 
 from __future__ import annotations
 
-from app.catalog.catalog import DEFAULT_ROUTE, Catalog, lookup
+from app.catalog.catalog import DEFAULT_ROUTE, Catalog, lookup, server_profile
 from app.catalog.entry import SOURCES, Entry, Estimate, HeaderFacts, LoadProfile
 from app.catalog.header import FILE_TYPES, quantization
 
@@ -38,4 +38,5 @@ __all__ = [
     "LoadProfile",
     "lookup",
     "quantization",
+    "server_profile",
 ]

@@ -4,14 +4,16 @@
 it with `app.toolchain.facts.free_vram_bytes`, as this room may not import the toolchain's)
 or the free RAM, each less MARGIN. Measure it before loading any model: memory the node's
 own models hold is not free, so a budget measured after their loads is theirs short.
-`gib()` writes sizes as the messages that name the budget show them.
+`gpu_layers()` resolves --n-gpu-layers auto for a load, and `gib()` writes sizes as the
+messages that name the budget show them.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from app.config import Settings
+from app.catalog.entry import Estimate
+from app.config import AUTO_GPU_LAYERS, Settings
 
 GIB = 1 << 30
 #: Left free of the measured memory: llama.cpp's own `--fit` leaves 1024 MiB on each device
@@ -32,6 +34,35 @@ def memory_budget(settings: Settings, *, free_vram: int | None = None) -> int:
     if free_vram is not None and settings.n_gpu_layers != 0:
         return max(0, free_vram - MARGIN)
     return max(0, free_ram_bytes() - MARGIN)
+
+
+def gpu_layers(
+    n_gpu_layers: int,
+    n_layer: int,
+    estimate: Estimate | None,
+    free_vram: int | None,
+    margin: int = MARGIN,
+) -> int:
+    """The layers a load offloads: a number (the flag's, models.toml's) as it is; auto
+    (AUTO_GPU_LAYERS) as many of the model's `n_layer` layers as `free_vram` holds, as
+    llama.cpp's --fit does (it keeps --fit-target, 1 GiB, free on each device: `margin`).
+    The one place auto is resolved: the pool calls it before each load (the free VRAM less
+    what the loads beside it take), and so does a model loaded alone (engine/llama/loading.py).
+
+    The compute buffer goes first; each layer then takes an equal share of the weights and
+    the KV cache, the output layer counted as one more (-1, all, offloads it too). 0 without
+    a GPU (`free_vram` None); -1 with no estimate to go by (a model loaded alone; a file
+    whose header was unread, whose load fails with the reason anyway)."""
+    if n_gpu_layers != AUTO_GPU_LAYERS:
+        return n_gpu_layers
+    if free_vram is None:
+        return 0
+    if estimate is None or n_layer <= 0:
+        return -1
+    room = free_vram - margin - estimate.compute
+    per_layer = (estimate.weights + estimate.kv_cache) / (n_layer + 1)
+    fit = int(room // per_layer) if room > 0 else 0
+    return -1 if fit > n_layer else fit
 
 
 def free_ram_bytes(meminfo: Path | None = None) -> int:
@@ -59,4 +90,4 @@ def gib(n: int) -> str:
     return f"{n / GIB:.2f} GiB"
 
 
-__all__ = ["GIB", "MARGIN", "free_ram_bytes", "gib", "memory_budget"]
+__all__ = ["GIB", "MARGIN", "free_ram_bytes", "gib", "gpu_layers", "memory_budget"]

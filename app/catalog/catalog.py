@@ -39,6 +39,19 @@ clock = time.monotonic
 _PLAIN = ("model", "default", "models-dir")
 
 
+def server_profile(settings: Settings) -> LoadProfile:
+    """The server's flags as a load profile: every entry's, under models.toml's settings,
+    and a model loaded alone (engine/llama/loading.py). No shared-prefix cells without the
+    prefix cache, which they are part of."""
+    return LoadProfile(
+        ctx_size=settings.ctx_size,
+        parallel=settings.parallel,
+        n_gpu_layers=settings.n_gpu_layers,
+        kv_cache_type=settings.kv_cache_type,
+        shared_prefix_cells=settings.shared_prefix_cells if settings.prefix_cache else 0,
+    )
+
+
 class Catalog:
     """The models this install can serve (see app/catalog/__init__.py)."""
 
@@ -157,16 +170,7 @@ class Catalog:
                 self._build()
 
     def _build(self) -> None:
-        base = LoadProfile(
-            ctx_size=self._settings.ctx_size,
-            parallel=self._settings.parallel,
-            n_gpu_layers=self._settings.n_gpu_layers,
-            kv_cache_type=self._settings.kv_cache_type,
-            shared_prefix_cells=(
-                self._settings.shared_prefix_cells if self._settings.prefix_cache else 0
-            ),
-        )
-        base = self._config.every.apply(base)
+        base = self._config.every.apply(server_profile(self._settings))
         entries: list[Entry] = []
         by_path: dict[Path, int] = {}
         taken: set[str] = set()

@@ -77,7 +77,7 @@ class Settings:
     data_dir: str = ""  # empty means the platform's user data dir
     no_browser: bool = False
     # Layers offloaded to the GPU: -1 all, 0 none, or auto (AUTO_GPU_LAYERS): as many as
-    # the free VRAM holds for each model (engine/pool/placement.py), none without a GPU.
+    # the free VRAM holds for each model (catalog/budget.py gpu_layers), none without a GPU.
     n_gpu_layers: int = -2
     parallel: int = 0  # 0 means the engine decides (engine/llama/native.py default_parallel)
     ctx_size: int = 2048  # context per slot, in tokens

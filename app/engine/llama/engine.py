@@ -94,7 +94,7 @@ class LlamaEngine:
         )
         self.info = model.model_info(
             has_chat_template=self.chat_template.has_template,
-            n_gpu_layers=settings.n_gpu_layers,
+            n_gpu_layers=model.n_gpu_layers,
         )
         if model_id:
             # Answers carry the name the catalog knows the model by, not the file's stem.
@@ -141,7 +141,6 @@ class LlamaEngine:
             model.vocab,
             ctx_per_slot=self.ctx_per_slot,
             counters=self._counters,
-            model_id=self.info.id,
             fingerprint=self._fingerprint,
             settle=self._settle,
             shared_mem=shared.mem if shared is not None else None,
@@ -200,10 +199,13 @@ class LlamaEngine:
         *,
         priority: Priority = Priority.ONLINE,
         on_chunk: ChunkCallback | None = None,
+        model: str | None = None,
     ) -> Future[dict[str, Any]]:
+        """The Engine contract's submit; `model`: the id the answer carries, where the pool
+        routed the request to another id of this model (None: `info.id`)."""
         if endpoint not in ENDPOINTS:
             raise ValueError(f"unknown endpoint {endpoint!r}")
-        job = Job(endpoint, body, Priority(priority), on_chunk)
+        job = Job(endpoint, body, Priority(priority), on_chunk, model or self.info.id)
         # Preparing reads the vocabulary, so it must not overlap close() freeing the model.
         with self._prepare_lock:
             if self._closing:
@@ -297,7 +299,7 @@ class LlamaEngine:
     # ---------------------------------------------------------------------- the owner thread
 
     def _run(self) -> None:
-        on_gpu = self._native.gpu_backend is not None and self.settings.n_gpu_layers != 0
+        on_gpu = self._native.gpu_backend is not None  # None with no layer offloaded
         if effective(self.settings.engine_priority, on_gpu=on_gpu) == "low":
             # Before the first decode: llama.cpp's OpenMP workers inherit it (priority.py).
             log.info("engine priority: %s", lower_this_thread())
@@ -413,7 +415,7 @@ class LlamaEngine:
             tokens = sum(len(p) for p in job.prompts)
             self._counters.tokens(prompt=tokens)
             body = answers.embedding_list(
-                mine, tokens, self.info.id, base64_out=job.body.get("encoding_format") == "base64"
+                mine, tokens, job.model, base64_out=job.body.get("encoding_format") == "base64"
             )
             if self._settle(job, result=body):
                 self._counters.count("succeeded")

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from app.engine.base import ChunkCallback, Priority
+from app.engine.llama.block import Block
 from app.wire.endpoints import CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES
 
 _ID_PREFIX = {CHAT: "chatcmpl-", COMPLETIONS: "cmpl-", EMBEDDINGS: "emb-", RESPONSES: "resp_"}
@@ -113,9 +114,13 @@ class Job:
         body: dict[str, Any],
         priority: Priority,
         on_chunk: ChunkCallback | None,
+        model: str = "",
     ) -> None:
         self.endpoint = endpoint  # one of base.ENDPOINTS
         self.body = body
+        #: The id its answer carries in `model`: the engine's own, or the catalog id the pool
+        #: routed the request to (one model listed under two ids answers as either).
+        self.model = model
         self.priority = priority
         self.on_chunk = on_chunk
         self.future: Future[dict[str, Any]] = Future()
@@ -152,5 +157,8 @@ class Task:
     choice_indices: list[int] = field(compare=False, default_factory=list)
     #: The prompt's slots.chunk_keys, once the admission has looked at it.
     prefix_keys: list[int] | None = field(compare=False, default=None, repr=False)
-    #: shared.py's best block for the prompt, with the version of the blocks it was found in.
-    shared_match: tuple[int, Any, int] | None = field(compare=False, default=None, repr=False)
+    #: shared.py's best block for the prompt and the tokens a fork takes from it, with the
+    #: version of the blocks it was found in.
+    shared_match: tuple[int, Block | None, int] | None = field(
+        compare=False, default=None, repr=False
+    )

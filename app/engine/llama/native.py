@@ -19,9 +19,10 @@ from typing import Any
 import llama_cpp as lc
 import numpy as np
 
-from app.catalog import quantization
+from app.catalog import LoadProfile, quantization
 from app.config import Settings
 from app.engine.base import ModelInfo
+from app.engine.llama.block import SavedCells
 from app.toolchain.cpu_check import extra_buffers
 from app.toolchain.facts import (
     advice,
@@ -239,14 +240,14 @@ class SharedContext:
         lc.llama_batch_free(self.batch)
         lc.llama_free(self.ctx)
 
-    def save(self, seq_id: int) -> Any:
+    def save(self, seq_id: int) -> SavedCells | None:
         """The cells of `seq_id` (positions and K/V), copied out to host memory."""
         size = lc.llama_state_seq_get_size(self.ctx, seq_id)
         buf = (ctypes.c_uint8 * size)()
         written = lc.llama_state_seq_get_data(self.ctx, buf, size, seq_id)
         return buf if written == size else None
 
-    def restore(self, state: Any, seq_id: int) -> bool:
+    def restore(self, state: SavedCells | None, seq_id: int) -> bool:
         """Put cells saved by `save` back, as sequence `seq_id`; False when llama.cpp finds
         no contiguous room for them (or `state` is None)."""
         if state is None:
@@ -281,7 +282,9 @@ class LoadedModel:
     advice: str | None = None
     #: Why a GPU build runs on the CPU (toolchain/facts.py cpu_fallback), or None.
     gpu_fallback: str | None = None
-    #: The shared-prefix context, or None (settings.shared_cells 0).
+    #: The layers offloaded (the profile's: -1 all, 0 none), whatever the backend.
+    n_gpu_layers: int = 0
+    #: The shared-prefix context, or None (the profile's shared_cells 0, or no prefix cache).
     shared: SharedContext | None = None
 
     def model_info(self, *, has_chat_template: bool, n_gpu_layers: int) -> ModelInfo:
@@ -312,14 +315,17 @@ class LoadedModel:
         lc.llama_model_free(self.model)
 
 
-def load(settings: Settings, *, prompt_tokens_per_step: int) -> LoadedModel:
-    """Load the configured model and a context with one KV stream per slot."""
+def load(
+    path: Path, profile: LoadProfile, settings: Settings, *, prompt_tokens_per_step: int
+) -> LoadedModel:
+    """Load a model file with its load profile (a number of GPU layers, not auto) and a
+    context with one KV stream per slot; `settings`: the server's own (threads, logs, the
+    CPU check, the prefix cache)."""
     lc.llama_backend_init()
     if settings.log_level.lower() != "debug":
         from llama_cpp import _logger
 
         _logger.set_verbose(False)
-    path = settings.model_path
     if not path.is_file():
         raise FileNotFoundError(f"model file not found: {path}")
     threads = cpu_threads(settings.threads)
@@ -334,14 +340,13 @@ def load(settings: Settings, *, prompt_tokens_per_step: int) -> LoadedModel:
     fallback = cpu_fallback(gpu_built, gpu_seen)
     if fallback:
         log.warning("%s", fallback)
-    model = load_model(path, n_gpu_layers=settings.n_gpu_layers, use_extra_bufts=extra)
-    n_slots = (
-        settings.parallel if settings.parallel > 0 else default_parallel(settings.n_gpu_layers)
-    )
+    layers = profile.n_gpu_layers
+    model = load_model(path, n_gpu_layers=layers, use_extra_bufts=extra)
+    n_slots = profile.parallel if profile.parallel > 0 else default_parallel(layers)
 
     params = lc.llama_context_default_params()
     params.n_seq_max = n_slots
-    params.n_ctx = settings.ctx_size * n_slots
+    params.n_ctx = profile.ctx_size * n_slots
     # Separate KV streams give each sequence its own ctx_size context and keep attention
     # per sequence; n > 1 copies a whole stream with llama_memory_seq_cp. One unified
     # stream was measured against them (bench/waves.py, engine directly, 32 slots, 2 cores,
@@ -361,7 +366,7 @@ def load(settings: Settings, *, prompt_tokens_per_step: int) -> LoadedModel:
     params.n_ubatch = N_UBATCH
     params.n_threads = params.n_threads_batch = threads
     params.no_perf = True
-    kv = settings.kv_cache_type
+    kv = profile.kv_cache_type
     params.type_k = params.type_v = KV_GGML_TYPES[kv]
     params.flash_attn_type = (
         lc.LLAMA_FLASH_ATTN_TYPE_ENABLED
@@ -373,10 +378,11 @@ def load(settings: Settings, *, prompt_tokens_per_step: int) -> LoadedModel:
         lc.llama_model_free(model)
         raise RuntimeError("llama.cpp could not create a context (out of memory?)")
     shared = None
-    if settings.shared_cells and n_slots >= MIN_SHARED_SLOTS:
+    cells = profile.shared_cells if settings.prefix_cache else 0
+    if cells and n_slots >= MIN_SHARED_SLOTS:
         n_branches = min(LLAMA_MAX_SEQ - SHARED_BLOCKS, SHARED_BRANCHES_PER_SLOT * n_slots)
         shared = shared_context(
-            model, settings.shared_cells, n_branches=n_branches, n_batch=n_batch, threads=threads
+            model, cells, n_branches=n_branches, n_batch=n_batch, threads=threads
         )
         if shared is None:
             lc.llama_free(ctx)
@@ -402,7 +408,8 @@ def load(settings: Settings, *, prompt_tokens_per_step: int) -> LoadedModel:
         n_embd=lc.llama_model_n_embd(model),
         file_type=file_type(model),
         chat_template=template.decode() if template else None,
-        gpu_backend=gpu_backend_name() if settings.n_gpu_layers != 0 else None,
+        gpu_backend=gpu_backend_name() if layers != 0 else None,
+        n_gpu_layers=layers,
         library_version=lc.__version__,
         cpu_buffers=f"{'on' if extra else 'off'} ({why})",
         advice=fix,

@@ -36,7 +36,11 @@ class Template(Protocol):
     """What preparing needs of a chat template (oai/chat_template.py's ChatTemplate)."""
 
     def render(
-        self, messages: Any, plan: ToolPlan | None = None, media: Media | None = None
+        self,
+        messages: Any,
+        plan: ToolPlan | None = None,
+        media: Media | None = None,
+        model: str = "",
     ) -> str: ...
 
     def stop_strings(self) -> list[str]: ...
@@ -152,7 +156,7 @@ class Preparer:
                     "'n' above 1 together with tools is not supported.", param="n", cls=EngineError
                 )
             media = Media(self.vision.marker) if self.vision is not None else None
-            text = self.template.render(body.get("messages"), job.tools, media)
+            text = self.template.render(body.get("messages"), job.tools, media, job.model)
             job.prompt_texts = [text]
             if self.vision is not None and media is not None and media.images:
                 job.prompts = [self._with_images(job, text, media.images)]

@@ -84,7 +84,6 @@ class Sequences:
         *,
         ctx_per_slot: int,
         counters: Counters,
-        model_id: str,
         fingerprint: str,
         settle: Settle,
         shared_mem: Any = None,
@@ -93,7 +92,6 @@ class Sequences:
         self.n_vocab = vocab.n_vocab
         self.ctx_per_slot = ctx_per_slot
         self.counters = counters
-        self.model_id = model_id
         self.fingerprint = fingerprint
         self.settle = settle
         # The shared-prefix context's KV (None: the model has none): a branch let go
@@ -190,7 +188,7 @@ class Sequences:
         slot.clear()
 
     def complete(self, job: Job) -> None:
-        model, fp = self.model_id, self.fingerprint
+        model, fp = job.model, self.fingerprint
         if job.on_chunk and job.include_usage:
             self._call_chunk(job, answers.usage_chunk(job, model, fp))
         if self.settle(job, result=answers.completion(job, model, fp)):
@@ -200,7 +198,7 @@ class Sequences:
         """Stream one delta (text) or the closing chunk (None) of a choice."""
         if job.on_chunk is None:
             return
-        for chunk in answers.choice_chunks(job, choice, text, self.model_id, self.fingerprint):
+        for chunk in answers.choice_chunks(job, choice, text, job.model, self.fingerprint):
             self._call_chunk(job, chunk)
         choice.started = True
 

@@ -23,6 +23,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from app.engine.base import Priority
+from app.engine.llama.block import Block
 from app.engine.llama.jobs import Task
 from app.engine.llama.slots import PREFIX_CHUNK, Slot, chunk_keys, common_prefix
 from app.wire.endpoints import EMBEDDINGS
@@ -45,33 +46,6 @@ KEEP_IDLE = 3
 CPU_WAVE = 64
 #: Cells kept free of reservations: llama.cpp places a micro-batch only where it fits whole.
 CELL_MARGIN = 512
-
-
-@dataclass(eq=False)
-class Block:
-    """A shared prefix in a sequence of its own: lines fork from its cells."""
-
-    seq_id: int
-    tokens: list[int]
-    #: Tokens not yet evaluated; a block gives forks once it has none.
-    pending: list[int] = field(default_factory=list)
-    pos: int = 0  # tokens of the block in the KV cache
-    users: int = 0  # lines forked from it that still run
-    used: int = 0  # the admission round of its last fork (the least recent goes first)
-    #: Where its first `pos` tokens come from: a block it forks from, or None.
-    source: Block | None = None
-    #: Out of the stream: its cells saved in `state` (the engine's), its seq_id given up.
-    parked: bool = False
-    state: object = None
-
-    @property
-    def ready(self) -> bool:
-        return not self.pending
-
-    @property
-    def idle(self) -> bool:
-        """In the stream, evaluated, and no line forked from it runs."""
-        return not self.users and not self.pending and not self.parked
 
 
 @dataclass

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
 from app.engine.base import Priority
+from app.engine.llama.block import Block
 from app.engine.llama.jobs import Choice, Job, Task
 from app.engine.llama.sampler import StopMatcher
 from app.wire.endpoints import EMBEDDINGS
@@ -125,7 +126,7 @@ class Slot:
         self.max_tokens = 0
         # A branch of the shared-prefix context (shared.py): the block it forked from, and
         # the KV cells it may take beyond it (its prompt's rest and its longest answer).
-        self.block: BranchBlock | None = None
+        self.block: Block | None = None
         self.reserved = 0
 
     def take(
@@ -156,15 +157,6 @@ class Slot:
     @property
     def generating(self) -> bool:
         return self.state is _GENERATING
-
-
-class BranchBlock(Protocol):
-    """The block a branch forked from (shared.py's Block), as the branch sees it: its
-    sequence id (a step's rows go in sequence order) and how many branches still use it.
-    shared.py builds on this module, so the block is named by what a branch reads of it."""
-
-    seq_id: int
-    users: int
 
 
 class SharedStart(Protocol):

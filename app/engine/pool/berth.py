@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from app.catalog import Entry, LoadProfile
 from app.engine.base import ChunkCallback, Engine, ModelInfo, Priority
@@ -20,11 +20,29 @@ from app.engine.pool.plan import ON_DISK
 Key = tuple[str, LoadProfile]
 
 
+class Loaded(Engine, Protocol):
+    """An engine the pool loaded for a berth: the Engine contract, and answers under any id
+    of its model (`model`: the catalog id a request was routed to; the berth's engine was
+    loaded under whichever id came first)."""
+
+    def submit(
+        self,
+        endpoint: str,
+        body: dict[str, Any],
+        *,
+        priority: Priority = Priority.ONLINE,
+        on_chunk: ChunkCallback | None = None,
+        model: str | None = None,
+    ) -> Future[dict[str, Any]]: ...
+
+
 @dataclass
 class Waiting:
-    """A request that waits for its model to be loaded."""
+    """A request that waits for its model to be loaded; `model` is the catalog id it was
+    routed to, which its answer carries."""
 
     berth: Berth
+    model: str
     endpoint: str
     body: dict[str, Any]
     priority: Priority
@@ -39,7 +57,7 @@ class Berth:
 
     entry: Entry
     state: str = ON_DISK
-    engine: Engine | None = None
+    engine: Loaded | None = None
     #: The engine's figures at its last load: the default model's stay the pool's `info`
     #: while another model takes its place.
     info: ModelInfo | None = None
@@ -61,7 +79,8 @@ class Berth:
 
     @property
     def id(self) -> str:
-        """The entry's id, for logs and errors."""
+        """The id of the entry it was made for, for logs and errors (an answer carries
+        the id its request was routed to)."""
         return self.entry.id
 
     def need(self) -> int:

@@ -20,12 +20,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 from app.catalog import Entry
-from app.catalog.budget import MARGIN, memory_budget
+from app.catalog.budget import gpu_layers, memory_budget
 from app.config import AUTO_GPU_LAYERS, Settings
 from app.engine.base import Engine, EngineError, EngineStats, resolve
 from app.engine.pool import LOADS_KEPT
-from app.engine.pool.berth import Berth
-from app.engine.pool.placement import Placement, gpu_layers
+from app.engine.pool.berth import Berth, Loaded
+from app.engine.pool.placement import Placement
 from app.engine.pool.plan import FAILED, LOADED, LOADING, ON_DISK
 from app.toolchain.facts import free_vram_bytes
 
@@ -37,7 +37,7 @@ READ_AHEAD_CHUNK = 8 << 20
 #: Loads an entry and starts its engine: `app.engine.llama.loading.load_engine` (tests may
 #: give another). The engine it returns says `measured_bytes`, `load_seconds` and, once
 #: closed, `freed_bytes` where it knows them (the Engine contract; LlamaEngine does).
-Loader = Callable[[Settings, Entry], Engine]
+Loader = Callable[[Settings, Entry], Loaded]
 
 
 def load_failed(entry: Entry, reason: str) -> EngineError:
@@ -184,7 +184,7 @@ class Loads:
         self,
         group: _Group,
         berth: Berth,
-        engine: Engine | None,
+        engine: Loaded | None,
         loaded: Callable[[], None] | None = None,
     ) -> None:
         """One load of a group has ended: once the last has, the group's bytes are
@@ -207,7 +207,7 @@ class Loads:
         with self._cond:
             self._cond.notify_all()
 
-    def _loaded(self, berth: Berth, engine: Engine, measured: int | None, began: float) -> None:
+    def _loaded(self, berth: Berth, engine: Loaded, measured: int | None, began: float) -> None:
         """Note what a load took; its requests may go to it from the next plan on."""
         seconds = engine.load_seconds or time.monotonic() - began
         with self._cond:
@@ -247,7 +247,7 @@ class Loads:
             if free is None:
                 free = self._free_vram()
             n_layer = entry.facts.n_layer if entry.facts else 0
-            layers = gpu_layers(n_layer, entry.estimate, free, MARGIN)
+            layers = gpu_layers(profile.n_gpu_layers, n_layer, entry.estimate, free)
             log.info("model=%s n_gpu_layers auto: %d", entry.id, layers)
             if free is not None and entry.estimate is not None:
                 free -= entry.estimate.total
@@ -357,7 +357,7 @@ def node_budget(settings: Settings) -> int:
     return memory_budget(settings, free_vram=free_vram_bytes())
 
 
-def llama_loader(settings: Settings, entry: Entry) -> Engine:
+def llama_loader(settings: Settings, entry: Entry) -> Loaded:
     """The loader of real models: `app.engine.llama.loading.load_engine`."""
     # Imported here: llama_cpp loads its libraries on import (registry.load_engines).
     from app.engine.llama import loading

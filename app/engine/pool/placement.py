@@ -1,5 +1,4 @@
-"""Placement: the memory budget and the bytes each loaded model holds in it, and how many
-of a model's layers the free VRAM holds.
+"""Placement: the memory budget and the bytes each loaded model holds in it.
 
 Pure bookkeeping, no clock and no llama.cpp: one reservation per loaded (or loading)
 model, first its estimate and, once the model is loaded, the bytes it was measured to
@@ -12,8 +11,6 @@ from __future__ import annotations
 
 from collections.abc import Hashable
 from dataclasses import dataclass
-
-from app.catalog import Estimate
 
 
 @dataclass
@@ -52,21 +49,3 @@ class Placement:
     def release(self, model: Hashable) -> None:
         """The model's engine has closed: its bytes are free again."""
         self.reservations.pop(model, None)
-
-
-def gpu_layers(n_layer: int, estimate: Estimate | None, free_vram: int | None, margin: int) -> int:
-    """--n-gpu-layers auto for one model: as many of its layers as the free VRAM holds, as
-    llama.cpp's --fit does (it keeps --fit-target, 1 GiB, free on each device: `margin`).
-
-    The compute buffer goes first; each layer then takes an equal share of the weights and
-    the KV cache, the output layer counted as one more (-1, all, offloads it too). 0 without
-    a GPU (`free_vram` None); -1 with no estimate to go by (the file's header unread: its
-    load fails with the reason anyway)."""
-    if free_vram is None:
-        return 0
-    if estimate is None or n_layer <= 0:
-        return -1
-    room = free_vram - margin - estimate.compute
-    per_layer = (estimate.weights + estimate.kv_cache) / (n_layer + 1)
-    fit = int(room // per_layer) if room > 0 else 0
-    return -1 if fit > n_layer else fit

@@ -38,7 +38,7 @@ from app.engine.base import (
     resolve,
 )
 from app.engine.pool import Fed, ModelView, model_busy, model_not_found
-from app.engine.pool.berth import Berth, Key, Waiting
+from app.engine.pool.berth import Berth, Key, Loaded, Waiting
 from app.engine.pool.loading import Loader, Loads, llama_loader, load_failed, too_big
 from app.engine.pool.placement import Placement
 from app.engine.pool.plan import FAILED, LOADED, ON_DISK, Decision, Model, Plan
@@ -178,7 +178,7 @@ class ModelPool:
                 # still loaded, finishing the others; waiting would cost a load later.
                 engine = berth.engine
             if engine is None:
-                w = Waiting(berth, endpoint, body, priority, on_chunk, self._clock())
+                w = Waiting(berth, entry.id, endpoint, body, priority, on_chunk, self._clock())
                 berth.waiting.append(w)
                 self._owner[w.future] = w
                 w.future.add_done_callback(self._forget)
@@ -187,7 +187,7 @@ class ModelPool:
             # Counted before it reaches the engine: the plan never unloads it meanwhile.
             berth.in_flight += 1
             berth.last_used = self._clock()
-        return self._send(berth, engine, endpoint, body, priority, on_chunk)
+        return self._send(berth, engine, entry.id, endpoint, body, priority, on_chunk)
 
     def prompt_tokens(self, endpoint: str, body: dict[str, Any]) -> int | None:
         """The prompt tokens of a request by its model's own tokenizer, where that model is
@@ -210,15 +210,17 @@ class ModelPool:
     def _send(
         self,
         berth: Berth,
-        engine: Engine,
+        engine: Loaded,
+        model: str,
         endpoint: str,
         body: dict[str, Any],
         priority: Priority,
         on_chunk: ChunkCallback | None,
     ) -> Future[dict[str, Any]]:
-        """Hand a request to its model's engine (its in-flight count already raised)."""
+        """Hand a request to its model's engine (its in-flight count already raised), to be
+        answered as `model`: the id it was routed to, of the berth's engine's model."""
         try:
-            fut = engine.submit(endpoint, body, priority=priority, on_chunk=on_chunk)
+            fut = engine.submit(endpoint, body, priority=priority, on_chunk=on_chunk, model=model)
         except BaseException:
             self._finished(berth)
             raise
@@ -473,7 +475,7 @@ class ModelPool:
         for berth, engine, w in sends:
             # The caller holds the waiting request's future: the engine's resolves it, and
             # cancelling it (pool.cancel) withdraws the engine's.
-            inner = self._send(berth, engine, w.endpoint, w.body, w.priority, w.on_chunk)
+            inner = self._send(berth, engine, w.model, w.endpoint, w.body, w.priority, w.on_chunk)
             _chain(inner, w.future, engine)
 
 

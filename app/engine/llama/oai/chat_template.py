@@ -143,14 +143,18 @@ class ChatTemplate:
         )
 
     def render(
-        self, messages: Any, plan: ToolPlan | None = None, media: Media | None = None
+        self,
+        messages: Any,
+        plan: ToolPlan | None = None,
+        media: Media | None = None,
+        model: str = "",
     ) -> str:
         """The prompt text, ending with the assistant's generation prompt; with the
         functions of an active tool `plan` in its system message. Images go into `media`
-        (their markers into the text); without it, an image is refused."""
-        normalised = tools.with_tools(
-            normalise_messages(messages, media, (self.model_id, self.no_projector_why)), plan
-        )
+        (their markers into the text); without it, an image is refused, naming `model`
+        (the id the request was answered as; "": `model_id`)."""
+        who = (model or self.model_id, self.no_projector_why)
+        normalised = tools.with_tools(normalise_messages(messages, media, who), plan)
         try:
             return self._formatter(messages=formatter_messages(normalised)).prompt
         except Exception as exc:  # a template's raise_exception(), e.g. roles out of order

@@ -29,7 +29,7 @@ class Letters:
 
 
 class Template:
-    def render(self, messages: Any, plan: Any = None, media: Any = None) -> str:
+    def render(self, messages: Any, plan: Any = None, media: Any = None, model: str = "") -> str:
         return "".join(f"<{m['role']}>{m['content']}" for m in messages) + "<assistant>"
 
     def stop_strings(self) -> list[str]:

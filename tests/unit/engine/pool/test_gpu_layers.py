@@ -9,9 +9,8 @@ from pathlib import Path
 import pytest
 
 from app.catalog import Entry, Estimate, HeaderFacts, LoadProfile
-from app.catalog.budget import MARGIN
+from app.catalog.budget import MARGIN, gpu_layers
 from app.config import AUTO_GPU_LAYERS, Settings, default_model_path, parse_gpu_layers
-from app.engine.pool.placement import gpu_layers
 from app.engine.pool.pool import ModelPool
 from app.toolchain import facts
 from tests.catalogs import DictCatalog
@@ -23,12 +22,17 @@ ESTIMATE = Estimate(weights=600 * MiB, kv_cache=60 * MiB, compute=100 * MiB)
 
 
 def test_the_layers_that_fit_the_free_vram_less_the_margin() -> None:
-    assert gpu_layers(10, ESTIMATE, None, MARGIN) == 0  # no GPU
-    assert gpu_layers(10, ESTIMATE, MARGIN + 100 * MiB + 300 * MiB, MARGIN) == 5
-    assert gpu_layers(10, ESTIMATE, MARGIN + 100 * MiB + 659 * MiB, MARGIN) == 10
-    assert gpu_layers(10, ESTIMATE, MARGIN + 100 * MiB + 660 * MiB, MARGIN) == -1  # all
-    assert gpu_layers(10, ESTIMATE, MARGIN // 2, MARGIN) == 0
-    assert gpu_layers(10, None, 8 << 30, MARGIN) == -1
+    auto = AUTO_GPU_LAYERS
+    assert gpu_layers(auto, 10, ESTIMATE, None, MARGIN) == 0  # no GPU
+    assert gpu_layers(auto, 10, ESTIMATE, MARGIN + 100 * MiB + 300 * MiB, MARGIN) == 5
+    assert gpu_layers(auto, 10, ESTIMATE, MARGIN + 100 * MiB + 659 * MiB, MARGIN) == 10
+    assert gpu_layers(auto, 10, ESTIMATE, MARGIN + 100 * MiB + 660 * MiB, MARGIN) == -1  # all
+    assert gpu_layers(auto, 10, ESTIMATE, MARGIN // 2, MARGIN) == 0
+    # No estimate to go by (a model loaded alone): all on a GPU there is one.
+    assert gpu_layers(auto, 0, None, 8 << 30, MARGIN) == -1
+    # A number (the flag's, models.toml's) stays as it is, GPU or not.
+    assert gpu_layers(3, 10, ESTIMATE, None, MARGIN) == 3
+    assert gpu_layers(-1, 10, ESTIMATE, MARGIN // 2, MARGIN) == -1
 
 
 def test_auto_is_the_default_and_a_flag_value() -> None:

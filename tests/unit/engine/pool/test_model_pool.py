@@ -22,7 +22,7 @@ from app.config import Settings, default_model_path
 from app.engine.base import Engine, EngineError
 from app.engine.llama.loading import load_engine
 from app.engine.pool.pool import ModelPool
-from app.wire.endpoints import CHAT
+from app.wire.endpoints import CHAT, EMBEDDINGS, RESPONSES
 from tests.catalogs import DictCatalog, entry
 from tests.waiting import until
 
@@ -79,14 +79,17 @@ def pool(gemma: Path, broken: Path) -> Iterator[tuple[ModelPool, Loads]]:
     pool.close()
 
 
-def ask(pool: ModelPool, model: str, max_tokens: int = 2) -> Future[dict[str, Any]]:
-    body = {
+def chat(model: str, max_tokens: int = 2) -> dict[str, Any]:
+    return {
         "model": model,
         "messages": [{"role": "user", "content": "Say hi."}],
         "max_tokens": max_tokens,
         "temperature": 0,
     }
-    return pool.submit(CHAT, body)
+
+
+def ask(pool: ModelPool, model: str, max_tokens: int = 2) -> Future[dict[str, Any]]:
+    return pool.submit(CHAT, chat(model, max_tokens))
 
 
 def test_each_name_is_answered_by_its_model_with_one_loaded_at_a_time(
@@ -107,6 +110,31 @@ def test_each_name_is_answered_by_its_model_with_one_loaded_at_a_time(
     smol = views[SMOL].measured_bytes
     assert smol is not None and smol > 50 << 20  # the weights alone are 88 MiB
     assert p.budget() == (smol, 8 << 30)
+
+
+def test_a_model_listed_under_two_ids_answers_with_the_id_each_request_named() -> None:
+    """`ollama cp smollm2:135m my-smol`: one file under one profile, two ids, one berth and
+    one load. The engine was loaded under the first id; a request for the second is still
+    answered as the id it named, in every endpoint's body and in the streamed chunks."""
+    settings = Settings(**SETTINGS)
+    path, copy = default_model_path(), "my-smol"
+    catalog = DictCatalog([entry(SMOL, path, settings, default=True), entry(copy, path, settings)])
+    loads = Loads()
+    p = ModelPool(settings, catalog, budget=8 << 30, loader=loads)
+    p.start()
+    try:
+        chunks: list[dict[str, Any]] = []
+        streamed = {**chat(copy), "stream": True}
+        assert p.submit(CHAT, streamed, on_chunk=chunks.append).result(60)["model"] == copy
+        assert chunks and {c["model"] for c in chunks} == {copy}
+        assert ask(p, SMOL).result(60)["model"] == SMOL
+        said = {"model": copy, "input": "Say hi.", "max_output_tokens": 2}
+        assert p.submit(RESPONSES, said).result(60)["model"] == copy
+        vectors = {"model": copy, "input": ["hi"]}
+        assert p.submit(EMBEDDINGS, vectors).result(60)["model"] == copy
+        assert loads.ids() == [SMOL]
+    finally:
+        p.close()
 
 
 def test_a_model_is_never_unloaded_while_its_line_runs(pool: tuple[ModelPool, Loads]) -> None:

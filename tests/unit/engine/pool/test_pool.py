@@ -122,9 +122,10 @@ def test_every_id_of_a_model_listed_twice_gets_its_lane() -> None:
         until(lambda: set(lanes_of(registry)) == {f"{EMBEDDED}:b-copy"}, 10, "b to be fed")
         assert list(lanes_of(registry).values()) == [{"b", "b-copy"}]
         assert [f.ids for f in pool.active()] == [("b-copy", "b")]  # the berth's id first
-        # Either id runs on the one engine: one load for both.
+        # Either id runs on the one engine (one load for both), answered as the id it named.
         for model in ("b", "b-copy"):
-            pool.submit(CHAT, body(model), priority=Priority.BATCH).result(10)
+            answer = pool.submit(CHAT, body(model), priority=Priority.BATCH).result(10)
+            assert answer["model"] == model
         assert loads.ids() == ["a", "b-copy"]
     finally:
         pool.close()
