@@ -15,7 +15,7 @@ import pytest
 from app.catalog import Catalog, Entry
 from app.catalog.estimate import DEFAULT_PATCHES, IMAGE_CACHE_BYTES, MAX_PATCHES, projector_bytes
 from app.catalog.header import read_projector
-from app.catalog.stores import pick_projector
+from app.catalog.naming import pick_projector
 from app.engine.registry import catalog_card
 from app.wire.inference import CatalogModel
 from tests.models import gemma, header_model, header_projector, smollm2
