@@ -315,7 +315,7 @@ class LlamaEngine:
                     embeds = self._admit()
                 if embeds:
                     self._embed(embeds)
-                if self._busy() and not self._step_in_turn():
+                if self._busy() and not self._step():
                     # Nothing could run: the lines wait for their images' encodes.
                     with self._cond:
                         if not self._closing:
@@ -364,14 +364,6 @@ class LlamaEngine:
         for task, group in admission.starts:
             self._context.start(task, group)
         return admission.embeds
-
-    def _step_in_turn(self) -> bool:
-        """A step, in its turn at the cores where the image encoder shares them."""
-        turns = self._projector.turns if self._projector is not None else None
-        if turns is None:
-            return self._step()
-        with turns.turn():
-            return self._step()
 
     def _step(self) -> bool:
         """One llama_decode over every slot that has work, then sample and retire; then

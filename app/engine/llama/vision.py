@@ -12,11 +12,6 @@ thread of its own, so the engine's owner thread keeps decoding text for every sl
 image is encoded; a slot whose next chunk is an image waits until its rows are ready. Rows
 a queued or running request still needs stay pinned; the others go, least recently used
 first, past IMAGE_CACHE_BYTES.
-
-Where the encoder and the decoding share the CPU's cores (a projector not on a GPU), they
-take `Turns`: libmtmd's and llama.cpp's thread pools each size themselves to the cores and
-spin at their barriers, so the two at once on the same cores take longer than one after
-the other (bench/vision.py, real-size encoder: bench/README.md).
 """
 
 from __future__ import annotations
@@ -51,31 +46,6 @@ log = logging.getLogger("batchyard.engine")
 #: this long, and loads again with the next one: it stays loaded only while image lines
 #: come, and a pause between a batch's claims does not unload it. The encoded rows stay.
 PROJECTOR_IDLE = 30.0
-
-
-class Turns:
-    """Turns at the CPU between the image encoder's thread and the engine's owner thread:
-    one image encode or one decode step at a time, whoever asked first goes next, so
-    neither waits longer than one turn of the other."""
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._next = 0  # the next ticket to give
-        self._now = 0  # the ticket whose turn it is
-
-    @contextlib.contextmanager
-    def turn(self) -> Iterator[None]:
-        with self._cond:
-            ticket = self._next
-            self._next += 1
-            while ticket != self._now:
-                self._cond.wait()
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._now += 1
-                self._cond.notify_all()
 
 
 @dataclass(eq=False)
@@ -124,9 +94,6 @@ class Projector:
                 f"the projector {path} places images with M-RoPE positions, which the "
                 "embedded engine does not support yet"
             )
-        #: Encoding and decoding take turns at the cores (Turns) unless the encoder has a
-        #: GPU of its own to run on.
-        self.turns: Turns | None = None if use_gpu else Turns()
         self.marker = mtmd.mtmd_default_marker().decode()
         self.n_embd = lc.llama_model_n_embd_inp(model)
         #: Image rows attend to each other both ways (Gemma 3): each image decodes alone,
@@ -264,8 +231,7 @@ class Projector:
 
     def encode(self, chunk: Any, n_tokens: int) -> np.ndarray:
         """The embedding rows of an image chunk (a copy: the encoder's buffer is reused)."""
-        turn = self.turns.turn() if self.turns is not None else contextlib.nullcontext()
-        with self._use() as ctx, turn:
+        with self._use() as ctx:
             rc = mtmd.mtmd_encode_chunk(ctx, chunk)
             rows = mtmd.mtmd_get_output_embd(ctx) if rc == 0 else None
             if rows is not None:

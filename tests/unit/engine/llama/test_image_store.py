@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from app.engine.base import EngineError
-from app.engine.llama.vision import ImageChunk, ImageStore, Turns
+from app.engine.llama.vision import ImageChunk, ImageStore
 from tests.waiting import until
 
 ROWS = 4
@@ -149,30 +149,3 @@ def test_the_projector_unloads_once_no_image_is_needed_for_its_idle_time() -> No
         assert ready(s, "a") is not None  # the rows outlive the projector
     finally:
         s.close()
-
-
-def test_turns_go_in_the_order_asked_and_one_at_a_time() -> None:
-    """The encoder and the owner thread take the cores in turn: while one holds its turn
-    the others wait, and they go in the order they asked."""
-    turns = Turns()
-    order: list[str] = []
-    active: list[str] = []
-
-    def take(name: str) -> None:
-        with turns.turn():
-            active.append(name)
-            assert active == [name]  # alone in its turn
-            order.append(name)
-            active.remove(name)
-
-    threads = []
-    with turns.turn():  # a turn held: each thread below asks and waits behind it
-        for name in "abc":
-            t = threading.Thread(target=take, args=(name,))
-            t.start()
-            threads.append(t)
-            until(lambda: turns._next == len(threads) + 1, 5, f"{name} to ask")
-        assert order == []
-    for t in threads:
-        t.join(10)
-    assert order == ["a", "b", "c"]
