@@ -54,7 +54,7 @@ def test_a_batch_waits_for_its_bucket_to_come_back(tmp_path: Path) -> None:
                     weed.endpoint,
                     "--no-embedded",
                     "--engine",
-                    f"fast=openai:{upstream}/v1,models={MODEL},concurrency=4",
+                    f"fast=openai:{upstream}/v1,models={MODEL},concurrency=8",
                 ],
             )
             c = OpenAI(base_url=front.api, api_key="unused", max_retries=0, timeout=60)

@@ -258,7 +258,8 @@ def test_a_node_killed_mid_batch_of_images_loses_and_repeats_nothing(
     tmp_path: Path, models_dir: Path
 ) -> None:
     data = tmp_path / "data"
-    server = serve(data, models_dir, "image-killed.log")
+    # Lines the killed node held come back when its lease lapses: 5 s, not the default 30.
+    server = serve(data, models_dir, "image-killed.log", "--lease-seconds", "5")
     again = None
     try:
         sdk = openai.OpenAI(base_url=server.api, api_key="unused", max_retries=0)

@@ -1,4 +1,5 @@
-"""Packaging fixtures: a clean copy of the checkout, and the sound llama-cpp-python wheel."""
+"""Packaging fixtures: a clean copy of the checkout, and the sound llama-cpp-python wheel;
+and the one-file build started as the session starts (early_build.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,19 @@ from pathlib import Path
 import pytest
 
 from tests.live import ROOT
+from tests.packaging import early_build
 from tests.packaging.helpers import clean_copy
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.option.collectonly:
+        return
+    if any(item.path.name == "test_binary.py" for item in items):
+        early_build.start()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    early_build.stop()
 
 
 @pytest.fixture(scope="module")

@@ -6,41 +6,27 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 
 from tests.factories import batch_line, jsonl, jsonl_lines
+from tests.packaging import early_build
 from tests.packaging.helpers import check_dashboard, outside_env, start, static_files
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def binary(source: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    dist = tmp_path_factory.mktemp("dist")
-    build = tmp_path_factory.mktemp("build")
-    t0 = time.monotonic()
-    r = subprocess.run(
-        ["bash", "packaging/build.sh", str(dist)],
-        cwd=source,
-        env=outside_env(
-            PYTHON=sys.executable,
-            BATCHYARD_BUILD_VENV=str(build / "venv"),
-            BATCHYARD_BUILD_WORK=str(build / "work"),
-        ),
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-5000:]
+def binary() -> Path:
+    # Started as the session started (tests/conftest.py), beside the other tests.
+    code, dist, output, seconds = early_build.finish(timeout=900)
+    assert code == 0, output
     exe = dist / "batchyard"
     assert exe.is_file() and os.access(exe, os.X_OK)
     assert sorted(p.name for p in dist.iterdir()) == ["batchyard"]  # one file, nothing beside it
-    print(f"\nbuilt {exe} in {time.monotonic() - t0:.0f}s: {exe.stat().st_size / 1e6:.1f} MB")
+    print(f"\nbuilt {exe} in {seconds:.0f}s: {exe.stat().st_size / 1e6:.1f} MB")
     return exe
 
 
