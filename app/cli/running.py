@@ -38,8 +38,10 @@ def name_model(args: argparse.Namespace) -> None:
     """`--model` takes a file or a model's name: a name no file has (`gemma3:4b` from
     Ollama's store, an LM Studio or hub-cache model, a models.toml alias) becomes the
     run's default model, found by the catalog as serve finds it."""
-    if args.model and not Path(args.model).expanduser().exists():
-        args.default_model, args.model = args.model, None
+    named = bool(args.model) and not Path(args.model).expanduser().exists()
+    args.default_model = args.model if named else None
+    if named:
+        args.model = None
 
 
 def sheet_spec(args: argparse.Namespace) -> Any:
@@ -65,7 +67,7 @@ def sheet_spec(args: argparse.Namespace) -> Any:
     template = args.prompt
     if folder and f"{IMAGE_NAME}(" not in template:  # each image after the prompt's text
         template = f"{template}\n{{{{ {IMAGE_NAME}({FOLDER_COLUMN}) }}}}"
-    if getattr(args, "default_model", None):
+    if args.default_model:
         model = args.default_model
     else:
         path = Path(args.model) if args.model else default_model_path()
