@@ -1,5 +1,5 @@
 """Packaging fixtures: a clean copy of the checkout, and the sound llama-cpp-python wheel;
-and the one-file build started as the session starts (early_build.py)."""
+and the slow installs started as the session starts (early.py)."""
 
 from __future__ import annotations
 
@@ -10,19 +10,23 @@ from pathlib import Path
 import pytest
 
 from tests.live import ROOT
-from tests.packaging import early_build
+from tests.packaging import early
 from tests.packaging.helpers import clean_copy
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if config.option.collectonly:
         return
-    if any(item.path.name == "test_binary.py" for item in items):
-        early_build.start()
+    names = {item.path.name for item in items}
+    if "test_binary.py" in names:
+        early.start("binary")
+    if "test_wheel.py" in names:
+        early.start("pip")
+        early.start("pipx")
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    early_build.stop()
+    early.stop()
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from tests.factories import batch_line, jsonl, jsonl_lines
-from tests.packaging import early_build
+from tests.packaging import early
 from tests.packaging.helpers import check_dashboard, outside_env, start, static_files
 
 pytestmark = pytest.mark.slow
@@ -21,12 +21,13 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def binary() -> Path:
     # Started as the session started (tests/conftest.py), beside the other tests.
-    code, dist, output, seconds = early_build.finish(timeout=900)
-    assert code == 0, output
+    done = early.finish("binary", timeout=900)
+    assert done.code == 0, done.output
+    dist = done.root / "dist"
     exe = dist / "batchyard"
     assert exe.is_file() and os.access(exe, os.X_OK)
     assert sorted(p.name for p in dist.iterdir()) == ["batchyard"]  # one file, nothing beside it
-    print(f"\nbuilt {exe} in {seconds:.0f}s: {exe.stat().st_size / 1e6:.1f} MB")
+    print(f"\nbuilt {exe} in {done.seconds:.0f}s: {exe.stat().st_size / 1e6:.1f} MB")
     return exe
 
 

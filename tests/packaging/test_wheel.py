@@ -4,20 +4,18 @@ install (pip into a new venv, or pipx) serves the dashboard from outside the che
 from __future__ import annotations
 
 import subprocess
-import sys
-import time
 import zipfile
 from pathlib import Path
 
 import pytest
 
 import app
+from tests.packaging import early
 from tests.packaging.helpers import (
     assert_cpu_check_passed,
     assert_llama_cpp_from,
     check_dashboard,
     files_under,
-    outside_env,
     start,
     static_files,
 )
@@ -26,15 +24,18 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def wheel(source: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("wheel")
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", str(source), "-w", str(out)],
-        check=True,
-        env=outside_env(),
-        timeout=300,
-    )
-    (found,) = out.glob("batchyard-*.whl")
+def pip_job() -> early.Done:
+    """The wheel built from a clean copy and pip-installed into a fresh venv: started as the
+    session started (conftest.py), beside the other tests."""
+    done = early.finish("pip", timeout=900)
+    assert done.code == 0, done.output
+    print("\n" + done.output.strip())
+    return done
+
+
+@pytest.fixture(scope="module")
+def wheel(pip_job: early.Done) -> Path:
+    (found,) = (pip_job.root / "wheel").glob("batchyard-*.whl")
     return found
 
 
@@ -81,19 +82,9 @@ def serve_from_elsewhere(exe: Path, source: Path, tmp_path: Path) -> Path:
 
 
 def test_pip_install_into_a_fresh_venv_serves_the_dashboard(
-    wheel: Path, wheelhouse: Path, source: Path, tmp_path: Path
+    pip_job: early.Done, wheelhouse: Path, source: Path, tmp_path: Path
 ) -> None:
-    venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    # llama-cpp-python from the wheelhouse tests/run.sh built, not compiled again.
-    t0 = time.monotonic()
-    subprocess.run(
-        [str(venv / "bin/python"), "-m", "pip", "install", "-q", str(wheel)],
-        check=True,
-        env=outside_env(PIP_FIND_LINKS=str(wheelhouse)),
-        timeout=600,
-    )
-    print(f"\npip install of the wheel and its dependencies: {time.monotonic() - t0:.0f}s")
+    venv = pip_job.root / "venv"  # llama-cpp-python from the wheelhouse, not compiled again
     assert_llama_cpp_from(wheelhouse, venv / "bin/python")
     away = serve_from_elsewhere(venv / "bin/batchyard", source, tmp_path)
     # It ran the installed package, not the checkout.
@@ -101,37 +92,15 @@ def test_pip_install_into_a_fresh_venv_serves_the_dashboard(
 
 
 def test_pipx_install_of_the_checkout_serves_the_dashboard(
-    source: Path, wheelhouse: Path, tmp_path: Path
+    wheelhouse: Path, source: Path, tmp_path: Path
 ) -> None:
-    tools = tmp_path / "tools"
-    subprocess.run([sys.executable, "-m", "venv", str(tools)], check=True)
-    subprocess.run(
-        [str(tools / "bin/python"), "-m", "pip", "install", "-q", "pipx"],
-        check=True,
-        env=outside_env(),
-        timeout=300,
-    )
-    pipx_env = {
-        "PIPX_HOME": str(tmp_path / "pipx"),
-        "PIPX_BIN_DIR": str(tmp_path / "bin"),
-        "PIPX_MAN_DIR": str(tmp_path / "man"),
-        # The pip inside pipx's venv finds the sound wheel there, as a user's pip.conf would.
-        "PIP_FIND_LINKS": str(wheelhouse),
-    }
-    # The README's command, run in the clean clone: `pipx install .`
-    t0 = time.monotonic()
-    subprocess.run(
-        [str(tools / "bin/pipx"), "install", "."],
-        cwd=source,
-        check=True,
-        env=outside_env(**pipx_env),
-        timeout=600,
-        capture_output=True,
-    )
-    print(f"\npipx install .: {time.monotonic() - t0:.0f}s")
-    exe = tmp_path / "bin" / "batchyard"
+    # The README's command, run in a clean copy as the session started: `pipx install .`
+    done = early.finish("pipx", timeout=900)
+    assert done.code == 0, done.output
+    print("\n" + done.output.strip().splitlines()[-1])
+    exe = done.root / "bin" / "batchyard"
     assert exe.exists()
-    assert_llama_cpp_from(wheelhouse, tmp_path / "pipx" / "venvs" / "batchyard" / "bin" / "python")
+    assert_llama_cpp_from(wheelhouse, done.root / "pipx" / "venvs" / "batchyard" / "bin" / "python")
     version = subprocess.run([str(exe), "--version"], capture_output=True, text=True, cwd=tmp_path)
     assert version.returncode == 0 and version.stdout.startswith("batchyard ")
     serve_from_elsewhere(exe, source, tmp_path)
