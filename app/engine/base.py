@@ -179,7 +179,8 @@ class Engine(Protocol):
 
     @property
     def measured_bytes(self) -> int | None:
-        """Bytes the model's load took in this process (its memory before and after)."""
+        """Bytes the model's load took in this process (the buffers llama.cpp allocated
+        for it)."""
         ...
 
     @property

@@ -105,7 +105,8 @@ class LlamaEngine:
         self.info = dataclasses.replace(self.info, takes_images=projector is not None)
         #: Bytes the projector's load took (within measured_bytes).
         self.projector_bytes: int | None = None
-        #: Bytes the load took (the process's resident set before and after), and seconds.
+        #: Bytes the load took (the buffers llama.cpp reported for it: loading.py), and
+        #: seconds.
         self.measured_bytes: int | None = None
         self.load_seconds: float | None = None
         self.freed_bytes: int | None = None
@@ -292,8 +293,7 @@ class LlamaEngine:
             if self._projector is not None:
                 self._projector.free()
             self._native.free()
-            # What the close gave back, against what the load took: the pool checks that
-            # a model's memory was freed rather than assume it.
+            # What the process gave back: the pool logs it beside what the load took.
             self.freed_bytes = max(0, before - native.memory_in_use())
 
     # ---------------------------------------------------------------------- the owner thread

@@ -1,6 +1,11 @@
 """Loading a model into a LlamaEngine: the model's llama.cpp contexts (native.py), its
 projector where it has one (vision.py), and what the load took (memory, seconds).
 
+The memory is the buffers llama.cpp reports allocating for this load (buffers.py): its
+weights (a mapped file counted whole, touched or not), KV caches, compute and output
+buffers, and the projector's. Loads side by side are each measured alone. Where llama.cpp
+reports none, the process's memory before and after stands in (and a warning says so).
+
 The pool (engine/pool/) loads each catalog entry through `load_engine`, with its load
 profile; a lone engine (a test's, a bench's) loads the server's own model with the server's
 flags as its profile (`server_profile`).
@@ -19,7 +24,7 @@ import llama_cpp as lc
 from app.catalog import Entry, server_profile
 from app.catalog.budget import gpu_layers
 from app.config import AUTO_GPU_LAYERS, Settings
-from app.engine.llama import native, vision
+from app.engine.llama import buffers, native, vision
 from app.engine.llama.engine import LlamaEngine
 from app.engine.llama.slots import BATCH_PROMPT_TOKENS_PER_STEP
 
@@ -49,25 +54,29 @@ def load_engine(
         layers = gpu_layers(profile.n_gpu_layers, facts.n_layer if facts else 0, estimate, free)
         profile = dataclasses.replace(profile, n_gpu_layers=layers)
     before, t = native.memory_in_use(), time.monotonic()
-    model = native.load(
-        path, profile, settings, prompt_tokens_per_step=BATCH_PROMPT_TOKENS_PER_STEP
-    )
+    with buffers.capture() as taken:
+        model = native.load(
+            path, profile, settings, prompt_tokens_per_step=BATCH_PROMPT_TOKENS_PER_STEP
+        )
+    model_bytes = _measured(f"model {path}", taken, before)
     eyes, eyes_bytes, eyes_error = None, None, None
     if projector is not None:
         at = native.memory_in_use()
-        try:
-            eyes = vision.Projector(
-                Path(projector),
-                model.model,
-                threads=model.threads,
-                use_gpu=model.gpu_backend is not None,
-            )
-        except RuntimeError as exc:
-            # The text half still works: the model loads without images, and an image
-            # line is told why.
-            log.warning("model %s loads without its projector: %s", path, exc)
-            eyes_error = str(exc)
-        eyes_bytes = max(0, native.memory_in_use() - at)
+        with buffers.capture() as taken:
+            try:
+                eyes = vision.Projector(
+                    Path(projector),
+                    model.model,
+                    threads=model.threads,
+                    use_gpu=model.gpu_backend is not None,
+                )
+            except RuntimeError as exc:
+                # The text half still works: the model loads without images, and an image
+                # line is told why.
+                log.warning("model %s loads without its projector: %s", path, exc)
+                eyes_error = str(exc)
+        # A projector that failed has freed what it took.
+        eyes_bytes = _measured(f"projector {projector}", taken, at) if eyes else 0
     engine = LlamaEngine(
         settings,
         model,
@@ -78,9 +87,23 @@ def load_engine(
     )
     engine.projector_bytes = eyes_bytes
     engine.load_seconds = time.monotonic() - t
-    engine.measured_bytes = max(0, native.memory_in_use() - before)
+    engine.measured_bytes = model_bytes + (eyes_bytes or 0)
     engine.start()
     return engine
+
+
+def _measured(what: str, taken: buffers.Buffers, before: int) -> int:
+    """The bytes a load took: the buffers llama.cpp reported, else the process's memory
+    since `before` (which counts any other load under way meanwhile)."""
+    if taken.total:
+        log.info("%s took %s", what, taken.describe())
+        return taken.total
+    log.warning(
+        "%s: llama.cpp reported no buffer sizes while loading; measured by the process's "
+        "memory instead",
+        what,
+    )
+    return max(0, native.memory_in_use() - before)
 
 
 __all__ = ["load_engine"]

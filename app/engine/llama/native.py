@@ -131,7 +131,8 @@ def gpu_free_bytes() -> int | None:
 
 def memory_in_use() -> int:
     """Bytes this process holds: its resident set plus what the GPU devices have in use.
-    The difference across a load is what that model took (the pool's measured size)."""
+    The difference across an unload is what the model gave back; across a load, it stands
+    in for the buffers llama.cpp reports (buffers.py) only where it reports none."""
     rss = 0
     try:
         with open("/proc/self/statm") as statm:

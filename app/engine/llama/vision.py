@@ -35,6 +35,7 @@ from llama_cpp import mtmd_cpp as mtmd
 
 from app.catalog.estimate import IMAGE_CACHE_BYTES
 from app.engine.base import EngineError
+from app.engine.llama import buffers
 from app.engine.llama.oai import media
 
 log = logging.getLogger("batchyard.engine")
@@ -70,12 +71,9 @@ class Projector:
     once, as llama-server does; an unload waits for neither, it skips while one runs."""
 
     def __init__(self, path: Path, model: Any, *, threads: int, use_gpu: bool) -> None:
-        # libmtmd logs through its own hooks: route them where llama.cpp's go, so they
-        # print only at --log-level debug (native.load sets that verbosity).
-        from llama_cpp._logger import llama_log_callback
-
-        mtmd.mtmd_log_set(llama_log_callback, None)
-        mtmd.mtmd_helper_log_set(llama_log_callback, None)
+        # libmtmd logs through its own hooks: routed where llama.cpp's go, so they print
+        # only at --log-level debug (native.load sets that verbosity) and its buffers count.
+        buffers.install()
         self.path, self._model, self._threads, self._use_gpu = path, model, threads, use_gpu
         self._cond = threading.Condition()
         self._users = 0

@@ -2,11 +2,12 @@
 
 A load runs in a thread of its own, never an engine's (so decoding goes on meanwhile), and
 the pool's loop plans again once it is done. Where the budget holds every model the plan
-wants, their loads run side by side (`Loads.start` with several berths): the bytes they
-took are measured once for the group, the process's memory across all of them, and
-shared out by each model's estimate; a model loaded alone is measured alone, as the engine
-reports it. The next model's file is read ahead into the page cache meanwhile. An unload
-closes the engine and keeps its figures, so that /metrics' counters never go back.
+wants, their loads run side by side (`Loads.start` with several berths). Each engine says
+what its own load took (`measured_bytes`: the buffers llama.cpp reported in that load's
+thread, engine/llama/buffers.py), so loads that overlap are each measured alone; that
+figure replaces the model's estimate in the placement. The next model's file is read ahead
+into the page cache meanwhile. An unload closes the engine and keeps its figures, so that
+/metrics' counters never go back.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from pathlib import Path
 from app.catalog import Entry
 from app.catalog.budget import gpu_layers, memory_budget
 from app.config import AUTO_GPU_LAYERS, Settings
-from app.engine.base import Engine, EngineError, EngineStats, resolve
+from app.engine.base import EngineError, EngineStats, resolve
 from app.engine.pool import LOADS_KEPT
 from app.engine.pool.berth import Berth, Loaded
 from app.engine.pool.placement import Placement
@@ -91,7 +92,6 @@ class Loads:
         loader: Loader,
         clock: Callable[[], float],
         free_vram: Callable[[], int | None],
-        memory: Callable[[], int] | None = None,
     ) -> None:
         self.settings = settings
         self.placement = placement
@@ -99,12 +99,10 @@ class Loads:
         self._loader = loader
         self._clock = clock
         self._free_vram = free_vram
-        self._memory = memory or _memory_in_use
         #: The figures of engines closed since start, and the requests failed because
         #: their model could not load (/metrics' counters never go back).
         self.retired = EngineStats()
         self._threads: list[threading.Thread] = []
-        self._group: _Group | None = None
         self._prefetched: Path | None = None
 
     # ------------------------------------------------------------------------- loads
@@ -122,7 +120,7 @@ class Loads:
                 berth.state = ON_DISK
                 self.placement.release(berth.key)
             raise
-        self._loaded(berth, engine, engine.measured_bytes, t)
+        self._loaded(berth, engine, t)
 
     def start(self, berths: list[Berth]) -> None:
         """Start the loads of `berths`, side by side: each in a thread of its own."""
@@ -141,16 +139,10 @@ class Loads:
         if not ready:
             return
         self._prefetched = None  # read ahead again next time one is to load
-        with self._cond:
-            # Loads that overlap in time are measured together: these join any under way.
-            if self._group is None or self._group.finished():
-                self._group = _Group(before=self._memory())
-            group = self._group
-            group.berths += ready
         entries = self._placed([b.entry for b in ready])
         for berth, entry in zip(ready, entries, strict=True):
             thread = threading.Thread(
-                target=self._load, args=(berth, entry, group), name="model-load", daemon=True
+                target=self._load, args=(berth, entry), name="model-load", daemon=True
             )
             self._threads = [t for t in self._threads if t.is_alive()] + [thread]
             thread.start()
@@ -165,7 +157,8 @@ class Loads:
         berth.state, berth.wanted = LOADING, False
         self.placement.reserve(berth.key, berth.need())
 
-    def _load(self, berth: Berth, entry: Entry, group: _Group) -> None:
+    def _load(self, berth: Berth, entry: Entry) -> None:
+        """Load in this thread; the loop plans again once the load has ended."""
         t = time.monotonic()
         try:
             engine = self._loader(self.settings, entry)
@@ -173,51 +166,24 @@ class Loads:
             log.exception("model=%s could not be loaded", berth.id)
             with self._cond:
                 self.fail(berth, f"{type(exc).__name__}: {exc}")
-            self._ended(group, berth, None)
-            return
-        measured = engine.measured_bytes
-        if len(group.berths) > 1:
-            measured = None  # another load's bytes are in this one's own figure
-        self._ended(group, berth, engine, lambda: self._loaded(berth, engine, measured, t))
-
-    def _ended(
-        self,
-        group: _Group,
-        berth: Berth,
-        engine: Loaded | None,
-        loaded: Callable[[], None] | None = None,
-    ) -> None:
-        """One load of a group has ended: once the last has, the group's bytes are
-        measured and shared out (a load alone measured itself), before the model is
-        `loaded` (its lines may go to it then). The loop plans again."""
-        with self._cond:
-            group.done(berth, engine)
-            last = group.finished() and len(group.berths) > 1
-        shares = group.shares(self._memory()) if last else {}
-        for b, size in shares.items():
-            self._measured(b, size)
-        if shares:
-            log.info(
-                "models=%s loaded side by side measured=%s",
-                ",".join(b.id for b in shares),
-                _mib(sum(shares.values())),
-            )
-        if loaded is not None:
-            loaded()
+        else:
+            self._loaded(berth, engine, t)
         with self._cond:
             self._cond.notify_all()
 
-    def _loaded(self, berth: Berth, engine: Loaded, measured: int | None, began: float) -> None:
+    def _loaded(self, berth: Berth, engine: Loaded, began: float) -> None:
         """Note what a load took; its requests may go to it from the next plan on."""
         seconds = engine.load_seconds or time.monotonic() - began
+        measured = engine.measured_bytes
         with self._cond:
             berth.engine, berth.info, berth.state, berth.error = engine, engine.info, LOADED, ""
             berth.loads += 1
             berth.loaded_at = [*berth.loaded_at[1 - LOADS_KEPT :], self._clock()]
             berth.load_seconds = seconds
             berth.last_used = self._clock()
-        if measured:
-            self._measured(berth, measured)
+            if measured:
+                berth.measured_bytes = measured
+                self.placement.measured(berth.key, measured)
         estimate = berth.entry.estimate.total if berth.entry.estimate else None
         log.info(
             "model=%s loaded in %.2fs loads=%d estimate=%s measured=%s",
@@ -227,11 +193,6 @@ class Loads:
             _mib(estimate),
             _mib(measured),
         )
-
-    def _measured(self, berth: Berth, size: int) -> None:
-        with self._cond:
-            berth.measured_bytes = size
-            self.placement.measured(berth.key, size)
 
     def _placed(self, entries: list[Entry]) -> list[Entry]:
         """The entries as they load: --n-gpu-layers auto made a number of layers that the
@@ -296,55 +257,14 @@ class Loads:
                 self.retired.add(stats)
         with self._cond:
             self.placement.release(berth.key)
+        # What the process gave back beside what llama.cpp had reserved: on a CPU, the pages
+        # of a buffer never written were never resident (Gemma 3 270M at 2 slots of 256
+        # cells reserves 769 MiB, 514 of them compute buffer, and gives back 250), so the
+        # two are logged, not compared.
         freed = engine.freed_bytes if engine is not None else None
         log.info(
             "model=%s unloaded freed=%s measured=%s", berth.id, _mib(freed), _mib(berth.need())
         )
-        if freed is not None and berth.measured_bytes and freed < berth.measured_bytes // 2:
-            # The budget counts the model's bytes free again; the process says otherwise.
-            log.warning(
-                "model=%s gave back %s of the %s its load took",
-                berth.id,
-                _mib(freed),
-                _mib(berth.measured_bytes),
-            )
-
-
-class _Group:
-    """Loads under way at once: the process's memory before the first began, and which
-    have ended."""
-
-    def __init__(self, *, before: int) -> None:
-        self.berths: list[Berth] = []
-        self.before = before
-        self._loaded: list[Berth] = []
-        self._ended = 0
-
-    def done(self, berth: Berth, engine: Engine | None) -> None:
-        self._ended += 1
-        if engine is not None:
-            self._loaded.append(berth)
-
-    def finished(self) -> bool:
-        return self._ended == len(self.berths)
-
-    def shares(self, after: int) -> dict[Berth, int]:
-        """The bytes the group's loads took together, shared by each model's estimate."""
-        total = max(0, after - self.before)
-        weights = {
-            b: b.entry.estimate.total if b.entry.estimate else b.need() for b in self._loaded
-        }
-        whole = sum(weights.values())
-        if not total or not whole:
-            return {}
-        return {b: total * w // whole for b, w in weights.items()}
-
-
-def _memory_in_use() -> int:
-    # Imported here: llama_cpp loads its libraries on import (registry.start_pool).
-    from app.engine.llama import native
-
-    return native.memory_in_use()
 
 
 def _mib(n: int | None) -> str:

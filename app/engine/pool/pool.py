@@ -77,7 +77,6 @@ class ModelPool:
         loader: Loader | None = None,
         clock: Callable[[], float] = time.time,
         free_vram: Callable[[], int | None] = free_vram_bytes,
-        memory: Callable[[], int] | None = None,
     ) -> None:
         self.settings = settings
         self.catalog = catalog
@@ -97,7 +96,6 @@ class ModelPool:
             loader=loader or llama_loader,
             clock=clock,
             free_vram=free_vram,
-            memory=memory,
         )
         self._berths: dict[Key, Berth] = {}
         #: The plan's last decision: the models fed now, and those drained.

@@ -1,5 +1,6 @@
 """The model pool on the real llama.cpp engine with two real models, SmolLM2 and Gemma 3
-270M, at one model loaded at a time: requests by name, swaps, a corrupt file.
+270M, mostly at one model loaded at a time: requests by name, swaps, a corrupt file; and
+loads side by side, each measured alone.
 
 The catalog here is fixed entries (tests/catalogs.py); the stores that fill the real
 catalog have tests of their own.
@@ -27,6 +28,7 @@ from tests.catalogs import DictCatalog, entry
 from tests.waiting import until
 
 SMOL, GEMMA, BROKEN = "smollm2:135m", "gemma3:270m", "broken:1b"
+SMOL_LONG = "smollm2:long"
 SETTINGS = dict(parallel=2, ctx_size=256, max_loaded_models=1, model_ttl="0")
 
 
@@ -64,6 +66,8 @@ def make_pool(gemma: Path, broken: Path, **changes: Any) -> tuple[ModelPool, Loa
             entry(SMOL, default_model_path(), settings, "gpt-4o-mini", default=True),
             entry(GEMMA, gemma, settings),
             entry(BROKEN, broken, settings),
+            # SmolLM2 again under another profile: another berth.
+            entry(SMOL_LONG, default_model_path(), Settings(**{**SETTINGS, "ctx_size": 1024})),
         ]
     )
     loads = Loads()
@@ -197,26 +201,27 @@ def test_closing_the_pool_fails_what_still_waits(gemma: Path, broken: Path) -> N
     assert closed.value.code == "engine_closed"
 
 
-def test_with_room_for_both_two_models_load_side_by_side(gemma: Path, broken: Path) -> None:
-    """Gemma and the corrupt file asked for at once, with room for all: both loads begin
-    together; the corrupt one fails alone, and Gemma's bytes are the memory the two took."""
-    p, loads = make_pool(gemma, broken, max_loaded_models=3)
+def test_with_room_for_all_models_load_side_by_side_each_measured_alone(
+    gemma: Path, broken: Path
+) -> None:
+    """Gemma, SmolLM2 at a longer context and the corrupt file asked for at once, with room
+    for all: the loads begin together; the corrupt one fails alone, and each of the others
+    is measured as it is loaded alone (no share of what the others took)."""
+    p, loads = make_pool(gemma, broken, max_loaded_models=4)
     try:
-        good, bad = ask(p, GEMMA), ask(p, BROKEN)
+        good, other, bad = ask(p, GEMMA), ask(p, SMOL_LONG), ask(p, BROKEN)
         assert good.result(60)["model"] == GEMMA
+        assert other.result(60)["model"] == SMOL_LONG
         with pytest.raises(EngineError, match="could not be loaded"):
             bad.result(60)
         began = dict(loads.calls)
-        assert abs(began[GEMMA] - began[BROKEN]) < 0.5  # neither waited for the other
+        assert max(began[m] for m in (GEMMA, SMOL_LONG, BROKEN)) - began[GEMMA] < 0.5
         views = {v.entry.id: v for v in p.views()}
         assert views[SMOL].state == "idle" and views[BROKEN].state == "failed"
-        measured = views[GEMMA].measured_bytes
-        assert measured is not None and measured > 50 << 20
-        # SmolLM2 loaded alone at start: its own figure, or its estimate where the resident
-        # set did not grow across its load (another test's memory freed meanwhile).
-        smol = views[SMOL]
-        estimate = smol.entry.estimate.total if smol.entry.estimate else smol.entry.size_bytes
-        smol_bytes = smol.measured_bytes if smol.measured_bytes is not None else estimate
-        assert p.budget()[0] == measured + smol_bytes
+        for id in (GEMMA, SMOL_LONG):
+            alone = load_engine(p.settings, p.catalog.get(id))  # type: ignore[attr-defined]
+            alone.close()
+            assert views[id].measured_bytes == alone.measured_bytes, id
+        assert p.budget()[0] == sum(views[m].measured_bytes or 0 for m in (SMOL, GEMMA, SMOL_LONG))
     finally:
         p.close()

@@ -183,23 +183,16 @@ class GatedLoads(FakeLoads):
             assert self.gate.wait(10)
         with self.lock:
             self.inside -= 1
-            return super().__call__(settings, e)
-
-
-class Memory:
-    """A stand-in for the process's memory: what the loads so far took, 150 MiB each."""
-
-    def __init__(self, loads: FakeLoads) -> None:
-        self.loads = loads
-
-    def __call__(self) -> int:
-        return 150 * MiB * len(self.loads.engines)
+            engine = super().__call__(settings, e)
+        # What each load took, as a real engine says it (each its own: b 120 MiB, c 180).
+        engine.measured_bytes = {"a": 100, "b": 120, "c": 180}[e.id] * MiB
+        return engine
 
 
 def test_where_the_budget_holds_them_all_models_load_side_by_side() -> None:
     settings, catalog = three(max_loaded_models=3)
     loads = GatedLoads()
-    pool = ModelPool(settings, catalog, budget=1 << 30, loader=loads, memory=Memory(loads))
+    pool = ModelPool(settings, catalog, budget=1 << 30, loader=loads)
     pool.start()
     try:
         answers = [pool.submit(CHAT, body("b"))]
@@ -215,9 +208,10 @@ def test_where_the_budget_holds_them_all_models_load_side_by_side() -> None:
         loads.gate.set()
         assert [f.result(10)["model"] for f in answers] == ["b", "c"]
         assert loads.most == 2
-        # Measured together: the process took 300 MiB across both, each half by estimate.
+        # Each measured alone, as its engine says (not shared out by estimate: 150 each).
         views = {v.entry.id: v for v in pool.views()}
-        assert views["b"].measured_bytes == views["c"].measured_bytes == 150 * MiB
+        assert (views["b"].measured_bytes, views["c"].measured_bytes) == (120 * MiB, 180 * MiB)
+        assert pool.budget() == (400 * MiB, 1 << 30)
         assert views["b"].loads == views["c"].loads == 1
     finally:
         pool.close()
@@ -227,7 +221,7 @@ def test_where_the_budget_is_short_models_load_one_at_a_time() -> None:
     # Room for a and one more: b and c wait for each other's turn.
     settings, catalog = three(max_loaded_models=0)
     loads = GatedLoads()
-    pool = ModelPool(settings, catalog, budget=250 * MiB, loader=loads, memory=Memory(loads))
+    pool = ModelPool(settings, catalog, budget=250 * MiB, loader=loads)
     pool.start()
     try:
         loads.gate.set()
