@@ -4,14 +4,18 @@
   with SmolVLM's and Gemma 3's image tokens) and `mmproj.gguf` (a random-weight projector,
   SmolVLM's `idefics3` or Gemma 3's `gemma3`), written by bench/vision_model.py into
   CACHE/vision-model/<projector>-<hash of the script and source model> the first time (a few
-  seconds), reused after;
-- `vision_model`, `gemma3_vision_model`: the same as session-scoped pytest fixtures (import
-  them into a test module or a conftest.py);
+  seconds), reused after. With `qwen2vl` the text model is the same SmolLM2 as Qwen2-VL's
+  architecture (M-RoPE) with `<|vision_start|>` and `<|vision_end|>`, and the projector
+  Qwen2-VL's;
+- `vision_model`, `gemma3_vision_model`, `qwen2vl_vision_model`: the same as session-scoped
+  pytest fixtures (import them into a test module or a conftest.py);
 - `png(...)`: a small PNG of a given colour, optionally striped, made with Pillow.
 
 With `idefics3` an image costs the model 32 positions (one 128x128 tile and the overview, 16
 embeddings each) and a few framing tokens; with `gemma3`, 16 positions between
-`<start_of_image>` and `<end_of_image>`.
+`<start_of_image>` and `<end_of_image>`; with `qwen2vl`, a 160x96 image is 5x3 = 15 embeddings
+in 5 M-RoPE positions (libmtmd's `mtmd_decode_use_mrope`) between `<|vision_start|>` and
+`<|vision_end|>`.
 """
 
 from __future__ import annotations
@@ -85,6 +89,12 @@ def vision_model() -> Path:
 def gemma3_vision_model() -> Path:
     """The same text model with a Gemma 3 projector."""
     return vision_model_dir("gemma3")
+
+
+@pytest.fixture(scope="session")
+def qwen2vl_vision_model() -> Path:
+    """SmolLM2 as Qwen2-VL's text model (M-RoPE) with a Qwen2-VL projector."""
+    return vision_model_dir("qwen2vl")
 
 
 def png(color: tuple[int, int, int], size: tuple[int, int] = (160, 96), stripes: int = 0) -> bytes:
