@@ -144,7 +144,10 @@ class Sequences:
             self.emit(job, choice, text)
         if slot.stops.stopped:
             self.finish(slot, "stop")
-        elif choice.completion_tokens >= slot.max_tokens or slot.pos >= self.ctx_per_slot:
+        elif (
+            choice.completion_tokens >= slot.max_tokens
+            or slot.pos + slot.shift >= self.ctx_per_slot
+        ):
             self.finish(slot, "length")
         else:
             slot.generate(token)

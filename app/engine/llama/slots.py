@@ -114,7 +114,9 @@ class Slot:
         self.job: Job | None = None
         self.choice: Choice | None = None
         self.pending: list[int] = []  # prompt tokens not yet decoded
-        self.pos = 0  # tokens of this sequence in the KV cache
+        self.pos = 0  # the next position of this sequence (its KV cells, less `shift`)
+        # KV cells beyond `pos`: an M-RoPE image takes fewer positions than rows (rows.py).
+        self.shift = 0
         self.prompt_len = 0
         self.sampler: Any = None
         self.token = -1  # the last sampled token, fed in the next step

@@ -3,7 +3,7 @@
 A started prompt lands in the slot the admission chose (slots.py) and begins from the
 longest prefix some slot's KV holds (a stream copied, the rest dropped); siblings of a
 request with several choices get the leader's prompt KV once it is evaluated. Each step
-decodes the slots' image rows that are ready (vision.py), then one token per generating
+decodes the slots' image rows that are ready (vision.py, rows.py), then one token per generating
 slot and prompt chunks up to the step's budget, in one llama_decode; the sampling is
 sequences.py's.
 """
@@ -21,6 +21,7 @@ from app.engine.counters import Counters
 from app.engine.llama import native, vision
 from app.engine.llama.jobs import Job, Task
 from app.engine.llama.oai import media
+from app.engine.llama.rows import RowBatch
 from app.engine.llama.sequences import Sequences, decode_failed, fill_rows
 from app.engine.llama.shared import SharedPlan
 from app.engine.llama.slots import Scheduler, Slot
@@ -58,7 +59,9 @@ class SlotsContext:
         # Encoded images (vision.py) and the batch their rows decode in.
         self.images = images
         self.projector = projector
-        self.rows = vision.RowBatch(projector.n_embd if projector is not None else 0)
+        self.rows = RowBatch(projector.n_embd if projector is not None else 0)
+        #: An M-RoPE image chunk's first id: its rows beyond the positions it takes.
+        self.row_shift: dict[int, int] = {}
 
     @property
     def busy(self) -> bool:
@@ -72,7 +75,8 @@ class SlotsContext:
         for slot, index in zip(group, task.choice_indices, strict=True):
             self.sequences.take(slot, task, index, None if slot is leader else leader)
         reused = self.reuse_prefix(leader, prompt)
-        leader.pos = reused
+        leader.pos = self.position(prompt, reused)
+        leader.shift = reused - leader.pos
         leader.pending = prompt[reused:]
         job.cached_tokens += reused
         self.counters.tokens(prompt=len(prompt))
@@ -91,9 +95,17 @@ class SlotsContext:
             slot.cached = list(source.cached)
             self.copy_pending.add(slot.seq_id)
         if len(slot.cached) > keep:
-            lc.llama_memory_seq_rm(self.mem, slot.seq_id, keep, -1)
+            lc.llama_memory_seq_rm(self.mem, slot.seq_id, self.position(slot.cached, keep), -1)
             del slot.cached[keep:]
         return keep
+
+    def position(self, tokens: list[int], k: int) -> int:
+        """The position after the first `k` of a sequence's `tokens` (k at a chunk's edge):
+        k, less the rows of M-RoPE images beyond the positions they take (rows.py)."""
+        if not self.row_shift:
+            return k
+        shift = self.row_shift
+        return k - sum(shift.get(t, 0) for t in tokens[:k] if t < 0)
 
     def step(self) -> bool:
         """One llama_decode over every slot that has work, then sample. Slots whose next
@@ -137,7 +149,7 @@ class SlotsContext:
             rows += entry.n_tokens
         if not taken:
             return 0
-        parts = [(e.rows, s.pos, s.seq_id) for s, e in taken if e.rows is not None]
+        parts = [(e.rows, s.pos, s.seq_id, e.layout) for s, e in taken if e.rows is not None]
         rc = self.rows.decode(self.ctx, parts, causal)
         self.images.release([e.key for _, e in taken])
         self.copy_pending.clear()  # the decode ran the stream copies llama.cpp queued
@@ -147,9 +159,13 @@ class SlotsContext:
                 self.fail(slot.job, decode_failed(rc))
                 continue
             n = entry.n_tokens
+            n_pos = entry.layout.n_pos if entry.layout is not None else n
+            if n_pos != n:
+                self.row_shift[slot.pending[0]] = n - n_pos
             slot.cached.extend(slot.pending[:n])
             slot.pending = slot.pending[n:]
-            slot.pos += n
+            slot.pos += n_pos
+            slot.shift += n - n_pos
         if rc != 0:
             log.error("llama_decode returned %d on image rows; failing their requests", rc)
         return rows
@@ -185,7 +201,7 @@ class SlotsContext:
                 lc.llama_memory_seq_cp(self.mem, slot.seq_id, follower.seq_id, -1, -1)
                 follower.cached = list(slot.cached)
                 self.copy_pending.add(follower.seq_id)
-                follower.pos = slot.pos
+                follower.pos, follower.shift = slot.pos, slot.shift
                 follower.i_batch = slot.i_batch
             slot.followers = []
         self.sequences.sample_rows(self.slots)

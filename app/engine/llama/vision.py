@@ -2,9 +2,8 @@
 
 `Projector` loads the projector GGUF beside the text model (mtmd_init_from_file), cuts a
 rendered chat prompt with image markers into text and image chunks (mtmd_tokenize) and
-encodes an image chunk into embedding rows (mtmd_encode_chunk). `RowBatch` decodes the rows
-of several slots' images into their sequences in one llama_decode (a batch holds tokens or
-embedding rows, not both, so images and text take separate decodes).
+encodes an image chunk into embedding rows (mtmd_encode_chunk); rows.py decodes them, and
+places them where an M-RoPE model (Qwen2-VL) wants them.
 
 `ImageStore` holds each distinct image's embeddings once per load, keyed by the hash of the
 image's bytes (oai/media.py gives the ids it takes in a prompt), and encodes images in a
@@ -37,6 +36,7 @@ from app.catalog.estimate import IMAGE_CACHE_BYTES
 from app.engine.base import EngineError
 from app.engine.llama import buffers
 from app.engine.llama.oai import media
+from app.engine.llama.rows import Layout
 
 log = logging.getLogger("batchyard.engine")
 
@@ -57,6 +57,7 @@ class ImageChunk:
     first: int  # its first id in the prompt's token list
     n_tokens: int
     full: Any  # the chunk with its pixels (mtmd_input_chunk_copy): what encoding needs
+    layout: Layout | None = None  # where its rows go (M-RoPE projectors only)
 
     def free(self) -> None:
         if self.full:
@@ -84,14 +85,8 @@ class Projector:
         if not mtmd.mtmd_support_vision(ctx):
             self.free()
             raise RuntimeError(f"the projector {path} has no vision encoder")
-        if mtmd.mtmd_decode_use_mrope(ctx):
-            # M-RoPE models (Qwen2-VL and later) give an image fewer positions than rows;
-            # the slots count positions as tokens, so they are not taken yet.
-            self.free()
-            raise RuntimeError(
-                f"the projector {path} places images with M-RoPE positions, which the "
-                "embedded engine does not support yet"
-            )
+        #: Rows placed on a grid of M-RoPE positions (Qwen2-VL and later; rows.py).
+        self.mrope = bool(mtmd.mtmd_decode_use_mrope(ctx))
         self.marker = mtmd.mtmd_default_marker().decode()
         self.n_embd = lc.llama_model_n_embd_inp(model)
         #: Image rows attend to each other both ways (Gemma 3): each image decodes alone,
@@ -222,6 +217,7 @@ class Projector:
                     first=ids[0],
                     n_tokens=n_tokens,
                     full=mtmd.mtmd_input_chunk_copy(chunk),
+                    layout=Layout.of(chunk) if self.mrope else None,
                 )
             )
             tokens.extend(ids)
@@ -242,49 +238,6 @@ class Projector:
             )
 
 
-class RowBatch:
-    """A llama_batch of embedding rows, for the images of several sequences at once."""
-
-    def __init__(self, n_embd: int) -> None:
-        self.n_embd = n_embd
-        self.size = 0
-        self.batch: Any = None
-
-    def decode(self, lctx: Any, parts: list[tuple[np.ndarray, int, int]], causal: bool) -> int:
-        """Decode each (rows, first position, sequence) of `parts` in one llama_decode;
-        returns llama.cpp's code (0: done)."""
-        n_rows = sum(rows.size // self.n_embd for rows, _, _ in parts)
-        if n_rows > self.size:
-            self.free()
-            self.batch = lc.llama_batch_init(n_rows, self.n_embd, 1)
-            self.size = n_rows
-        batch = self.batch
-        embd = np.ctypeslib.as_array(batch.embd, shape=(self.size * self.n_embd,))
-        n = 0
-        for rows, pos, seq_id in parts:
-            k = rows.size // self.n_embd
-            embd[n * self.n_embd : (n + k) * self.n_embd] = rows
-            for i in range(k):
-                batch.pos[n + i] = pos + i
-                batch.n_seq_id[n + i] = 1
-                batch.seq_id[n + i][0] = seq_id
-                batch.logits[n + i] = False
-            n += k
-        batch.n_tokens = n
-        if not causal:
-            lc.llama_set_causal_attn(lctx, False)
-        try:
-            return int(lc.llama_decode(lctx, batch))
-        finally:
-            if not causal:
-                lc.llama_set_causal_attn(lctx, True)
-
-    def free(self) -> None:
-        if self.batch is not None:
-            lc.llama_batch_free(self.batch)
-            self.batch, self.size = None, 0
-
-
 @dataclass(eq=False)
 class Encoded:
     """One image chunk in the store: its rows once encoded, or why it could not be."""
@@ -292,6 +245,7 @@ class Encoded:
     key: str
     n_tokens: int
     full: Any = None  # the chunk with its pixels, until encoded
+    layout: Layout | None = None  # where its rows go (M-RoPE projectors only)
     rows: np.ndarray | None = None
     error: EngineError | None = None
     pins: int = 0  # requests that still need it
@@ -351,7 +305,7 @@ class ImageStore:
                 if entry is None or entry.error is not None and not entry.pins:
                     if entry is not None:
                         self._forget(entry)
-                    entry = Encoded(part.key, part.n_tokens, part.full)
+                    entry = Encoded(part.key, part.n_tokens, part.full, part.layout)
                     part.full = None
                     self._entries[part.key] = entry
                 else:
