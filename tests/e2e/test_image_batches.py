@@ -31,7 +31,7 @@ from PIL import Image
 from tests.factories import jsonl, jsonl_lines
 from tests.http_helpers import wait_for_status
 from tests.live import OUTPUT, LiveServer, start_server, stop_server
-from tests.vision import MMPROJ_FILE, MODEL_FILE, png, vision_model  # noqa: F401
+from tests.vision import MMPROJ_FILE, MODEL_FILE, png, qwen2vl_vision_model, vision_model  # noqa: F401
 from tests.waiting import until
 
 pytestmark = pytest.mark.slow
@@ -293,3 +293,45 @@ def test_a_node_killed_mid_batch_of_images_loses_and_repeats_nothing(
         stop_server(server)
         if again is not None:
             stop_server(again)
+
+
+def test_a_qwen2vl_model_answers_image_lines_where_its_positions_say(
+    tmp_path: Path,
+    qwen2vl_vision_model: Path,  # noqa: F811
+) -> None:
+    """An M-RoPE model (the qwen2vl test pair, as `qwen-vision`) through the SDK: its image
+    lines complete and see their images, a repeated image's cells are reused, and usage
+    counts an image's rows (12 for these 96x64 images), not the fewer positions they take."""
+    root = tmp_path / "models"
+    (root / "qwen-vision").mkdir(parents=True)
+    for name in (MODEL_FILE, MMPROJ_FILE):
+        (root / "qwen-vision" / name).symlink_to(qwen2vl_vision_model / name)
+    server = serve(tmp_path / "data", root, "image-qwen2vl.log")
+    try:
+        sdk = openai.OpenAI(base_url=server.api, api_key="unused", max_retries=0)
+        cards = {m.id: m for m in sdk.models.list().data}
+        assert (cards["qwen-vision"].model_extra or {})["input_modalities"] == ["text", "image"]
+        red = {"url": data_url(encoded((220, 30, 30), "PNG"), "image/png")}
+        blue = {"url": data_url(encoded((30, 30, 220), "JPEG"), "image/jpeg")}
+        lines = [
+            line("red", red, model="qwen-vision"),
+            line("blue", blue, model="qwen-vision"),
+            line("red-again", red, model="qwen-vision"),
+            line("text", None, model="qwen-vision"),
+        ]
+        done = run_batch(sdk, lines)
+        assert done.status == "completed" and done.request_counts is not None, done
+        assert (done.request_counts.completed, done.request_counts.failed) == (4, 0)
+        out = by_id(sdk, done.output_file_id)
+        assert first_token(out["red"]) != first_token(out["blue"])
+        assert first_token(out["red"]) == first_token(out["red-again"])
+        usage = {cid: out[cid]["body"]["usage"] for cid in out}
+        text_tokens = usage["text"]["prompt_tokens"]
+        # The image's rows and its two framing tokens, <|vision_start|> and <|vision_end|>.
+        assert usage["red"]["prompt_tokens"] == text_tokens + 12 + 2
+        cached = [
+            usage[cid]["prompt_tokens_details"]["cached_tokens"] for cid in ("red", "red-again")
+        ]
+        assert max(cached) > 12, cached
+    finally:
+        stop_server(server)
