@@ -27,7 +27,9 @@ def binary() -> Path:
     exe = dist / "batchyard"
     assert exe.is_file() and os.access(exe, os.X_OK)
     assert sorted(p.name for p in dist.iterdir()) == ["batchyard"]  # one file, nothing beside it
-    print(f"\nbuilt {exe} in {done.seconds:.0f}s: {exe.stat().st_size / 1e6:.1f} MB")
+    print(
+        f"\nbuilt {exe} {done.seconds:.0f}s after it was queued: {exe.stat().st_size / 1e6:.1f} MB"
+    )
     return exe
 
 
