@@ -80,9 +80,10 @@ class RowBatch:
             self.size = n_rows
         batch = self.batch
         embd = np.ctypeslib.as_array(batch.embd, shape=(self.size * self.n_embd,))
-        grid = np.ctypeslib.as_array(self._grid)[: n_rows * MROPE_SECTIONS]
-        grid = grid.reshape(MROPE_SECTIONS, n_rows)
         mrope = parts[0][3] is not None
+        if mrope:
+            grid = np.ctypeslib.as_array(self._grid)[: n_rows * MROPE_SECTIONS]
+            grid = grid.reshape(MROPE_SECTIONS, n_rows)
         n = 0
         for rows, pos, seq_id, layout in parts:
             k = rows.size // self.n_embd
@@ -90,7 +91,8 @@ class RowBatch:
             if layout is not None:
                 grid[:, n : n + k] = layout.at(pos)
             for i in range(k):
-                batch.pos[n + i] = pos + i
+                if layout is None:
+                    batch.pos[n + i] = pos + i
                 batch.n_seq_id[n + i] = 1
                 batch.seq_id[n + i][0] = seq_id
                 batch.logits[n + i] = False
