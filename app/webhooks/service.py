@@ -230,7 +230,9 @@ class WebhookService:
                 row.next_attempt_at = None
             else:
                 retry_at = t + self.retry_delay(row.attempts)
-                if retry_at > row.created_at + self.settings.webhook_retry_window_seconds:
+                # The event's time is kept in whole seconds: the window is counted in them.
+                window_end = row.created_at + self.settings.webhook_retry_window_seconds
+                if int(retry_at) > window_end:
                     row.status = DeliveryStatus.FAILED
                     row.next_attempt_at = None
                 else:
