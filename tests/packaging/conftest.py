@@ -20,6 +20,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     names = {item.path.name for item in items}
     if "test_binary.py" in names:
         early.start("binary")
+    if "test_engine_build_in_throwaway_venv.py" in names:
+        early.start("engine-venv")
     if "test_wheel.py" in names:
         early.start("pip")
         early.start("pipx")

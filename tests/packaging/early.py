@@ -1,6 +1,7 @@
 """The packaging tests' slow installs, started in the background as the session starts: the
-one-file build (packaging/build.sh, about two minutes), `pip install` of the wheel into a
-fresh venv and `pipx install .` (about half a minute each). The rest of the suite leaves one
+one-file build (packaging/build.sh, about two minutes), a throwaway venv with the engine's
+few dependencies (`batchyard engine build`'s test, about 20 seconds), `pip install` of the
+wheel into a fresh venv and `pipx install .` (about half a minute each). The rest of the suite leaves one
 of the machine's two cores idle (it averages about one core: pytest's process and the servers
 it waits on), so these run beside it, one after another, in the idle scheduling class
 (SCHED_IDLE): they take only the CPU that nothing else wants. A niced job still outran the
@@ -61,6 +62,23 @@ def _wheelhouse() -> str:
     return f"WH=$(bash packaging/llama_wheel.sh {shlex.quote(sys.executable)})"
 
 
+#: What `batchyard engine ...` imports besides llama_cpp (no server parts): the engine names
+#: a model's quantization through the catalog, which reads headers with `gguf`.
+ENGINE_DEPS = ["numpy", "typing-extensions", "diskcache", "jinja2", "platformdirs", "gguf"]
+
+
+def _engine_venv(root: Path) -> tuple[str, dict[str, str]]:
+    """A throwaway venv holding the wheelhouse's llama-cpp-python and ENGINE_DEPS only, for
+    `batchyard engine build` to replace its engine in."""
+    py, r = shlex.quote(sys.executable), shlex.quote(str(root))
+    return (
+        f"set -e; {_wheelhouse()}; {py} -m venv {r}/venv; "
+        f"{r}/venv/bin/python -m pip install -q --no-deps $WH/llama_cpp_python-*.whl; "
+        f"{r}/venv/bin/python -m pip install -q {' '.join(ENGINE_DEPS)}",
+        {},
+    )
+
+
 def _pip(root: Path) -> tuple[str, dict[str, str]]:
     """The package's wheel, then a fresh venv with it installed (llama-cpp-python from the
     wheelhouse, not compiled again)."""
@@ -92,7 +110,7 @@ def _pipx(root: Path) -> tuple[str, dict[str, str]]:
     )
 
 
-RECIPES = {"binary": _binary, "pip": _pip, "pipx": _pipx}
+RECIPES = {"binary": _binary, "engine-venv": _engine_venv, "pip": _pip, "pipx": _pipx}
 
 _jobs: dict[str, Job] = {}
 _order: list[str] = []

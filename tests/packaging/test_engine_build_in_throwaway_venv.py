@@ -1,12 +1,11 @@
-"""`batchyard engine build --cpu` in a throwaway venv, with the wheelhouse's prebuilt wheel
-standing in for the compile: it installs, passes the CPU check, and `engine status` says so;
+"""`batchyard engine build --cpu` in a throwaway venv (early.py's `engine-venv`, made while
+the suite runs), with the wheelhouse's prebuilt wheel standing in for the compile: it installs, passes the CPU check, and `engine status` says so;
 a broken build fails the check and the previous build is put back, byte for byte."""
 
 from __future__ import annotations
 
 import shutil
 import subprocess
-import sys
 import zipfile
 from pathlib import Path
 
@@ -14,13 +13,10 @@ import pytest
 
 from app.config import default_model_path
 from tests.live import ROOT, checkout_env
+from tests.packaging import early
 from tests.packaging.helpers import assert_llama_cpp_from
 
 pytestmark = pytest.mark.slow
-
-#: What `batchyard engine ...` imports besides llama_cpp (no server parts): the engine names
-#: a model's quantization through the catalog, which reads headers with `gguf`.
-ENGINE_DEPS = ["numpy", "typing-extensions", "diskcache", "jinja2", "platformdirs", "gguf"]
 
 
 def engine(python: Path, cache: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
@@ -48,13 +44,11 @@ def broken_copy(wheel: Path, dest: Path) -> Path:
 
 
 def test_engine_build_installs_checks_and_falls_back(wheelhouse: Path, tmp_path: Path) -> None:
-    venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    made = early.finish("engine-venv", timeout=900)
+    assert made.code == 0, made.output
+    venv = made.root / "venv"
     python = venv / "bin/python"
     (wheel,) = wheelhouse.glob("llama_cpp_python-*.whl")
-    pip = [str(python), "-m", "pip", "install", "-q"]
-    subprocess.run([*pip, "--no-deps", str(wheel)], check=True, timeout=300)
-    subprocess.run([*pip, *ENGINE_DEPS], check=True, timeout=600)
     cache = tmp_path / "cache"
 
     # The wheelhouse stands in for the compile (BATCHYARD_ENGINE_WHEELHOUSE).
