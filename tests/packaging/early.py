@@ -1,14 +1,14 @@
 """The packaging tests' slow installs, started in the background as the session starts: the
 one-file build (packaging/build.sh, about two minutes), a throwaway venv with the engine's
 few dependencies (`batchyard engine build`'s test, about 20 seconds), `pip install` of the
-wheel into a fresh venv and `pipx install .` (about half a minute each). The rest of the suite leaves one
-of the machine's two cores idle (it averages about one core: pytest's process and the servers
-it waits on), so these run beside it, one after another, in the idle scheduling class
-(SCHED_IDLE): they take only the CPU that nothing else wants. A niced job still outran the
-test servers' engines, which run in that class themselves (engine_priority's CPU default), and
-three at once made the first browser tests 2-3 times slower. Each test waits for its job
-(`finish`), and queues it there if nothing did. Each job works from its own clean copy of the
-checkout.
+wheel into a fresh venv and `pipx install .` (about half a minute each). The rest of the
+suite leaves one of the machine's two cores idle (it averages about one core: pytest's
+process and the servers it waits on), so these run beside it, one after another, in the idle
+scheduling class (SCHED_IDLE): they take only the CPU that nothing else wants. A niced job
+still outran the test servers' engines, which run in that class themselves
+(engine_priority's CPU default), and three at once made the first browser tests 2-3 times
+slower. Each test waits for its job (`finish`), and queues it there if nothing did. Each job
+works from its own clean copy of the checkout.
 """
 
 from __future__ import annotations

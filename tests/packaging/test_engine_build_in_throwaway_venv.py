@@ -1,6 +1,7 @@
 """`batchyard engine build --cpu` in a throwaway venv (early.py's `engine-venv`, made while
-the suite runs), with the wheelhouse's prebuilt wheel standing in for the compile: it installs, passes the CPU check, and `engine status` says so;
-a broken build fails the check and the previous build is put back, byte for byte."""
+the suite runs), with the wheelhouse's prebuilt wheel standing in for the compile: it
+installs, passes the CPU check, and `engine status` says so; a broken build fails the check
+and the previous build is put back, byte for byte."""
 
 from __future__ import annotations
 
