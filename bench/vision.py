@@ -119,8 +119,11 @@ def pair(projector: str, shape: str) -> Path:
     return folder
 
 
-def run_batchyard(folder: Path, bodies: list[dict[str, Any]], args: argparse.Namespace) -> Result:
-    """(a): `batchyard serve` with the pair in its --models-dir, end to end through the SDK."""
+def run_batchyard(
+    folder: Path, bodies: list[dict[str, Any]], args: argparse.Namespace, root: Path = ROOT
+) -> Result:
+    """(a): `batchyard serve` with the pair in its --models-dir, end to end through the SDK;
+    `root`: the checkout it runs from (--old: another commit's)."""
     from openai import OpenAI
 
     port = free_port()
@@ -134,10 +137,10 @@ def run_batchyard(folder: Path, bodies: list[dict[str, Any]], args: argparse.Nam
                "--no-discover", "--default-model", MODEL, "--parallel", str(args.parallel),
                "--ctx-size", str(CTX), "--threads", str(args.threads),
                "--engine-priority", "normal"]  # fmt: skip
-        path = os.pathsep.join(x for x in (str(ROOT), os.environ.get("PYTHONPATH", "")) if x)
+        path = os.pathsep.join(x for x in (str(root), os.environ.get("PYTHONPATH", "")) if x)
         with open(Path(tmp) / "serve.log", "wb") as logf:
             server = subprocess.Popen(
-                cmd, cwd=ROOT, env={**os.environ, "PYTHONPATH": path}, stdout=logf, stderr=logf
+                cmd, cwd=root, env={**os.environ, "PYTHONPATH": path}, stdout=logf, stderr=logf
             )
         try:
             base = f"http://127.0.0.1:{port}/v1"
@@ -236,6 +239,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                         help="the projector's size: the tests' (small) or SmolVLM-256M's")  # fmt: skip
     parser.add_argument("--server-bin", default="", help="llama-server's dir (default: build)")
     parser.add_argument("--no-server", action="store_true", help="batchyard alone")
+    parser.add_argument(
+        "--old",
+        default="",
+        help="also batchyard from this checkout (e.g. the commit before a change)",
+    )
     args = parser.parse_args(argv)
     args.threads = args.threads or os.cpu_count() or 1
     return args
@@ -276,6 +284,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f" round {rnd + 1}", flush=True)
             ours = run_batchyard(folder, bodies, args)
             show("batchyard", ours, args.lines)
+            if args.old:
+                old = run_batchyard(folder, bodies, args, Path(args.old).resolve())
+                show(f"batchyard {Path(args.old).name}", old, args.lines)
+                ratios.setdefault("old", []).append(old.seconds / ours.seconds)
             if binary_dir is None:
                 continue
             theirs = run_llama_server(binary_dir, folder, bodies, args.parallel, args)
@@ -290,6 +302,11 @@ def main(argv: list[str] | None = None) -> int:
                 f"-np {args.parallel} ({args.parallel} in flight), "
                 f"{statistics.median(ratios['all']):.2f}x fed all at once "
                 f"(median of {args.rounds} round(s))",
+                flush=True,
+            )
+        if args.old:
+            print(
+                f" {workload}: {statistics.median(ratios['old']):.2f}x the --old checkout",
                 flush=True,
             )
     return 0
