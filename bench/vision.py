@@ -34,6 +34,7 @@ import io
 import json
 import os
 import random
+import shutil
 import statistics
 import subprocess
 import sys
@@ -136,7 +137,7 @@ def run_batchyard(
                "--data-dir", str(Path(tmp) / "data"), "--models-dir", str(models.parent),
                "--no-discover", "--default-model", MODEL, "--parallel", str(args.parallel),
                "--ctx-size", str(CTX), "--threads", str(args.threads),
-               "--engine-priority", "normal"]  # fmt: skip
+               "--engine-priority", "normal", *args.batchyard_arg]  # fmt: skip
         path = os.pathsep.join(x for x in (str(root), os.environ.get("PYTHONPATH", "")) if x)
         with open(Path(tmp) / "serve.log", "wb") as logf:
             server = subprocess.Popen(
@@ -186,6 +187,10 @@ def run_batchyard(
         finally:
             server.terminate()
             server.wait(timeout=30)
+            if args.log_dir:  # kept for a look at where the time went
+                Path(args.log_dir).mkdir(parents=True, exist_ok=True)
+                name = f"batchyard-{root.name}-{time.strftime('%H%M%S')}.log"
+                shutil.copyfile(Path(tmp) / "serve.log", Path(args.log_dir) / name)
 
 
 def run_llama_server(
@@ -239,6 +244,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                         help="the projector's size: the tests' (small) or SmolVLM-256M's")  # fmt: skip
     parser.add_argument("--server-bin", default="", help="llama-server's dir (default: build)")
     parser.add_argument("--no-server", action="store_true", help="batchyard alone")
+    parser.add_argument("--log-dir", default="", help="keep batchyard's logs here")
+    parser.add_argument("--batchyard-arg", action="append", default=[],
+                        help="one more argument for batchyard serve (repeatable)")  # fmt: skip
     parser.add_argument(
         "--old",
         default="",
