@@ -68,6 +68,11 @@ NOTICE_INTERVAL = 1.0
 #: Seconds between two looks for batches to validate, cancel, expire or finalize when
 #: nothing on this node asked for one: a step that only records results skips them.
 POLL_INTERVAL = 0.25
+#: Seconds one step may spend validating batches one after another. Batches created together
+#: then start together, and the model pool hears of all their lines at once: told of the
+#: first alone, it would swap the loaded model out for that one's model, and the next
+#: batch's model might be the one it had (bench/models.py: 4 loads where 3 do).
+VALIDATE_BUDGET = 0.2
 #: Seconds a step woken by a result waits for more (bench/fleet.py: steps of one or two
 #: results each cost more runner time than the lines they recorded).
 RESULT_GATHER_S = 0.01
@@ -302,10 +307,18 @@ class Runner:
     # -- validation, cancel, expiry (lifecycle.py) --------------------------------------
 
     def _validate_next(self) -> None:
-        if lifecycle.validate_next(self.settings, self.db, self.storage, self._ended, self.models):
+        """Validate the batches waiting, oldest first, for VALIDATE_BUDGET seconds at most."""
+        start, changed = time.monotonic(), False
+        while lifecycle.validate_next(
+            self.settings, self.db, self.storage, self._ended, self.models
+        ):
+            changed = True
+            if time.monotonic() - start >= VALIDATE_BUDGET:
+                self.wake()  # there may be more: the next step goes on at once
+                break
+        if changed:
             self._bump()
-            self._poked = True  # there may be more waiting: the next step looks again
-            # Its lines wait now: the model pool hears of them this step, not a second on
+            # Their lines wait now: the model pool hears of them this step, not a second on
             # (a model with room for it loads at once).
             self._last_demand = float("-inf")
 

@@ -72,6 +72,7 @@ def test_lines_wait_for_their_model_and_the_pool_switches_when_a_queue_empties(
     read: list[Path] = []
     monkeypatch.setattr(loading, "read_ahead", read.append)
     a = make_batch(svc, hanging_lines("a", 4, "a"))
+    svc.runner.step()  # a runs before the others come (batches validated together share)
     unknown = make_batch(svc, hanging_lines("u", 2, "gpt-4o-mini"))  # a name nothing knows: a's
     b = make_batch(svc, hanging_lines("b", 4, "b-alias"))
     for _ in range(4):
