@@ -5,13 +5,14 @@ a model as `app/engine/llama/native.py` does (one KV stream per sequence, n_ubat
 
 - weights: every tensor's bytes, as the header lists them (all parts of a split model);
 - KV cache: n_layer x n_head_kv x (key_length + value_length) x bytes per element of the
-  cache type x ctx_size x parallel. llama.cpp's `llama_kv_cache: size = ...` line. Models
+  cache type x ctx_size x sequences (parallel, plus one for online requests where
+  parallel > 1). llama.cpp's `llama_kv_cache: size = ...` line. Models
   with sliding-window layers (Gemma 3) get the full-size cache for those layers too when
   each sequence has its own stream, so the same formula holds for them;
 - compute: the scheduler's compute buffer plus the output buffer. On a CPU the compute
   buffer is dominated by one micro-batch's logits and feed-forward activations, in f32:
   n_ubatch x (n_vocab + n_ff) x 4; the output buffer holds one row of logits per
-  sequence: parallel x n_vocab x 4;
+  sequence: sequences x n_vocab x 4;
 - the shared-prefix context, where the profile has one (engine/llama/shared.py; 8 or more
   sequences): its f16 KV cells (4 x ctx_size by default), a second compute buffer, and an
   output buffer of at most 256 rows (llama.cpp's most sequences); and in host memory, the
@@ -66,6 +67,9 @@ N_UBATCH = 512
 #: Sequences when a profile's parallel is 0, as the engine picks on a CPU
 #: (native.default_parallel); a GPU build picks more, and the pool estimates again then.
 DEFAULT_PARALLEL = 32
+#: Sequences the main context holds besides the slots, for online requests: native.py's
+#: ONLINE_SEQUENCES (a test keeps the two equal).
+ONLINE_SEQUENCES = 1
 #: The shared-prefix context's K/V type and sequences: native.py's SHARED_KV and
 #: LLAMA_MAX_SEQ (a test keeps them equal).
 SHARED_KV = "f16"
@@ -90,7 +94,15 @@ DEFAULT_PATCHES = 1024
 
 
 def sequences(profile: LoadProfile) -> int:
+    """The slots batch lines take (--parallel)."""
     return profile.parallel if profile.parallel > 0 else DEFAULT_PARALLEL
+
+
+def context_sequences(profile: LoadProfile) -> int:
+    """The main context's sequences: the slots, and ONLINE_SEQUENCES more where there are
+    several (native.context_sequences)."""
+    n = sequences(profile)
+    return n + ONLINE_SEQUENCES if n > 1 else n
 
 
 def shared_cells(profile: LoadProfile) -> int:
@@ -100,7 +112,7 @@ def shared_cells(profile: LoadProfile) -> int:
 
 def kv_cache_bytes(facts: HeaderFacts, profile: LoadProfile) -> int:
     per_token = facts.n_layer * facts.n_head_kv * (facts.key_length + facts.value_length)
-    cells = profile.ctx_size * sequences(profile)
+    cells = profile.ctx_size * context_sequences(profile)
     main = per_token * KV_BYTES_PER_ELEMENT[profile.kv_cache_type] * cells
     stream = shared_cells(profile)
     parked = PARKED_BLOCKS * min(profile.ctx_size, stream)
@@ -111,7 +123,7 @@ def kv_cache_bytes(facts: HeaderFacts, profile: LoadProfile) -> int:
 def compute_bytes(facts: HeaderFacts, profile: LoadProfile) -> int:
     n_ff = facts.n_ff or 4 * facts.n_embd  # the usual width when a header does not say
     scratch = N_UBATCH * (facts.n_vocab + n_ff) * _F32
-    output = sequences(profile) * facts.n_vocab * _F32
+    output = context_sequences(profile) * facts.n_vocab * _F32
     if shared_cells(profile):
         # The shared-prefix context has its own compute buffer, and a row of logits for
         # each of its sequences (at most llama.cpp's most).

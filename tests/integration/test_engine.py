@@ -253,17 +253,21 @@ def test_online_overtakes_queued_batch_lines(engine: LlamaEngine) -> None:
     assert done.index("online") < min(done.index(f"batch{i}") for i in range(SLOTS * 2))
 
 
-def test_a_slot_stays_free_for_online_requests(engine: LlamaEngine) -> None:
+def test_a_sequence_stays_free_for_online_requests_beside_the_slots(
+    engine: LlamaEngine,
+) -> None:
     long = chat("Tell a long story.", max_tokens=300, logit_bias=NO_EOG)
-    lines = [engine.submit(CHAT, long, priority=Priority.BATCH) for _ in range(SLOTS)]
-    busy = f"{SLOTS - 1} busy slots"
-    until(lambda: engine.stats().active_slots, 30, busy, accept=lambda n: n >= SLOTS - 1, poll=0.01)
+    lines = [engine.submit(CHAT, long, priority=Priority.BATCH) for _ in range(SLOTS + 1)]
+    busy = f"{SLOTS} busy slots"
+    until(lambda: engine.stats().active_slots, 30, busy, accept=lambda n: n >= SLOTS, poll=0.01)
     time.sleep(0.2)
-    # Batch lines fill all but one slot; the last line waits in the queue.
-    assert engine.stats().active_slots == SLOTS - 1 and engine.stats().queue_depth == 1
+    # Batch lines fill every slot (--parallel), not the online sequence past them; the last
+    # line waits in the queue.
+    assert len(engine._slots) == SLOTS + 1
+    assert engine.stats().active_slots == SLOTS and engine.stats().queue_depth == 1
     # ...the lowest ones, so their sequence ids are consecutive: llama.cpp makes one forward
     # pass per run of consecutive ids in a multi-stream batch.
-    assert [s.seq_id for s in engine._slots if s.busy] == list(range(SLOTS - 1))
+    assert [s.seq_id for s in engine._slots if s.busy] == list(range(SLOTS))
     online = engine.submit(CHAT, chat("Hi!", max_tokens=4))
     assert content(online.result(timeout=60))
     assert not any(f.done() for f in lines)  # it ran beside them, not after them
@@ -276,9 +280,11 @@ def test_a_slot_stays_free_for_online_requests(engine: LlamaEngine) -> None:
 
 def test_cancel_queued_and_running_requests(engine: LlamaEngine) -> None:
     long = chat("Tell a long story.", max_tokens=300, logit_bias=NO_EOG)
-    running = [engine.submit(CHAT, long) for _ in range(SLOTS)]
+    running = [engine.submit(CHAT, long) for _ in range(SLOTS + 1)]  # the online one too
     queued = engine.submit(CHAT, long)
-    until(lambda: engine.stats().active_slots, 30, "every slot busy", accept=lambda n: n >= SLOTS)
+    until(
+        lambda: engine.stats().active_slots, 30, "every sequence busy", accept=lambda n: n > SLOTS
+    )
     assert engine.stats().queue_depth >= 1
     engine.cancel(queued)
     with pytest.raises(RequestCancelled):

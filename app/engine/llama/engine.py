@@ -159,7 +159,7 @@ class LlamaEngine:
                 fail=self._fail_job,
             )
         self._scheduler: Scheduler[SharedPlan] = Scheduler(
-            self.n_slots,
+            model.n_seqs,  # batch lines take all but the online one (Scheduler.batch_room)
             prefix_cache=settings.prefix_cache,
             embed_tokens=self._embedder.batch_tokens,
             embed_seqs=EMBED_SEQS,

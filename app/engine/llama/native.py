@@ -71,6 +71,19 @@ def default_parallel(n_gpu_layers: int) -> int:
     return 32
 
 
+#: Sequences the context holds besides the --parallel slots, for the synchronous endpoints:
+#: an online request never waits for a batch line to finish, and batch lines still decode
+#: as many at once as --parallel says (llama-server -np N's N; bench/models.py). Costs one
+#: slot's KV more (the catalog's estimate counts it: catalog/estimate.py's).
+ONLINE_SEQUENCES = 1
+
+
+def context_sequences(n_slots: int) -> int:
+    """The sequences of a context with `n_slots` slots: one more for online requests, except
+    for a single slot, which every request shares."""
+    return n_slots + ONLINE_SEQUENCES if n_slots > 1 else n_slots
+
+
 @functools.cache
 def _ggml() -> Any:
     """ggml's library, for its device registry (ctypes: llama-cpp-python does not bind it)."""
@@ -266,7 +279,8 @@ class LoadedModel:
     mem: Any
     batch: Any  # the llama_batch the loop fills, n_batch rows
     vocab: Vocab
-    n_slots: int
+    n_slots: int  # the slots batch lines take (--parallel)
+    n_seqs: int  # the context's sequences: the slots and the online one (context_sequences)
     n_batch: int
     ctx_per_slot: int
     threads: int
@@ -344,10 +358,11 @@ def load(
     layers = profile.n_gpu_layers
     model = load_model(path, n_gpu_layers=layers, use_extra_bufts=extra)
     n_slots = profile.parallel if profile.parallel > 0 else default_parallel(layers)
+    n_seqs = context_sequences(n_slots)
 
     params = lc.llama_context_default_params()
-    params.n_seq_max = n_slots
-    params.n_ctx = profile.ctx_size * n_slots
+    params.n_seq_max = n_seqs
+    params.n_ctx = profile.ctx_size * n_seqs
     # Separate KV streams give each sequence its own ctx_size context and keep attention
     # per sequence; n > 1 copies a whole stream with llama_memory_seq_cp. One unified
     # stream was measured against them (bench/waves.py, engine directly, 32 slots, 2 cores,
@@ -362,7 +377,7 @@ def load(
     #   against 18.0. So the slots' streams stay split, and lines that share a block run
     #   in a second context of one unified f16 stream (shared_context, shared.py).
     params.kv_unified = False
-    n_batch = max(2048, n_slots + prompt_tokens_per_step)
+    n_batch = max(2048, n_seqs + prompt_tokens_per_step)
     params.n_batch = n_batch
     params.n_ubatch = N_UBATCH
     params.n_threads = params.n_threads_batch = threads
@@ -401,6 +416,7 @@ def load(
         batch=lc.llama_batch_init(n_batch, 0, 1),
         vocab=Vocab(model),
         n_slots=n_slots,
+        n_seqs=n_seqs,
         n_batch=n_batch,
         ctx_per_slot=lc.llama_n_ctx_seq(ctx),
         threads=threads,

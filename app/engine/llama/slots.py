@@ -29,7 +29,8 @@ PROMPT_TOKENS_PER_STEP = 512
 #: go into one step, and llama.cpp cuts runs of them into full micro-batches (equal chunks of
 #: consecutive sequences), rather than a prompt or two a step (bench/README.md).
 BATCH_PROMPT_TOKENS_PER_STEP = 2048
-#: Slots batch lines may not take: they stay free for online requests.
+#: Sequences batch lines may not take: they stay free for online requests (the engine's
+#: context holds them besides the --parallel slots: native.ONLINE_SEQUENCES).
 ONLINE_RESERVED_SLOTS = 1
 #: While an online request decodes, each step takes at most this many batch sequences, in
 #: turns: a step's cost grows with its rows, and the online tokens should not wait for 31.
@@ -245,8 +246,9 @@ class Scheduler(Generic[Round]):
         # lines share decodes instead of taking one each.
         self.embed_tokens = embed_tokens
         self.embed_seqs = embed_seqs
-        # One slot is kept from batch lines, so an online request never waits for a batch
-        # line to finish (they run to max_tokens); with a single slot nothing is kept.
+        # One sequence is kept from batch lines, so an online request never waits for a
+        # batch line to finish (they run to max_tokens); with a single one nothing is kept.
+        # The engine's context has it besides the --parallel slots (native.context_sequences).
         self.batch_room = n_slots - ONLINE_RESERVED_SLOTS if n_slots > 1 else 1
         self.window = 0  # the batch slots' turn while online requests decode (held_back)
 

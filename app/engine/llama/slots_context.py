@@ -33,7 +33,8 @@ Fail = Callable[[Job | None, EngineError], None]
 
 
 class SlotsContext:
-    """The model's main llama.cpp context and its `n_slots` slots."""
+    """The model's main llama.cpp context and its sequences: the `n_slots` slots batch lines
+    take and the one kept for online requests (native.context_sequences)."""
 
     def __init__(
         self,
@@ -48,7 +49,7 @@ class SlotsContext:
     ) -> None:
         self.ctx, self.mem, self.batch = model.ctx, model.mem, model.batch
         self.n_batch = model.n_batch
-        self.slots = [Slot(i, model.ctx) for i in range(model.n_slots)]
+        self.slots = [Slot(i, model.ctx) for i in range(model.n_seqs)]
         self.scheduler = scheduler
         self.sequences = sequences
         self.counters = counters

@@ -7,7 +7,13 @@ from dataclasses import replace
 from pathlib import Path
 
 from app.catalog import LoadProfile
-from app.catalog.estimate import DEFAULT_PARALLEL, N_UBATCH, estimate, human_size
+from app.catalog.estimate import (
+    DEFAULT_PARALLEL,
+    N_UBATCH,
+    ONLINE_SEQUENCES,
+    estimate,
+    human_size,
+)
 from app.catalog.header import read_facts
 from app.engine.llama import native, shared
 from tests.models import gemma, random_model, smollm2
@@ -20,12 +26,13 @@ def test_smollm2_at_the_servers_defaults() -> None:
     est = estimate(
         facts, LoadProfile(ctx_size=2048, parallel=0, n_gpu_layers=0, kv_cache_type="q8_0")
     )
-    # 30 layers x 3 KV heads x (64 + 64) x 34/32 bytes (q8_0) x 2048 tokens x 32 sequences.
-    assert est.kv_cache == 30 * 3 * 128 * 34 * 2048 * 32 // 32 == 765 * MiB
+    # 30 layers x 3 KV heads x (64 + 64) x 34/32 bytes (q8_0) x 2048 tokens x 33 sequences
+    # (32 slots and the online one).
+    assert est.kv_cache == 30 * 3 * 128 * 34 * 2048 * 33 // 32 == 827_228_160
     # One micro-batch's logits and FFN activations in f32, plus a row of logits a sequence.
-    assert est.compute == 512 * (49152 + 1536) * 4 + 32 * 49152 * 4
+    assert est.compute == 512 * (49152 + 1536) * 4 + 33 * 49152 * 4
     assert est.weights == 96_576_768  # the tensors; the file is 98,362,432 bytes
-    assert est.total == 96_576_768 + 802_160_640 + 110_100_480
+    assert est.total == 96_576_768 + 827_228_160 + 110_297_088
 
 
 def test_gemma_3_at_ctx_4096_by_one_in_f16() -> None:
@@ -42,6 +49,7 @@ def test_gemma_3_at_ctx_4096_by_one_in_f16() -> None:
 def test_the_estimate_uses_the_engines_micro_batch_and_parallel() -> None:
     assert N_UBATCH == native.N_UBATCH
     assert DEFAULT_PARALLEL == native.default_parallel(0)
+    assert ONLINE_SEQUENCES == native.ONLINE_SEQUENCES
 
 
 def test_sizes_read_as_a_person_reads_them() -> None:

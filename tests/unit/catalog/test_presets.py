@@ -68,8 +68,9 @@ def test_profiles_take_the_flags_then_star_then_the_models_section(
     )  # fmt: skip
     # The estimate is the profile's.
     assert g.facts is not None and g.estimate == estimate(g.facts, g.profile)
-    # Four sequences' cells in the profile's type; with so few, no shared-prefix context.
-    assert g.estimate.kv_cache == 18 * 1 * (256 + 256) * 2 * 1024 * 4
+    # Four slots' cells and the online sequence's, in the profile's type; with so few, no
+    # shared-prefix context.
+    assert g.estimate.kv_cache == 18 * 1 * (256 + 256) * 2 * 1024 * (4 + 1)
 
 
 def test_aliases_from_the_aliases_table_and_a_models_section(

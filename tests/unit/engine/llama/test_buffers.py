@@ -78,10 +78,10 @@ def test_a_load_measures_the_buffers_llama_cpp_printed_at_every_log_level(
         printed = capsys.readouterr().err
         assert loud.measured_bytes == pytest.approx(reported(printed), abs=16)
         # The KV buffer as its shape says: 30 layers x 3 KV heads x 64 x (K and V), q8_0
-        # (34 bytes a block of 32), 256 cells a slot, 2 slots.
+        # (34 bytes a block of 32), 256 cells a sequence, 2 slots and the online sequence.
         kv = re.findall(r"KV buffer size = +([\d.]+) MiB", printed)
         assert float(kv[0]) * MiB == pytest.approx(
-            30 * 3 * 64 * 2 * 34 / 32 * 256 * 2, abs=MiB / 100
+            30 * 3 * 64 * 2 * 34 / 32 * 256 * 3, abs=MiB / 100
         )
         # The weights at least: every tensor's bytes.
         assert loud.measured_bytes > lc.llama_model_size(loud._native.model)
