@@ -67,8 +67,8 @@ N_UBATCH = 512
 #: Sequences when a profile's parallel is 0, as the engine picks on a CPU
 #: (native.default_parallel); a GPU build picks more, and the pool estimates again then.
 DEFAULT_PARALLEL = 32
-#: Sequences the main context holds besides the slots, for online requests: native.py's
-#: ONLINE_SEQUENCES (a test keeps the two equal).
+#: Sequences the main context holds besides the slots, for online requests: the engine's
+#: ONLINE_RESERVED_SLOTS (engine/llama/slots.py; a test keeps the two equal).
 ONLINE_SEQUENCES = 1
 #: The shared-prefix context's K/V type and sequences: native.py's SHARED_KV and
 #: LLAMA_MAX_SEQ (a test keeps them equal).

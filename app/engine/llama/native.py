@@ -23,6 +23,7 @@ from app.catalog import LoadProfile, quantization
 from app.config import Settings
 from app.engine.base import ModelInfo
 from app.engine.llama.block import SavedCells
+from app.engine.llama.slots import ONLINE_RESERVED_SLOTS
 from app.toolchain.cpu_check import extra_buffers
 from app.toolchain.facts import (
     advice,
@@ -71,17 +72,13 @@ def default_parallel(n_gpu_layers: int) -> int:
     return 32
 
 
-#: Sequences the context holds besides the --parallel slots, for the synchronous endpoints:
-#: an online request never waits for a batch line to finish, and batch lines still decode
-#: as many at once as --parallel says (llama-server -np N's N; bench/models.py). Costs one
-#: slot's KV more (the catalog's estimate counts it: catalog/estimate.py's).
-ONLINE_SEQUENCES = 1
-
-
 def context_sequences(n_slots: int) -> int:
-    """The sequences of a context with `n_slots` slots: one more for online requests, except
-    for a single slot, which every request shares."""
-    return n_slots + ONLINE_SEQUENCES if n_slots > 1 else n_slots
+    """The sequences of a context with `n_slots` slots: ONLINE_RESERVED_SLOTS more, which
+    batch lines never take, so an online request never waits for a batch line to finish
+    while batch lines still decode as many at once as --parallel says (llama-server -np N's
+    N; bench/models.py); except for a single slot, which every request shares. Costs one
+    slot's KV more, which the catalog's estimate counts (catalog/estimate.py)."""
+    return n_slots + ONLINE_RESERVED_SLOTS if n_slots > 1 else n_slots
 
 
 @functools.cache

@@ -30,7 +30,7 @@ PROMPT_TOKENS_PER_STEP = 512
 #: consecutive sequences), rather than a prompt or two a step (bench/README.md).
 BATCH_PROMPT_TOKENS_PER_STEP = 2048
 #: Sequences batch lines may not take: they stay free for online requests (the engine's
-#: context holds them besides the --parallel slots: native.ONLINE_SEQUENCES).
+#: context holds them besides the --parallel slots: native.context_sequences).
 ONLINE_RESERVED_SLOTS = 1
 #: While an online request decodes, each step takes at most this many batch sequences, in
 #: turns: a step's cost grows with its rows, and the online tokens should not wait for 31.

@@ -15,7 +15,7 @@ from app.catalog.estimate import (
     human_size,
 )
 from app.catalog.header import read_facts
-from app.engine.llama import native, shared
+from app.engine.llama import native, shared, slots
 from tests.models import gemma, random_model, smollm2
 
 MiB = 1 << 20
@@ -49,7 +49,7 @@ def test_gemma_3_at_ctx_4096_by_one_in_f16() -> None:
 def test_the_estimate_uses_the_engines_micro_batch_and_parallel() -> None:
     assert N_UBATCH == native.N_UBATCH
     assert DEFAULT_PARALLEL == native.default_parallel(0)
-    assert ONLINE_SEQUENCES == native.ONLINE_SEQUENCES
+    assert ONLINE_SEQUENCES == slots.ONLINE_RESERVED_SLOTS
 
 
 def test_sizes_read_as_a_person_reads_them() -> None:
