@@ -11,6 +11,7 @@ from app.catalog.estimate import (
     DEFAULT_PARALLEL,
     N_UBATCH,
     ONLINE_SEQUENCES,
+    context_sequences,
     estimate,
     human_size,
 )
@@ -50,6 +51,9 @@ def test_the_estimate_uses_the_engines_micro_batch_and_parallel() -> None:
     assert N_UBATCH == native.N_UBATCH
     assert DEFAULT_PARALLEL == native.default_parallel(0)
     assert ONLINE_SEQUENCES == slots.ONLINE_RESERVED_SLOTS
+    for parallel in (1, 2, 8, 32):  # the sequences the engine's context is made with
+        profile = LoadProfile(ctx_size=512, parallel=parallel, n_gpu_layers=0, kv_cache_type="f16")
+        assert context_sequences(profile) == native.context_sequences(parallel)
 
 
 def test_sizes_read_as_a_person_reads_them() -> None:

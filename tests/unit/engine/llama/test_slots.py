@@ -266,6 +266,30 @@ def test_batch_lines_wait_for_the_block_being_computed_and_others_go_ahead() -> 
     assert q == []
 
 
+def test_lines_sharing_a_chat_templates_system_prompt_wait_for_the_first_to_compute_it() -> None:
+    """SmolLM2's template puts a 24-token system prompt before every chat: the first line of
+    a file computes it, the others wait a step and fork from it rather than each computing it
+    again in its own slot (issue 39: 414 then 560 of 985 prompt tokens cached)."""
+    template = [7000 + i for i in range(24)]
+    slots = [Slot(i) for i in range(8)]
+    first, *others = (task(job(template + [100 * i + k for k in range(15)])) for i in range(4))
+    q = queue_of(first, *others)
+    scheduler = Scheduler(len(slots))
+    starts = scheduler.admit(q, slots).starts
+    assert [t for t, _ in starts] == [first]  # three free slots left idle for a step
+    ((_, (slot,)),) = starts
+    prompt = first.job.prompts[0]
+    slot.take(first.job, first.job.choices[0], len(prompt), None, ctx_per_slot=CTX)
+    slot.cached, slot.pending = prompt, []
+    slot.generate(1)
+    later = scheduler.admit(q, slots).starts
+    assert sorted(t for t, _ in later) == sorted(others) and q == []
+    # Each forks the template's 24 tokens from the first line's slot.
+    for t, (s,) in later:
+        source, keep = scheduler.prefix_source(s, t.job.prompts[0], slots, set())
+        assert (source, keep) == (slot, 24)
+
+
 def test_batch_lines_whose_block_is_cached_start_first() -> None:
     # Longest-prefix-match order: with room for two lines, the two that fork from the cached
     # block start before the older line whose prompt shares nothing cached.
