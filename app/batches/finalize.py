@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Collection
 
 from sqlalchemy import update
 from sqlmodel import col, select
@@ -39,7 +39,6 @@ class Finalizer:
         db: Database,
         storage: Storage,
         files: FileService,
-        on_change: Callable[[], None],
         retry_delays: tuple[float, ...] = FINALIZE_RETRY_DELAYS,
         ended: Ended = no_hook,
     ) -> None:
@@ -47,7 +46,6 @@ class Finalizer:
         self.db = db
         self.storage = storage
         self.files = files
-        self.on_change = on_change
         self.retry_delays = retry_delays
         self.ended = ended
         # batch id -> (failed attempts, monotonic time of the next try): batches this node
@@ -88,7 +86,6 @@ class Finalizer:
             b.finalizing_at = now()
             s.add(b)
         log.info("batch=%s status=finalizing", batch_id)
-        self.on_change()
         return True
 
     def _take_over(self, batch_id: str) -> bool:
@@ -154,7 +151,6 @@ class Finalizer:
             fresh.completed,
             fresh.failed,
         )
-        self.on_change()
 
     def _write_failed(self, b: Batch, exc: OSError, failures: int) -> None:
         reason = f"{exc.strerror or exc}" + (f" ({exc.filename})" if exc.filename else "")
@@ -186,4 +182,3 @@ class Finalizer:
                 ]
             )
             end(s, fresh, BatchStatus.FAILED, self.ended)
-        self.on_change()

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import logging
 import queue
-import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Container
@@ -29,8 +28,7 @@ from concurrent.futures import Future
 from functools import partial
 from typing import Any
 
-from sqlalchemy import func
-from sqlmodel import Session, col, select
+from sqlmodel import Session, select
 
 from app import jsoncodec
 from app.batches import lifecycle
@@ -59,12 +57,10 @@ from app.files.service import FileService
 from app.files.storage import Storage
 from app.images import ImageResolver
 from app.polling import PollingThread
-from app.tables import Batch, BatchStatus, File
+from app.tables import Batch, BatchStatus
 
 log = logging.getLogger("batchyard.runner")
 
-#: Seconds between two looks at what other nodes changed (PostgreSQL).
-NOTICE_INTERVAL = 1.0
 #: Seconds between two looks for batches to validate, cancel, expire or finalize when
 #: nothing on this node asked for one: a step that only records results skips them.
 POLL_INTERVAL = 0.25
@@ -126,7 +122,6 @@ class Runner:
             db,
             storage,
             files,
-            self._bump,
             retry_delays=finalize_retry_delays,
             ended=self._ended,
         )
@@ -146,11 +141,6 @@ class Runner:
         #: its own pace; it hears of each end to record how far it was off.
         self.projections = Projector(db)
         self.end_hooks.append(self.projections.ended)
-        #: Bumped after every write the dashboard may want to show; see wait_for_change().
-        self.revision = 0
-        self._changed = threading.Condition()
-        self._seen: Any = None  # what the database looked like last time (other nodes' writes)
-        self._last_look = 0.0
         # Set by wake(): this node's API created or cancelled a batch, so the next step
         # looks for lifecycle work at once instead of at the next poll.
         self._poked = False
@@ -192,17 +182,6 @@ class Runner:
     def wake(self) -> None:
         self._poked = True
         self._thread.wake()
-
-    def wait_for_change(self, revision: int, timeout: float) -> int:
-        """Block until the revision moves past `revision` or the timeout passes."""
-        with self._changed:
-            self._changed.wait_for(lambda: self.revision != revision, timeout=timeout)
-            return self.revision
-
-    def _bump(self) -> None:
-        with self._changed:
-            self.revision += 1
-            self._changed.notify_all()
 
     def _tick(self) -> None:
         """One step of the runner's thread: woken by a result, it only records and claims;
@@ -264,7 +243,6 @@ class Runner:
             running = {h.batch_id for h in self._inflight.values()}
             if recorded - running:
                 self._finalizer.finalize_ready(recorded - running)
-        self._notice_other_nodes()
         self.projections.sample()
         if self.nodes is not None:
             self.nodes.beat()
@@ -284,26 +262,6 @@ class Runner:
         for hook in self.end_hooks:
             hook(s, b)
 
-    def _notice_other_nodes(self) -> None:
-        """Bump the revision when other nodes changed batches or files, so this node's
-        dashboard (which waits on the revision) shows their work too."""
-        if self.db.is_sqlite:
-            return  # one process per SQLite file: every write went through _bump
-        if time.monotonic() - self._last_look < NOTICE_INTERVAL:
-            return
-        self._last_look = time.monotonic()
-        with self.db.read() as s:
-            batches = s.exec(
-                select(Batch.status, func.count(), func.sum(Batch.completed + Batch.failed))
-                .group_by(col(Batch.status))
-                .order_by(col(Batch.status))
-            ).all()
-            files = s.exec(select(func.count(), func.max(File.created_ns))).one()
-        seen = (tuple(tuple(r) for r in batches), tuple(files))
-        if seen != self._seen:
-            self._seen = seen
-            self._bump()
-
     # -- validation, cancel, expiry (lifecycle.py) --------------------------------------
 
     def _validate_next(self) -> None:
@@ -317,7 +275,6 @@ class Runner:
                 self.wake()  # there may be more: the next step goes on at once
                 break
         if changed:
-            self._bump()
             # Their lines wait now: the model pool hears of them this step, not a second on
             # (a model with room for it loads at once).
             self._last_demand = float("-inf")
@@ -336,7 +293,6 @@ class Runner:
     def cancel(self, batch_id: str) -> Batch:
         """The API's cancel (called from an API thread, on any node)."""
         b = lifecycle.request_cancel(self.db, batch_id)
-        self._bump()
         self.wake()
         return b
 
@@ -357,14 +313,11 @@ class Runner:
             left = lifecycle.settle_cancel(self.db, batch_id, self.worker_id, self._ended)
             if left == "finalize":
                 self._finalizer.finalize(batch_id, BatchStatus.CANCELLED)
-            elif left == "done":
-                self._bump()
 
     def _expire_due(self) -> None:
         for batch_id in lifecycle.due_to_expire(self.db):
             self._withdraw(batch_id)
             if lifecycle.expire(self.db, batch_id):
-                self._bump()
                 self._finalizer.finalize(batch_id, BatchStatus.EXPIRED)
 
     # -- claims (claims.py) -------------------------------------------------------------
@@ -521,8 +474,6 @@ class Runner:
             raise
         for request_id, _, _ in done:
             self._inflight.pop(request_id, None)
-        if done:
-            self._bump()
         self._submit_claims(claims)
         return {batch_id for _, batch_id, _ in done}
 

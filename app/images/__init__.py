@@ -6,7 +6,7 @@ imports it."""
 from __future__ import annotations
 
 from app.images.decode import Image, prepare
-from app.images.errors import CODES, ImageError
+from app.images.errors import ImageError
 from app.images.fetch import FetchRules, fetch_image, refused_address
 from app.images.parts import ImageRef, find_images, has_images
 from app.images.resolve import (
@@ -19,7 +19,6 @@ from app.images.resolve import (
 )
 
 __all__ = [
-    "CODES",
     "EMBEDDED",
     "IMAGE_FILE_PURPOSES",
     "FetchRules",

@@ -18,18 +18,9 @@ IMAGE_FETCH_FAILED = "image_fetch_failed"
 #: A `file_id` that names no file of the owner's, or one not uploaded for images.
 INVALID_IMAGE_FILE = "invalid_image_file"
 
-CODES = (
-    INVALID_IMAGE,
-    INVALID_IMAGE_FORMAT,
-    IMAGE_TOO_LARGE,
-    IMAGE_URL_REFUSED,
-    IMAGE_FETCH_FAILED,
-    INVALID_IMAGE_FILE,
-)
-
 
 class ImageError(EngineError):
-    """One image of a request cannot be used: a 400 with one of CODES, naming its param."""
+    """One image of a request cannot be used: a 400 with one of the codes above, naming its param."""
 
     def __init__(self, message: str, *, code: str, param: str | None = None) -> None:
         super().__init__(message, status_code=400, code=code, param=param)

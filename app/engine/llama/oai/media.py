@@ -108,10 +108,6 @@ def image_ids(key: str, ordinal: int, n_tokens: int) -> list[int]:
     return [-(1 + base + k) for k in range(n_tokens)]
 
 
-def is_image(token: int) -> bool:
-    return token < 0
-
-
 def offset(token: int) -> int:
     """Which row of its image chunk an image id stands for."""
     return (-token - 1) & _OFFSET_MASK
