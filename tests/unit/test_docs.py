@@ -332,6 +332,28 @@ def test_every_repo_path_a_docstring_or_comment_in_app_names_exists() -> None:
     assert missing == {}
 
 
+def unread_variables(text: str, sources: str) -> list[str]:
+    """The BATCHYARD_* variables a page names that neither a setting is read from nor any
+    source of the repo names."""
+    settings = {Settings.env_name(f.name) for f in fields(Settings)}
+    named = sorted(set(re.findall(r"\bBATCHYARD_[A-Z0-9_]*[A-Z0-9]\b", text)))
+    return [v for v in named if v not in settings and v not in sources]
+
+
+def test_every_variable_the_pages_name_is_read() -> None:
+    sources = "\n".join(
+        p.read_text(errors="replace")
+        for folder in ("app", "packaging", "tests")
+        for p in sorted((ROOT / folder).rglob("*"))
+        if p.is_file() and p.suffix in {".py", ".sh", ".spec"} and p != Path(__file__)
+    )
+    text = "\n".join(page.read_text() for page in PAGES)
+    assert unread_variables(text, sources) == []
+    assert unread_variables("`BATCHYARD_CTX_SIZE`, `BATCHYARD_NO_SUCH`", "") == [
+        "BATCHYARD_NO_SUCH"
+    ]
+
+
 def test_the_readme_is_a_front_page_that_links_every_docs_page() -> None:
     readme = (ROOT / "README.md").read_text()
     assert len(readme.splitlines()) <= MAX_README_LINES
