@@ -50,7 +50,7 @@ class Database:
     the writer wait instead. Writers in this process queue on a lock before they begin:
     SQLite's own busy handler waits by sleeping (up to 100 ms a try), so a writer that
     found the file locked slept on long after the lock was free, and under load the API's
-    p99 was those sleeps (bench/README). On PostgreSQL a write is a plain READ
+    p99 was those sleeps (bench/README.md). On PostgreSQL a write is a plain READ
     COMMITTED transaction: rows that two nodes may change together are locked with
     FOR UPDATE (SQLite leaves the clause out; its one writer at a time needs none).
     """
@@ -67,7 +67,7 @@ class Database:
         # PostgreSQL: API threads, the runner and the dashboard each hold a connection briefly.
         # The pool keeps enough for 20 busy clients: a connection beyond pool_size is closed
         # when it is returned, so a burst would start a new server process per request
-        # (bench/api_load.py, p99 under load: median 114 ms with 5 kept, 90 ms with 20; bench/README).
+        # (bench/api_load.py, p99 under load: median 114 ms with 5 kept, 90 ms with 20; bench/README.md).
         # On SQLite too: a connection beyond the kept ones was opened (and its pragmas run)
         # again for every request of a burst. A ping only checks a server's connection.
         self.engine: SAEngine = create_engine(

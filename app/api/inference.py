@@ -2,7 +2,7 @@
 
 They share the engine with the batch runner and go ahead of batch lines in its queue.
 Their bodies go to the engine as sent: it checks every parameter and names it in its
-error (the Structs in schemas.py only describe them for /schema). The images of a chat or
+error (the Structs in app/wire/inference.py only describe them for /schema). The images of a chat or
 Responses body are read first, in a worker thread, into the form its engine takes
 (app/images/): a bad image is the request's 400.
 """

@@ -10,8 +10,8 @@ discard; each part fills a spool file in the data dir's tmp/ before it is sent.
 
 This module is the storage: reads (with their read-ahead), deletes, listings and the
 sweeps of what a killed node left. The bucket, its client and its errors are in
-bucket.py; the writes in bucket_writes.py. The client is `minio` (see the README's
-"Object storage" section for why).
+bucket.py; the writes in bucket_writes.py. The client is `minio` (docs/object-storage.md says
+why).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 /* Included ahead of every llama.cpp source when batchyard's scripts build llama-cpp-python
- * (tests/run.sh; the README's CPU notes show the same for pipx).
+ * (tests/run.sh; docs/cpu.md shows the same for pipx).
  *
  * GCC 12's <amxtileintrin.h> gives ldtilecfg and sttilecfg an 8-byte memory operand, but a
  * tile configuration is 64 bytes. The compiler then takes the stores that fill in the

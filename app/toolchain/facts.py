@@ -152,5 +152,5 @@ def selfcheck_command(*args: str) -> list[str]:
     return child_program(SELFCHECK_COMMAND, "app.engine.llama.selfcheck", *args)
 
 
-#: The hidden `batchyard` subcommand a frozen app runs the checks through (app/cli.py).
+#: The hidden `batchyard` subcommand a frozen app runs the checks through (app/cli/__init__.py: main).
 SELFCHECK_COMMAND = "_selfcheck"

@@ -301,7 +301,7 @@ class LlamaEngine:
     def _run(self) -> None:
         on_gpu = self._native.gpu_backend is not None  # None with no layer offloaded
         if effective(self.settings.engine_priority, on_gpu=on_gpu) == "low":
-            # Before the first decode: llama.cpp's OpenMP workers inherit it (priority.py).
+            # Before the first decode: llama.cpp's OpenMP workers inherit it (thread_priority.py).
             log.info("engine priority: %s", lower_this_thread())
         try:
             while True:

@@ -35,7 +35,7 @@ from app.toolchain.facts import (
 
 log = logging.getLogger("batchyard.engine")
 
-#: --kv-cache-type names (app/config.py) and their ggml element types (enum ggml_type).
+#: --kv-cache-type names (app/config/settings.py) and their ggml element types (enum ggml_type).
 KV_GGML_TYPES = {"f16": 1, "bf16": 30, "q8_0": 8, "q4_0": 2}
 #: Micro-batch size of the generation context: prompt chunks and decode rows run in these.
 N_UBATCH = 512

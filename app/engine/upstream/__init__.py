@@ -3,5 +3,5 @@ HTTP, with a window that adapts to what each one takes; each one's client runs i
 of its own (process.py, child.py)."""
 
 #: The hidden `batchyard` subcommand the single binary runs an upstream's client process
-#: through (app/cli.py; process.py starts it).
+#: through (app/cli/__init__.py: main; process.py starts it).
 UPSTREAM_COMMAND = "_upstream"

@@ -1,1 +1,1 @@
-"""Alembic revisions, one module each, named NNNN_what.py; see ../README.md."""
+"""Alembic revisions, one module each, numbered in order (0001_tables_of_0_1_0.py); see ../README.md."""
