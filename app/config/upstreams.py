@@ -1,4 +1,9 @@
-"""The `--engine NAME=openai:URL[,...]` flag: an upstream's spec, parsed or refused with why."""
+"""The `--engine NAME=KIND:URL[,...]` flag: an upstream's spec, parsed or refused with why.
+
+KINDS is the table of the wires batchyard speaks to an upstream: a kind's name (what comes
+between `=` and `:`) and the module that speaks it (app/engine/upstream/kinds/). The parser
+accepts the kinds it names; the engine loads the module of its spec's kind.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +12,11 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
+#: Each upstream kind and the module that speaks its wire, as `KIND` (the UpstreamKind of
+#: app/engine/upstream/kinds/__init__.py). A new kind is one module there and one line here.
+KINDS: dict[str, str] = {
+    "openai": "app.engine.upstream.kinds.openai",  # an OpenAI-compatible server
+}
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 SPEC_HELP = (
     "NAME=openai:URL[,key=KEY,models=a|b,concurrency=N,retries=N,timeout=SECONDS,"
@@ -23,10 +33,11 @@ IMAGE_MODE_BY_PORT = {11434: "inline", 1234: "png"}
 
 @dataclass(frozen=True)
 class UpstreamSpec:
-    """One `--engine` flag: where an OpenAI-compatible server is and how to use it."""
+    """One `--engine` flag: where an upstream server is, the wire it speaks and how to use it."""
 
     name: str
     url: str  # the API base as the openai SDK takes it, e.g. http://gpu1:8000/v1
+    kind: str = "openai"  # its wire: a name in KINDS
     key: str = ""
     models: tuple[str, ...] = ()
     concurrency: int = 16
@@ -59,8 +70,8 @@ class UpstreamSpec:
 
 
 def parse_engine_spec(text: str) -> UpstreamSpec:
-    """`NAME=openai:URL[,key=...,models=a|b,concurrency=N]` -> UpstreamSpec; ValueError says
-    what is wrong with it."""
+    """`NAME=KIND:URL[,key=...,models=a|b,concurrency=N]` -> UpstreamSpec; ValueError says
+    what is wrong with it. KIND is a name in KINDS."""
     where = f"--engine {text!r}"
     name, eq, rest = text.strip().partition("=")
     name = name.strip()
@@ -73,15 +84,15 @@ def parse_engine_spec(text: str) -> UpstreamSpec:
     if name == "embedded":
         raise ValueError(f"{where}: 'embedded' is the built-in engine's name; choose another")
     kind, colon, rest = rest.partition(":")
-    if not colon or kind.strip() != "openai":
-        raise ValueError(
-            f"{where}: the engine kind must be 'openai' (an OpenAI-compatible server): {SPEC_HELP}"
-        )
+    kind = kind.strip()
+    if not colon or kind not in KINDS:
+        known = " or ".join(repr(k) for k in KINDS)
+        raise ValueError(f"{where}: the engine kind must be {known}: {SPEC_HELP}")
     url, *options = [part.strip() for part in rest.split(",")]
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.netloc:
         raise ValueError(f"{where}: {url!r} is not an http(s) URL, e.g. http://127.0.0.1:8000/v1")
-    values: dict[str, Any] = {"name": name, "url": url.rstrip("/")}
+    values: dict[str, Any] = {"name": name, "url": url.rstrip("/"), "kind": kind}
     for option in options:
         key, eq, value = option.partition("=")
         key = key.strip()
@@ -147,4 +158,11 @@ def parse_engine_specs(texts: list[str]) -> list[UpstreamSpec]:
     return specs
 
 
-__all__ = ["IMAGE_MODES", "SPEC_HELP", "UpstreamSpec", "parse_engine_spec", "parse_engine_specs"]
+__all__ = [
+    "IMAGE_MODES",
+    "KINDS",
+    "SPEC_HELP",
+    "UpstreamSpec",
+    "parse_engine_spec",
+    "parse_engine_specs",
+]

@@ -67,7 +67,7 @@ class EngineView:
     """One engine as the engines page and /metrics show it."""
 
     name: str
-    kind: str  # "embedded" or "openai"
+    kind: str  # "embedded", or an upstream's kind (app/config/upstreams.py: KINDS)
     url: str | None
     models: list[str]
     up: bool

@@ -46,7 +46,7 @@ def test_every_import_contract_is_kept() -> None:
         ("app/toolchain/facts.py", "import app.engine.llama.native", "Each layer imports only"),
         (
             "app/engine/llama/slots.py",
-            "import app.engine.upstream.wire",
+            "import app.engine.upstream.kinds.openai",
             "The two engines and the OpenAI",
         ),
     ],

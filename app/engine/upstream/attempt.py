@@ -2,14 +2,15 @@
 
 A `Job` is a request in the upstream engine's queue (engine.py). `attempt` sends it once:
 an answer in one piece through the lean keep-alive pool (http1.py), a stream through
-aiohttp with each chunk handed on as it arrives. It returns the answer's body, or raises:
+aiohttp with each chunk handed on as it arrives. The upstream's kind (kinds/) says where it
+goes and reads what comes back. It returns the answer's body, or raises:
 
 - `Retry` for what is worth trying again: connection errors, timeouts and the statuses of
   RETRY_STATUSES. `throttle` marks "too busy now" (the window shrinks), `retry_after` the
   server's own wait, and `down` a server that could not be reached or said it is
   unavailable: if the tries run out on that, the engine is down, not the request bad.
 - `EngineError` for the upstream's own 4xx, or an error it sent mid-stream: the request's
-  error, with its status and error body (wire.py reads them).
+  error, with its status and error body (as its kind reads them).
 """
 
 from __future__ import annotations
@@ -22,11 +23,10 @@ from typing import Any
 
 import aiohttp
 
-from app import jsoncodec
 from app.config.upstreams import UpstreamSpec
 from app.engine.base import ChunkCallback, EngineError
 from app.engine.upstream.http1 import ConnectError, Http1Pool, ResponseError
-from app.engine.upstream.wire import StreamAssembler, error_from, retry_after_seconds
+from app.engine.upstream.kinds import UpstreamKind
 
 #: Statuses that mean "too busy now": the window shrinks and the request waits its turn again.
 THROTTLE_STATUSES = frozenset({429, 503})
@@ -77,19 +77,21 @@ class Retry(Exception):
 
 
 async def attempt(
-    job: Job, spec: UpstreamSpec, client: aiohttp.ClientSession, pool: Http1Pool
+    job: Job,
+    spec: UpstreamSpec,
+    kind: UpstreamKind,
+    client: aiohttp.ClientSession,
+    pool: Http1Pool,
 ) -> dict[str, Any]:
-    """Send `job` once to `spec`'s server; its answer's body (see the module's docstring)."""
+    """Send `job` once to `spec`'s server, which speaks `kind`; its answer's body (see the
+    module's docstring)."""
     try:
         if job.stream:
-            return await _stream(job, spec, client)
-        answer = await pool.post(job.endpoint, job.payload)
+            return await _stream(job, spec, kind, client)
+        answer = await pool.post(kind.path(job.endpoint), job.payload)
         if answer.status != 200:
-            raise http_error(answer.status, answer.body, answer.headers, spec.name)
-        data = jsoncodec.loads(answer.body)
-        if not isinstance(data, dict):
-            raise ValueError("the answer is not a JSON object")
-        return data
+            raise http_error(kind, answer.status, answer.body, answer.headers, spec.name)
+        return kind.answer(job.endpoint, answer.body)
     except (aiohttp.ClientError, asyncio.TimeoutError, ConnectError, ResponseError) as exc:
         # refused, reset, timed out: the upstream's trouble
         raise Retry(
@@ -109,44 +111,33 @@ async def attempt(
         ) from exc
 
 
-async def _stream(job: Job, spec: UpstreamSpec, client: aiohttp.ClientSession) -> dict[str, Any]:
-    chunks = StreamAssembler()
-    async with client.post(spec.root + job.endpoint, data=job.payload) as r:
+async def _stream(
+    job: Job, spec: UpstreamSpec, kind: UpstreamKind, client: aiohttp.ClientSession
+) -> dict[str, Any]:
+    reader = kind.stream(job.endpoint, spec.name)
+    async with client.post(spec.root + kind.path(job.endpoint), data=job.payload) as r:
         if r.status != 200:
-            raise http_error(r.status, await r.read(), r.headers, spec.name)
+            raise http_error(kind, r.status, await r.read(), r.headers, spec.name)
         async for raw in r.content:
-            line = raw.decode("utf-8").strip()
-            if not line.startswith("data:"):
-                continue
-            data = line[len("data:") :].strip()
-            if data == "[DONE]":
+            for chunk in reader.read(raw):  # an error the upstream sent mid-stream raises
+                job.emitted = True
+                if job.on_chunk is not None and not job.future.done():
+                    job.on_chunk(chunk)
+            if reader.done:
                 break
-            chunk = jsoncodec.loads(data)
-            if isinstance(chunk, dict) and (
-                isinstance(chunk.get("error"), dict) or chunk.get("type") == "error"
-            ):  # the upstream failed mid-stream: the API relays the error as its own
-                raise error_from(500, chunk, spec.name)
-            job.emitted = True
-            chunks.add(chunk)
-            if job.on_chunk is not None and not job.future.done():
-                job.on_chunk(chunk)
-    return chunks.body(job.endpoint)
+    return reader.body()
 
 
 def http_error(
-    status: int, content: bytes, headers: Mapping[str, str], engine: str
+    kind: UpstreamKind, status: int, content: bytes, headers: Mapping[str, str], engine: str
 ) -> EngineError | Retry:
     """What an answer other than 200 means: a Retry, or the request's own error."""
-    try:
-        parsed = jsoncodec.loads(content)
-    except ValueError:
-        parsed = content.decode("utf-8", "replace")[:1000]
-    error = error_from(status, parsed, engine)
+    error = kind.error(status, content, engine)
     if status in RETRY_STATUSES:
         return Retry(
             error,
             throttle=status in THROTTLE_STATUSES,
-            retry_after=retry_after_seconds(headers.get("retry-after")),
+            retry_after=kind.retry_after(headers),
             down=status in DOWN_STATUSES,
         )
     return error

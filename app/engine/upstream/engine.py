@@ -1,4 +1,5 @@
-"""An upstream engine: the Engine contract over HTTP to an OpenAI-compatible server.
+"""An upstream engine: the Engine contract over HTTP to an OpenAI-compatible server, or to
+a server of another kind (kinds/).
 
 vLLM, SGLang, llama-server, Ollama or another batchyard serve `/v1/chat/completions` and
 friends; an `UpstreamEngine` hands them the request body as sent and resolves the future with
@@ -14,13 +15,15 @@ the body they answer. One asyncio loop in its own thread owns the HTTP client an
 - A server that cannot be reached (connection refused, connect timeout, no DNS name) or
   answers 502/503/504 through every retry is down, not the request's fault: the request
   fails with `EngineUnavailable`, the engine marks itself down (its lane stops claiming)
-  and its down-watch probes `/v1/models` every couple of seconds until the server answers
+  and its down-watch probes its list of models (`/v1/models`) every couple of seconds until the server answers
   again. A 500 that stays, or a broken connection mid-answer, is still the request's error.
 - `cancel` drops a queued request and aborts a running one's HTTP request.
 
 The `--engine` grammar is in app/config/upstreams.py, one HTTP try and what its failure
-means in attempt.py, the down-watch in watch.py, the window in window.py, and the reading
-of the upstream's answers (errors, Retry-After, streams) in wire.py.
+means in attempt.py, the down-watch in watch.py, the window in window.py, and the upstream's
+wire (its paths and headers, its request bodies, the reading of its answers: errors,
+Retry-After, streams, its list of models) in its kind's module: kinds/openai.py for the
+`openai` kind, chosen by the spec's kind through the table KINDS of app/config/upstreams.py.
 """
 
 from __future__ import annotations
@@ -38,7 +41,6 @@ from typing import Any
 
 import aiohttp
 
-from app import jsoncodec
 from app.config.upstreams import UpstreamSpec
 from app.engine.base import (
     ChunkCallback,
@@ -54,6 +56,7 @@ from app.engine.base import (
 from app.engine.counters import Counters
 from app.engine.upstream.attempt import Job, Retry, attempt
 from app.engine.upstream.http1 import Http1Pool
+from app.engine.upstream.kinds import kind_of
 from app.engine.upstream.watch import DownWatch
 from app.engine.upstream.window import AdaptiveWindow
 from app.wire.endpoints import ENDPOINTS
@@ -80,14 +83,13 @@ class UpstreamStatus:
 
 
 class UpstreamEngine:
-    """The Engine protocol over HTTP to one OpenAI-compatible server."""
+    """The Engine protocol over HTTP to one upstream server, speaking its spec's kind."""
 
     #: It loads no model in this process: what a load took is not known (the Engine contract).
     measured_bytes: int | None = None
     load_seconds: float | None = None
     freed_bytes: int | None = None
 
-    kind = "openai"
     #: How many times its slots a node's claims may hand it (Lane.depth). bench/fleet.py,
     #: 10,000 lines to a 20 ms upstream at C=64 on 2 cores, medians of 2 rounds: 2 -> 4 took
     #: SQLite from 1,970 to 2,244 lines/s and PostgreSQL from 1,412 to 1,655; at 2 the
@@ -98,6 +100,9 @@ class UpstreamEngine:
     def __init__(self, spec: UpstreamSpec) -> None:
         self.spec = spec
         self.name = spec.name
+        #: Its wire's name (a name in KINDS), and the wire itself.
+        self.kind = spec.kind
+        self._wire = kind_of(spec)
         self._lock = threading.Lock()
         self._jobs: dict[Future[dict[str, Any]], Job] = {}
         self._seq = itertools.count()
@@ -146,9 +151,7 @@ class UpstreamEngine:
         )
 
     async def _open(self) -> None:
-        headers = {"Content-Type": "application/json"}
-        if self.spec.key:
-            headers["Authorization"] = f"Bearer {self.spec.key}"
+        headers = self._wire.headers(self.spec)
         # aiohttp, not httpx: httpx's pool scans every connection on each request, which
         # took a quarter of this thread at 64 connections (bench/fleet.py); aiohttp's
         # connector hands a free connection over in constant time.
@@ -213,7 +216,7 @@ class UpstreamEngine:
     ) -> Future[dict[str, Any]]:
         if endpoint not in ENDPOINTS:
             raise ValueError(f"unknown endpoint {endpoint!r}")
-        payload = jsoncodec.dumps_bytes(body)
+        payload = self._wire.encode(endpoint, body)
         job = self._job(endpoint, payload, bool(body.get("stream")), priority, on_chunk)
         if job is not None:
             self._loop.call_soon_threadsafe(self._enqueue, job)
@@ -228,8 +231,8 @@ class UpstreamEngine:
         priority: Priority,
         on_chunk: ChunkCallback | None = None,
     ) -> Future[dict[str, Any]]:
-        """`submit` of a body already encoded as JSON, called on the engine's own loop
-        thread (the client process's bridge, process.py): queued at once, no hop."""
+        """`submit` of a body already encoded for the wire (its kind's `encode`), called on
+        the engine's own loop thread (the client process's bridge, process.py): queued at once, no hop."""
         if endpoint not in ENDPOINTS:
             raise ValueError(f"unknown endpoint {endpoint!r}")
         job = self._job(endpoint, payload, stream, priority, on_chunk)
@@ -310,7 +313,7 @@ class UpstreamEngine:
 
     @property
     def up(self) -> bool:
-        """Whether its server answers: its last /v1/models probe did, and no request has
+        """Whether its server answers: its last probe of its models did, and no request has
         found it down since (the runner claims nothing for a down engine's lane)."""
         return self._watch.up
 
@@ -380,7 +383,7 @@ class UpstreamEngine:
         job.started = time.monotonic()
         try:
             assert self._client is not None and self._pool is not None
-            result = await attempt(job, self.spec, self._client, self._pool)
+            result = await attempt(job, self.spec, self._wire, self._client, self._pool)
         except asyncio.CancelledError:
             pass  # cancel() or close() already settled it
         except Retry as retry:

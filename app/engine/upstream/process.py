@@ -46,6 +46,7 @@ from app.engine.upstream.engine import (
     closed_future,
     model_info,
 )
+from app.engine.upstream.kinds import kind_of
 from app.engine.upstream.pipe import (
     CANCELLED,
     READ_SIZE,
@@ -84,20 +85,22 @@ def _child_env() -> dict[str, str]:
 
 
 class UpstreamProcess:
-    """The Engine protocol over one OpenAI-compatible server, through a client process."""
+    """The Engine protocol over one upstream server, through a client process."""
 
     #: It loads no model in this process: what a load took is not known (the Engine contract).
     measured_bytes: int | None = None
     load_seconds: float | None = None
     freed_bytes: int | None = None
 
-    kind = "openai"
     #: The engine its child runs: the same queue to keep filled (UpstreamEngine.lane_depth).
     lane_depth = UpstreamEngine.lane_depth
 
     def __init__(self, spec: UpstreamSpec) -> None:
         self.spec = spec
         self.name = spec.name
+        #: Its wire's name (a name in KINDS), and the wire: this side encodes each request.
+        self.kind = spec.kind
+        self._wire = kind_of(spec)
         self.info = model_info(spec)
         self._lock = threading.Lock()
         self._write_lock = threading.Lock()
@@ -190,7 +193,7 @@ class UpstreamProcess:
     ) -> Future[dict[str, Any]]:
         if endpoint not in ENDPOINTS:
             raise ValueError(f"unknown endpoint {endpoint!r}")
-        payload = jsoncodec.dumps_bytes(body)
+        payload = self._wire.encode(endpoint, body)
         future: Future[dict[str, Any]] = Future()
         with self._lock:
             if self._closing:

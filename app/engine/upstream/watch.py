@@ -1,6 +1,7 @@
 """The upstream engine's down-watch: whether its server answers, and the models it lists.
 
-A `DownWatch` reads the upstream's `GET /v1/models` at start, then every WATCH_INTERVAL_S
+A `DownWatch` reads the upstream's list of models (`GET /v1/models` for the `openai` kind:
+its kind's `models_path`, kinds/) at start, then every WATCH_INTERVAL_S
 while it answers and every WATCH_INTERVAL_DOWN_S while it does not (or is still loading its
 model). A request that finds the server down (engine.py: refused, no DNS name, connect
 timed out, or 502/503/504 through every retry) calls `mark_down`: the engine is down at once
@@ -21,8 +22,8 @@ from typing import Any
 
 import aiohttp
 
-from app import jsoncodec
 from app.config.upstreams import UpstreamSpec
+from app.engine.upstream.kinds import kind_of
 
 log = logging.getLogger("batchyard.upstream")
 
@@ -36,6 +37,7 @@ class DownWatch:
 
     def __init__(self, spec: UpstreamSpec, on_models: Callable[[], None]) -> None:
         self.spec = spec
+        self._kind = kind_of(spec)
         #: Called on the loop thread after each probe that read the models.
         self._on_models = on_models
         self._lock = threading.Lock()
@@ -60,7 +62,7 @@ class DownWatch:
             return self._last_error
 
     def discovered(self) -> list[dict[str, Any]]:
-        """The model objects of the last `/v1/models` that answered."""
+        """The model objects of the last listing that answered."""
         with self._lock:
             return list(self._discovered)
 
@@ -77,22 +79,19 @@ class DownWatch:
             self._task.cancel()
 
     async def look(self) -> None:
-        """One probe of `/v1/models`: up with its models, or down with the reason."""
+        """One probe of its list of models: up with its models, or down with the reason."""
         assert self._client is not None
         try:
             async with self._client.get(
-                self.spec.root + "/v1/models", timeout=aiohttp.ClientTimeout(total=10.0)
+                self.spec.root + self._kind.models_path, timeout=aiohttp.ClientTimeout(total=10.0)
             ) as r:
                 r.raise_for_status()
-                answer = jsoncodec.loads(await r.read())
-            data = answer.get("data")
-            if not isinstance(data, list):
-                raise ValueError("GET /v1/models answered without a `data` list")
+                models = self._kind.models(await r.read())
         except Exception as exc:  # noqa: BLE001 - any failure means "not up"; say why
             self._down(f"{type(exc).__name__}: {exc}")
             return
         with self._lock:
-            self._discovered = [m for m in data if isinstance(m, dict)]
+            self._discovered = models
             self._up, self._last_error = True, None
         self._on_models()
 
@@ -111,7 +110,7 @@ class DownWatch:
 
     def mark_down(self, reason: str) -> None:
         """A request found the server down: stop claiming for it until a probe of its
-        /v1/models answers (the watch looks WATCH_INTERVAL_DOWN_S from now)."""
+        list of models answers (the watch looks WATCH_INTERVAL_DOWN_S from now)."""
         self._down(reason)
         if self._look_now is not None:
             self._look_now.set()

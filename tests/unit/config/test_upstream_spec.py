@@ -1,11 +1,11 @@
-"""`--engine NAME=openai:URL[,key=...,models=a|b,concurrency=N]`: parsed, or refused with why."""
+"""`--engine NAME=KIND:URL[,key=...,models=a|b,concurrency=N]`: parsed, or refused with why."""
 
 from __future__ import annotations
 
 import pytest
 
 from app.config import Settings
-from app.config.upstreams import UpstreamSpec, parse_engine_spec, parse_engine_specs
+from app.config.upstreams import KINDS, UpstreamSpec, parse_engine_spec, parse_engine_specs
 from tests.live import batchyard
 
 
@@ -17,6 +17,7 @@ def test_a_full_spec() -> None:
     assert spec == UpstreamSpec(
         name="gpu1",
         url="http://10.0.0.5:8000/v1",
+        kind="openai",
         key="sk-x",
         models=("llama-3", "qwen"),
         concurrency=64,
@@ -51,6 +52,19 @@ def test_a_bad_spec_is_refused_with_its_reason(text: str, says: str) -> None:
     with pytest.raises(ValueError, match=r"--engine") as caught:
         parse_engine_spec(text)
     assert says in str(caught.value)
+
+
+def test_the_spec_keeps_its_kind() -> None:
+    assert parse_engine_spec("g=openai:http://h/v1").kind == "openai"
+    assert parse_engine_spec("g= openai :http://h/v1").kind == "openai"
+
+
+def test_the_table_of_kinds_says_which_kinds_are_taken(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(KINDS, "gateway", "tests.unit.engine.upstream.gateway_kind")
+    assert parse_engine_spec("g=gateway:http://h/gw").kind == "gateway"
+    with pytest.raises(ValueError) as caught:
+        parse_engine_spec("g=vllm:http://h/v1")
+    assert "the engine kind must be 'openai' or 'gateway'" in str(caught.value)
 
 
 def test_two_engines_with_one_name_are_refused() -> None:

@@ -1,15 +1,23 @@
-"""An upstream's HTTP answers read as the Engine contract's: errors, Retry-After, streams.
+"""The `openai` kind: the wire of an OpenAI-compatible server (vLLM, SGLang, llama-server,
+Ollama, LM Studio, another batchyard).
 
-Pure functions of what the upstream sent; no engine state. `UpstreamEngine` uses them.
+Its requests are the OpenAI body as sent, POSTed to the endpoint's own path (`/v1/...`)
+with the key as `Authorization: Bearer`; `GET /v1/models` lists its models. This module
+reads what it answers as the Engine contract's: errors (OpenAI's shape, or vLLM's older
+flat one), Retry-After, and server-sent event streams. Pure functions of what the upstream
+sent; no engine state.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Mapping
 from email.utils import parsedate_to_datetime
 from typing import Any
 
+from app import jsoncodec
+from app.config.upstreams import UpstreamSpec
 from app.engine.base import EngineError
 from app.wire.endpoints import CHAT, RESPONSES
 
@@ -112,8 +120,88 @@ class StreamAssembler:
         }
 
 
+class EventReader:
+    """One server-sent event stream: `data: {chunk}` lines until `data: [DONE]`; an event
+    carrying an error is the request's error (the API relays it as its own)."""
+
+    def __init__(self, endpoint: str, engine: str) -> None:
+        self.endpoint = endpoint
+        self.engine = engine
+        self.done = False
+        self._chunks = StreamAssembler()
+
+    def read(self, line: bytes) -> list[dict[str, Any]]:
+        text = line.decode("utf-8").strip()
+        if not text.startswith("data:"):
+            return []
+        data = text[len("data:") :].strip()
+        if data == "[DONE]":
+            self.done = True
+            return []
+        chunk = jsoncodec.loads(data)
+        if isinstance(chunk, dict) and (
+            isinstance(chunk.get("error"), dict) or chunk.get("type") == "error"
+        ):  # the upstream failed mid-stream
+            raise error_from(500, chunk, self.engine)
+        self._chunks.add(chunk)
+        return [chunk]
+
+    def body(self) -> dict[str, Any]:
+        return self._chunks.body(self.endpoint)
+
+
+class OpenAIKind:
+    """The `openai` kind (see the module's docstring)."""
+
+    models_path = "/v1/models"
+
+    def headers(self, spec: UpstreamSpec) -> dict[str, str]:
+        headers = {"Content-Type": "application/json"}
+        if spec.key:
+            headers["Authorization"] = f"Bearer {spec.key}"
+        return headers
+
+    def path(self, endpoint: str) -> str:
+        return endpoint  # batchyard's endpoints are OpenAI's paths
+
+    def encode(self, endpoint: str, body: dict[str, Any]) -> bytes:
+        return jsoncodec.dumps_bytes(body)
+
+    def answer(self, endpoint: str, content: bytes) -> dict[str, Any]:
+        data = jsoncodec.loads(content)
+        if not isinstance(data, dict):
+            raise ValueError("the answer is not a JSON object")
+        return data
+
+    def error(self, status: int, content: bytes, engine: str) -> EngineError:
+        try:
+            parsed = jsoncodec.loads(content)
+        except ValueError:
+            parsed = content.decode("utf-8", "replace")[:1000]
+        return error_from(status, parsed, engine)
+
+    def retry_after(self, headers: Mapping[str, str]) -> float | None:
+        return retry_after_seconds(headers.get("retry-after"))
+
+    def stream(self, endpoint: str, engine: str) -> EventReader:
+        return EventReader(endpoint, engine)
+
+    def models(self, content: bytes) -> list[dict[str, Any]]:
+        answer = jsoncodec.loads(content)
+        data = answer.get("data") if isinstance(answer, dict) else None
+        if not isinstance(data, list):
+            raise ValueError("GET /v1/models answered without a `data` list")
+        return [m for m in data if isinstance(m, dict)]
+
+
+#: This module's kind, as app/engine/upstream/kinds/__init__.py: kind_of loads it.
+KIND = OpenAIKind()
+
 __all__ = [
+    "KIND",
     "RETRY_AFTER_MAX_S",
+    "EventReader",
+    "OpenAIKind",
     "StreamAssembler",
     "default_type",
     "error_from",
