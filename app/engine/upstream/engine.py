@@ -15,8 +15,9 @@ the body they answer. One asyncio loop in its own thread owns the HTTP client an
 - A server that cannot be reached (connection refused, connect timeout, no DNS name) or
   answers 502/503/504 through every retry is down, not the request's fault: the request
   fails with `EngineUnavailable`, the engine marks itself down (its lane stops claiming)
-  and its down-watch probes its list of models (`/v1/models`) every couple of seconds until the server answers
-  again. A 500 that stays, or a broken connection mid-answer, is still the request's error.
+  and its down-watch probes its list of models (`/v1/models`) every couple of seconds until
+  the server answers again. A 500 that stays, or a broken connection mid-answer, is still
+  the request's error.
 - `cancel` drops a queued request and aborts a running one's HTTP request.
 
 The `--engine` grammar is in app/config/upstreams.py, one HTTP try and what its failure
@@ -232,7 +233,8 @@ class UpstreamEngine:
         on_chunk: ChunkCallback | None = None,
     ) -> Future[dict[str, Any]]:
         """`submit` of a body already encoded for the wire (its kind's `encode`), called on
-        the engine's own loop thread (the client process's bridge, process.py): queued at once, no hop."""
+        the engine's own loop thread (the client process's bridge, process.py): queued at
+        once, no hop."""
         if endpoint not in ENDPOINTS:
             raise ValueError(f"unknown endpoint {endpoint!r}")
         job = self._job(endpoint, payload, stream, priority, on_chunk)
