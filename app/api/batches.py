@@ -13,7 +13,7 @@ from litestar.params import FromPath, FromQuery, JSONBody, QueryParameter
 from app.api.errors import json_object_body
 from app.api.openapi import errors
 from app.batches.service import BatchService
-from app.wire.batches import Batch, BatchCreateParams, batch_object
+from app.wire.batches import BatchCreateParams, BatchObject, batch_object
 from app.wire.common import CursorPage, cursor_page
 
 
@@ -28,7 +28,7 @@ async def create_batch(
     data: JSONBody[BatchCreateParams],
     batches: NamedDependency[BatchService],
     owner: NamedDependency[str],
-) -> Batch:
+) -> BatchObject:
     """Create a batch from an uploaded input file; it starts validating at once."""
     expires = data.output_expires_after
     batch = await anyio.to_thread.run_sync(
@@ -50,7 +50,7 @@ def list_batches(
     owner: NamedDependency[str],
     limit: Annotated[int, QueryParameter(ge=1, le=100)] = 20,
     after: FromQuery[str | None] = None,
-) -> CursorPage[Batch]:
+) -> CursorPage[BatchObject]:
     """List the caller's batches, newest first."""
     rows, has_more = batches.list(owner, limit=limit, after=after or None)
     return cursor_page([batch_object(b) for b in rows], has_more)
@@ -64,7 +64,7 @@ def list_batches(
 )
 def retrieve_batch(
     batches: NamedDependency[BatchService], owner: NamedDependency[str], batch_id: FromPath[str]
-) -> Batch:
+) -> BatchObject:
     """One batch, with its live request counts."""
     return batch_object(batches.get(batch_id, owner))
 
@@ -78,7 +78,7 @@ def retrieve_batch(
 )
 def cancel_batch(
     batches: NamedDependency[BatchService], owner: NamedDependency[str], batch_id: FromPath[str]
-) -> Batch:
+) -> BatchObject:
     """Cancel a validating or running batch; lines already done stay in its output."""
     return batch_object(batches.cancel(batch_id, owner))
 

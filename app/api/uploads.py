@@ -18,10 +18,10 @@ from app.wire.common import one_of
 from app.wire.files import file_object
 from app.wire.uploads import (
     UPLOAD_STATUSES,
-    Upload,
     UploadCompleteParams,
     UploadCreateParams,
-    UploadPart,
+    UploadObject,
+    UploadPartObject,
     upload_part_object,
 )
 
@@ -36,8 +36,8 @@ def part_too_large(limit: int) -> APIError:
     )
 
 
-def upload_object(row: tables.Upload, file: tables.File | None = None) -> Upload:
-    return Upload(
+def upload_object(row: tables.Upload, file: tables.File | None = None) -> UploadObject:
+    return UploadObject(
         id=row.id,
         bytes=row.bytes,
         created_at=row.created_at,
@@ -60,7 +60,7 @@ async def create_upload(
     data: JSONBody[UploadCreateParams],
     uploads: NamedDependency[UploadService],
     owner: NamedDependency[str],
-) -> Upload:
+) -> UploadObject:
     """Start an upload of `bytes` bytes; add its parts, then complete it."""
     expires = data.expires_after
     row = await anyio.to_thread.run_sync(
@@ -89,7 +89,7 @@ async def add_upload_part(
     uploads: NamedDependency[UploadService],
     owner: NamedDependency[str],
     upload_id: FromPath[str],
-) -> UploadPart:
+) -> UploadPartObject:
     """Add one part (multipart `data`, at most 64 MB); parts may come in any order and at once."""
     limit = uploads.settings.max_upload_part_bytes
     got = await receive_file_part(
@@ -119,7 +119,7 @@ async def complete_upload(
     uploads: NamedDependency[UploadService],
     owner: NamedDependency[str],
     upload_id: FromPath[str],
-) -> Upload:
+) -> UploadObject:
     """Join the parts, in the order of `part_ids`, into a File (checked against `md5`)."""
     row, file = await anyio.to_thread.run_sync(
         lambda: uploads.complete(upload_id, owner, data.part_ids, data.md5)
@@ -136,7 +136,7 @@ async def complete_upload(
 )
 def cancel_upload(
     uploads: NamedDependency[UploadService], owner: NamedDependency[str], upload_id: FromPath[str]
-) -> Upload:
+) -> UploadObject:
     """Cancel a pending upload; its parts are removed."""
     return upload_object(uploads.cancel(upload_id, owner))
 

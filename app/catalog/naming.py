@@ -13,14 +13,14 @@ from app.catalog.header import is_model_name, is_projector_name, split_name, spl
 
 
 @dataclass(frozen=True)
-class Model:
+class ModelFiles:
     """A model among files: its parts, or what is missing."""
 
     paths: tuple[Path, ...]
     error: str = ""
 
 
-def models_among(files: list[Path]) -> list[Model]:
+def models_among(files: list[Path]) -> list[ModelFiles]:
     """The models among .gguf files of one folder: whole files and split models (by their
     first part), not projectors, imatrices or draft heads."""
     models = []
@@ -35,7 +35,7 @@ def models_among(files: list[Path]) -> list[Model]:
         error = (
             f"missing part{'s' if len(missing) > 1 else ''} {', '.join(missing)}" if missing else ""
         )
-        models.append(Model(parts, error))
+        models.append(ModelFiles(parts, error))
     return models
 
 

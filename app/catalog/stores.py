@@ -37,7 +37,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from app.catalog.header import is_model_name, quant_tag, split_name, split_parts
-from app.catalog.naming import Model, model_stem, models_among, pick_projector, projectors_among
+from app.catalog.naming import (
+    ModelFiles,
+    model_stem,
+    models_among,
+    pick_projector,
+    projectors_among,
+)
 
 OLLAMA_MODEL_LAYER = "application/vnd.ollama.image.model"
 OLLAMA_PROJECTOR_LAYER = "application/vnd.ollama.image.projector"
@@ -357,7 +363,7 @@ class HubStore(Store):
             )
         return found
 
-    def _pick(self, models: list[Model], snapshot: Path) -> Model | None:
+    def _pick(self, models: list[ModelFiles], snapshot: Path) -> ModelFiles | None:
         for tag in self.PICK:
             for model in models:
                 if quant_tag(model.paths[0].name) == tag:

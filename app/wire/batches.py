@@ -1,4 +1,4 @@
-"""The Batch API's wire: Batch, its create parameters, and the lines of output files."""
+"""The Batch API's wire: the Batch object (`BatchObject`), its create parameters, and output lines."""
 
 from __future__ import annotations
 
@@ -57,19 +57,19 @@ class Errors(Struct, kw_only=True):
     object: str | None = "list"
 
 
-class InputTokensDetails(Struct, kw_only=True):
+class BatchInputTokensDetails(Struct, kw_only=True):
     cached_tokens: int
 
 
-class OutputTokensDetails(Struct, kw_only=True):
+class BatchOutputTokensDetails(Struct, kw_only=True):
     reasoning_tokens: int
 
 
 class BatchUsage(Struct, kw_only=True):
     input_tokens: int
-    input_tokens_details: InputTokensDetails
+    input_tokens_details: BatchInputTokensDetails
     output_tokens: int
-    output_tokens_details: OutputTokensDetails
+    output_tokens_details: BatchOutputTokensDetails
     total_tokens: int
 
 
@@ -86,7 +86,7 @@ BatchStatusName = Literal[
 BATCH_STATUSES: tuple[BatchStatusName, ...] = get_args(BatchStatusName)
 
 
-class Batch(Struct, kw_only=True):
+class BatchObject(Struct, kw_only=True):
     """`openai.types.Batch`, every field present (null where it does not apply yet)."""
 
     id: str
@@ -113,9 +113,9 @@ class Batch(Struct, kw_only=True):
     metadata: dict[str, str] | None = None
 
 
-def batch_object(row: tables.Batch) -> Batch:
+def batch_object(row: tables.Batch) -> BatchObject:
     errors = json.loads(row.errors_json) if row.errors_json else None
-    return Batch(
+    return BatchObject(
         id=row.id,
         endpoint=row.endpoint,
         model=row.model,
@@ -139,9 +139,9 @@ def batch_object(row: tables.Batch) -> Batch:
         ),
         usage=BatchUsage(
             input_tokens=row.input_tokens,
-            input_tokens_details=InputTokensDetails(cached_tokens=row.cached_tokens),
+            input_tokens_details=BatchInputTokensDetails(cached_tokens=row.cached_tokens),
             output_tokens=row.output_tokens,
-            output_tokens_details=OutputTokensDetails(reasoning_tokens=0),
+            output_tokens_details=BatchOutputTokensDetails(reasoning_tokens=0),
             total_tokens=row.input_tokens + row.output_tokens,
         ),
         metadata=json.loads(row.metadata_json) if row.metadata_json else None,

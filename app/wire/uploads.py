@@ -1,4 +1,4 @@
-"""The Uploads API's wire: Upload, UploadPart and their parameters, as openai-python names them."""
+"""The Uploads API's wire: the Upload and UploadPart objects and their parameters."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ class UploadCompleteParams(Struct, kw_only=True):
     md5: Annotated[str | None, doc("The md5 of the whole file, hex; checked if sent.")] = None
 
 
-class Upload(Struct, kw_only=True):
+class UploadObject(Struct, kw_only=True):
     """`openai.types.Upload`."""
 
     id: str
@@ -56,7 +56,7 @@ class Upload(Struct, kw_only=True):
     file: FileObject | None = None
 
 
-class UploadPart(Struct, kw_only=True):
+class UploadPartObject(Struct, kw_only=True):
     """`openai.types.uploads.UploadPart`."""
 
     id: str
@@ -65,5 +65,5 @@ class UploadPart(Struct, kw_only=True):
     upload_id: str
 
 
-def upload_part_object(row: tables.UploadPart) -> UploadPart:
-    return UploadPart(id=row.id, created_at=row.created_at, upload_id=row.upload_id)
+def upload_part_object(row: tables.UploadPart) -> UploadPartObject:
+    return UploadPartObject(id=row.id, created_at=row.created_at, upload_id=row.upload_id)

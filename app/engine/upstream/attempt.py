@@ -1,6 +1,6 @@
 """One try of one upstream request over HTTP, and what its failure means.
 
-A `Job` is a request in the upstream engine's queue (engine.py). `attempt` sends it once:
+A `UpstreamJob` is a request in the upstream engine's queue (engine.py). `attempt` sends it once:
 an answer in one piece through the lean keep-alive pool (http1.py), a stream through
 aiohttp with each chunk handed on as it arrives. The upstream's kind (kinds/) says where it
 goes and reads what comes back. It returns the answer's body, or raises:
@@ -38,7 +38,7 @@ DOWN_STATUSES = frozenset({502, 503, 504})
 
 
 @dataclass(order=True)
-class Job:
+class UpstreamJob:
     priority: int
     seq: int
     endpoint: str = field(compare=False)
@@ -77,7 +77,7 @@ class Retry(Exception):
 
 
 async def attempt(
-    job: Job,
+    job: UpstreamJob,
     spec: UpstreamSpec,
     kind: UpstreamKind,
     client: aiohttp.ClientSession,
@@ -112,7 +112,7 @@ async def attempt(
 
 
 async def _stream(
-    job: Job, spec: UpstreamSpec, kind: UpstreamKind, client: aiohttp.ClientSession
+    job: UpstreamJob, spec: UpstreamSpec, kind: UpstreamKind, client: aiohttp.ClientSession
 ) -> dict[str, Any]:
     reader = kind.stream(job.endpoint, spec.name)
     async with client.post(spec.root + kind.path(job.endpoint), data=job.payload) as r:
@@ -143,4 +143,11 @@ def http_error(
     return error
 
 
-__all__ = ["DOWN_STATUSES", "RETRY_STATUSES", "THROTTLE_STATUSES", "Job", "Retry", "attempt"]
+__all__ = [
+    "DOWN_STATUSES",
+    "RETRY_STATUSES",
+    "THROTTLE_STATUSES",
+    "UpstreamJob",
+    "Retry",
+    "attempt",
+]

@@ -55,7 +55,7 @@ from app.engine.base import (
     resolve,
 )
 from app.engine.counters import Counters
-from app.engine.upstream.attempt import Job, Retry, attempt
+from app.engine.upstream.attempt import Retry, UpstreamJob, attempt
 from app.engine.upstream.http1 import Http1Pool
 from app.engine.upstream.kinds import kind_of
 from app.engine.upstream.watch import DownWatch
@@ -105,12 +105,12 @@ class UpstreamEngine:
         self.kind = spec.kind
         self._wire = kind_of(spec)
         self._lock = threading.Lock()
-        self._jobs: dict[Future[dict[str, Any]], Job] = {}
+        self._jobs: dict[Future[dict[str, Any]], UpstreamJob] = {}
         self._seq = itertools.count()
         self._closing = False
         # Owned by the loop thread:
-        self._queue: list[Job] = []
-        self._running: set[Job] = set()
+        self._queue: list[UpstreamJob] = []
+        self._running: set[UpstreamJob] = set()
         self._waiting = 0  # jobs sleeping out their backoff
         self._window = AdaptiveWindow(spec.concurrency)
         self._pause_timer: asyncio.TimerHandle | None = None
@@ -250,9 +250,9 @@ class UpstreamEngine:
         stream: bool,
         priority: Priority,
         on_chunk: ChunkCallback | None,
-    ) -> Job | None:
+    ) -> UpstreamJob | None:
         """A new request, registered; None once the engine is closing."""
-        job = Job(int(priority), next(self._seq), endpoint, payload, stream, on_chunk)
+        job = UpstreamJob(int(priority), next(self._seq), endpoint, payload, stream, on_chunk)
         with self._lock:
             if self._closing:
                 return None
@@ -341,13 +341,13 @@ class UpstreamEngine:
 
     # ------------------------------------------------------------------ the loop thread
 
-    def _enqueue(self, job: Job) -> None:
+    def _enqueue(self, job: UpstreamJob) -> None:
         if job.future.done():
             return
         heapq.heappush(self._queue, job)
         self._pump()
 
-    def _abort(self, job: Job) -> None:
+    def _abort(self, job: UpstreamJob) -> None:
         if job.task is not None and not job.task.done():
             job.task.cancel()  # closes its connection: the upstream stops work on it
         if job.backoff is not None:  # no next try, and off the queue depth now, not after it
@@ -376,12 +376,12 @@ class UpstreamEngine:
         self._pause_timer = None
         self._pump()
 
-    def _requeue(self, job: Job) -> None:
+    def _requeue(self, job: UpstreamJob) -> None:
         job.backoff = None
         self._waiting -= 1
         self._enqueue(job)
 
-    async def _run(self, job: Job) -> None:
+    async def _run(self, job: UpstreamJob) -> None:
         job.started = time.monotonic()
         try:
             assert self._client is not None and self._pool is not None
@@ -411,7 +411,7 @@ class UpstreamEngine:
             self._running.discard(job)
             self._pump()
 
-    def _after_retriable(self, job: Job, retry: Retry) -> None:
+    def _after_retriable(self, job: UpstreamJob, retry: Retry) -> None:
         if retry.throttle:
             self._shrink(job, retry.retry_after)
         job.attempts += 1
@@ -438,7 +438,7 @@ class UpstreamEngine:
         self._waiting += 1
         job.backoff = self._loop.call_later(delay, self._requeue, job)
 
-    def _shrink(self, job: Job, retry_after: float | None) -> None:
+    def _shrink(self, job: UpstreamJob, retry_after: float | None) -> None:
         with self._lock:
             self._throttled_total += 1
         self._window.shrink(job.started, retry_after)
@@ -446,7 +446,11 @@ class UpstreamEngine:
     # ------------------------------------------------------------------ bookkeeping
 
     def _settle(
-        self, job: Job, *, result: dict[str, Any] | None = None, error: BaseException | None = None
+        self,
+        job: UpstreamJob,
+        *,
+        result: dict[str, Any] | None = None,
+        error: BaseException | None = None,
     ) -> bool:
         """Forget the job and resolve its future once (see base.resolve)."""
         with self._lock:
