@@ -1,7 +1,7 @@
 """A berth: the pool's record of one catalog model, by the entry's `key` (its file and load
 profile, never a name): its state, its engine once loaded, the requests that wait for it
 and what its loads took. The pool (pool.py) and its loads (loading.py) change it under the
-pool's lock; the plan sees it as a `plan.Model`.
+pool's lock; the plan sees it as a `plan.BerthState`.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Pure bookkeeping, no clock and no llama.cpp: one reservation per loaded (or load
 model, first its estimate and, once the model is loaded, the bytes it was measured to
 take. A reservation is made when a load is decided and released only once the engine
 has closed, so two loads never both count on the same free bytes. The plan reads each
-model's reservation in its snapshot (plan.py `Model.reserved`).
+model's reservation in its snapshot (plan.py `BerthState.reserved`).
 """
 
 from __future__ import annotations

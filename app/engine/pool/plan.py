@@ -1,6 +1,6 @@
 """The plan: which models the engine feeds, loads and unloads next. A pure state machine.
 
-Its input each step is what every model looks like now (`Model`: its lines waiting and
+Its input each step is what every model looks like now (`BerthState`: its lines waiting and
 the oldest one's time, its lines in flight, loaded or not, the bytes its reservation holds)
 and the clock; its output a `Decision`: the models whose lines may be claimed and fed
 (`active`), what to unload now, what to stop feeding (`drain`), what to load and whose
@@ -37,10 +37,10 @@ ON_DISK, LOADING, LOADED, FAILED = "on disk", "loading", "loaded", "failed"
 
 
 @dataclass(frozen=True)
-class Model:
+class BerthState:
     """One model at one moment, as the pool tells the plan."""
 
-    id: Hashable  # the pool's key of it (pool.py: the catalog entry's `key`)
+    key: Hashable  # the berth's key (pool.py: the catalog entry's `key`)
     need: int  # bytes it would take once loaded: measured at its last load, else estimated
     waiting: int = 0  # lines waiting for it: batch lines pending, online requests queued
     oldest: float | None = None  # when its oldest waiting line began to wait (plan clock)
@@ -80,18 +80,20 @@ class Plan:
         #: When each loaded model began to be fed since its load.
         self._fed_since: dict[Hashable, float] = {}
 
-    def step(self, now: float, models: Sequence[Model]) -> Decision:
-        loaded = {m.id: m for m in models if m.state == LOADED}
+    def step(self, now: float, models: Sequence[BerthState]) -> Decision:
+        loaded = {m.key: m for m in models if m.state == LOADED}
         self._draining &= set(loaded)
         unload = [
-            m.id for m in loaded.values() if (m.id in self._draining or m.evict) and not m.in_flight
+            m.key
+            for m in loaded.values()
+            if (m.key in self._draining or m.evict) and not m.in_flight
         ]
         if self.ttl > 0:
             unload += [
-                m.id
+                m.key
                 for m in loaded.values()
-                if m.id not in unload
-                and m.id not in self._draining
+                if m.key not in unload
+                and m.key not in self._draining
                 and not m.pinned
                 and not m.in_flight
                 and not m.waiting
@@ -106,7 +108,7 @@ class Plan:
             self._fed_since.setdefault(m, now)
         for m in [m for m in self._fed_since if m not in loaded or m in unload]:
             del self._fed_since[m]
-        failed = frozenset(m.id for m in models if m.state == FAILED)
+        failed = frozenset(m.key for m in models if m.state == FAILED)
         return Decision(
             # A failed model's lines are claimed too: the pool fails them with the reason.
             active=active | failed,
@@ -119,8 +121,8 @@ class Plan:
     def _next_loads(
         self,
         now: float,
-        models: Sequence[Model],
-        loaded: dict[Hashable, Model],
+        models: Sequence[BerthState],
+        loaded: dict[Hashable, BerthState],
         unload: list[Hashable],
     ) -> tuple[tuple[Hashable, ...], Hashable | None]:
         """The models to load now, and the one to read ahead: the next in line, so that its
@@ -128,75 +130,75 @@ class Plan:
         seconds, a warm load under one)."""
         waiters = sorted(
             (m for m in models if m.waiting and m.state == ON_DISK),
-            key=lambda m: (self._waited_since(m, now), repr(m.id)),
+            key=lambda m: (self._waited_since(m, now), repr(m.key)),
         )
         reserved = sum(m.reserved for m in models)
         loading = [m for m in models if m.state == LOADING]
-        staying = [m for m in loaded.values() if m.id not in unload]
+        staying = [m for m in loaded.values() if m.key not in unload]
         if waiters and self._room(waiters, staying + loading, reserved, unload, models):
-            return tuple(m.id for m in waiters), None  # all of them, side by side
+            return tuple(m.key for m in waiters), None  # all of them, side by side
         if loading:
             return (), None  # one at a time: the next is planned once this one is done
         for cand in waiters:
             if self._room([cand], staying, reserved, unload, models):
-                return (cand.id,), _next_after(waiters, cand)
+                return (cand.key,), _next_after(waiters, cand)
             going = set(self._draining)
-            keep = [m for m in staying if m.id not in going]
+            keep = [m for m in staying if m.key not in going]
             if self._room([cand], keep, reserved, unload + list(going), models):
-                return (), cand.id  # the drained models' lines are finishing
+                return (), cand.key  # the drained models' lines are finishing
             overdue = now - self._waited_since(cand, now) >= self.switch_after
             # Idle queues first, then the least recently used.
             movable = sorted(
                 (m for m in keep if not m.waiting or (overdue and self._had_its_turn(m, now))),
-                key=lambda m: (m.waiting > 0, m.last_used, repr(m.id)),
+                key=lambda m: (m.waiting > 0, m.last_used, repr(m.key)),
             )
-            chosen: list[Model] = []
+            chosen: list[BerthState] = []
             for m in movable:
                 chosen.append(m)
                 rest = [s for s in keep if s not in chosen]
-                freed = unload + list(going) + [c.id for c in chosen]
+                freed = unload + list(going) + [c.key for c in chosen]
                 if self._room([cand], rest, reserved, freed, models):
                     break
             else:
                 continue  # not enough to displace for this one; maybe for the next
             for m in chosen:
                 if m.in_flight:
-                    self._draining.add(m.id)
+                    self._draining.add(m.key)
                 else:
-                    unload.append(m.id)
+                    unload.append(m.key)
             if any(m.in_flight for m in chosen) or going:
-                return (), cand.id
-            return (cand.id,), _next_after(waiters, cand)
+                return (), cand.key
+            return (cand.key,), _next_after(waiters, cand)
         # Nothing loads now: the model waiting longest is likely the next.
-        return (), waiters[0].id if waiters else None
+        return (), waiters[0].key if waiters else None
 
-    def _had_its_turn(self, m: Model, now: float) -> bool:
+    def _had_its_turn(self, m: BerthState, now: float) -> bool:
         """Whether a busy model has been fed `switch_after` since it loaded."""
-        return now - self._fed_since.get(m.id, now) >= self.switch_after
+        return now - self._fed_since.get(m.key, now) >= self.switch_after
 
-    def _waited_since(self, m: Model, now: float) -> float:
+    def _waited_since(self, m: BerthState, now: float) -> float:
         """Since when the model's lines have waited: their oldest, or the last time it was
         fed if that is later."""
         oldest = m.oldest if m.oldest is not None else now
-        return max(oldest, self._last_fed.get(m.id, oldest))
+        return max(oldest, self._last_fed.get(m.key, oldest))
 
     def _room(
         self,
-        cands: list[Model],
-        staying: list[Model],
+        cands: list[BerthState],
+        staying: list[BerthState],
         reserved: int,
         freed: list[Hashable],
-        models: Sequence[Model],
+        models: Sequence[BerthState],
     ) -> bool:
         """Whether `cands` fit beside `staying`, once the `freed` models' bytes are back."""
         if self.max_loaded and len(staying) + len(cands) > self.max_loaded:
             return False
         gone = set(freed)
-        back = sum(m.reserved for m in models if m.id in gone)
+        back = sum(m.reserved for m in models if m.key in gone)
         return reserved - back + sum(c.need for c in cands) <= self.budget
 
 
-def _next_after(waiters: list[Model], cand: Model) -> Hashable | None:
+def _next_after(waiters: list[BerthState], cand: BerthState) -> Hashable | None:
     """The model waiting longest after `cand`."""
-    rest = [m.id for m in waiters if m.id != cand.id]
+    rest = [m.key for m in waiters if m.key != cand.key]
     return rest[0] if rest else None

@@ -41,7 +41,7 @@ from app.engine.pool import Fed, ModelView, model_busy, model_not_found
 from app.engine.pool.berth import Berth, Key, Loaded, Waiting
 from app.engine.pool.loading import Loader, Loads, llama_loader, load_failed, too_big
 from app.engine.pool.placement import Placement
-from app.engine.pool.plan import FAILED, LOADED, ON_DISK, Decision, Model, Plan
+from app.engine.pool.plan import FAILED, LOADED, ON_DISK, BerthState, Decision, Plan
 from app.toolchain.facts import free_vram_bytes
 
 #: Seconds between two plans when nothing happened (the TTL and the switch bound are
@@ -427,8 +427,8 @@ class ModelPool:
                 # It never fits, whatever is unloaded: its requests fail, saying why.
                 self._loads.fail(berth, too_big(berth.need(), budget))
             models.append(
-                Model(
-                    id=berth.key,
+                BerthState(
+                    key=berth.key,
                     need=berth.need(),
                     waiting=n,
                     oldest=oldest,
