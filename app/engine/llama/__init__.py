@@ -1,5 +1,5 @@
-"""The embedded engine: one thread owns a llama.cpp context and decodes every slot together
-(continuous batching). The only part of batchyard that imports llama_cpp."""
+"""The llama engine (`LlamaEngine`, one loaded model): one thread owns a llama.cpp context and
+decodes every slot together (continuous batching). The only part of batchyard that imports llama_cpp."""
 
 from __future__ import annotations
 

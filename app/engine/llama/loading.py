@@ -59,12 +59,12 @@ def load_engine(
             path, profile, settings, prompt_tokens_per_step=BATCH_PROMPT_TOKENS_PER_STEP
         )
     model_bytes = _measured(f"model {path}", taken, before)
-    eyes, eyes_bytes, eyes_error = None, None, None
+    loaded_projector, projector_bytes, projector_error = None, None, None
     if projector is not None:
         at = native.memory_in_use()
         with buffers.capture() as taken:
             try:
-                eyes = vision.Projector(
+                loaded_projector = vision.Projector(
                     Path(projector),
                     model.model,
                     threads=model.threads,
@@ -74,20 +74,20 @@ def load_engine(
                 # The text half still works: the model loads without images, and an image
                 # line is told why.
                 log.warning("model %s loads without its projector: %s", path, exc)
-                eyes_error = str(exc)
+                projector_error = str(exc)
         # A projector that failed has freed what it took.
-        eyes_bytes = _measured(f"projector {projector}", taken, at) if eyes else 0
+        projector_bytes = _measured(f"projector {projector}", taken, at) if loaded_projector else 0
     engine = LlamaEngine(
         settings,
         model,
         model_id=entry.id if entry is not None else None,
         chat_template=profile.chat_template,
-        projector=eyes,
-        projector_error=eyes_error,
+        projector=loaded_projector,
+        projector_error=projector_error,
     )
-    engine.projector_bytes = eyes_bytes
+    engine.projector_bytes = projector_bytes
     engine.load_seconds = time.monotonic() - t
-    engine.measured_bytes = model_bytes + (eyes_bytes or 0)
+    engine.measured_bytes = model_bytes + (projector_bytes or 0)
     engine.start()
     return engine
 

@@ -1,4 +1,4 @@
-"""The embedded engine's CPU priority: below the HTTP API's, so the API answers while the
+"""The llama engines' CPU priority: below the HTTP API's, so the API answers while the
 engine keeps every core busy.
 
 On a machine whose cores all decode, a request's thread waits for a core behind llama.cpp's

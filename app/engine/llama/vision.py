@@ -1,4 +1,4 @@
-"""A model's eyes: its multimodal projector (libmtmd), and the encoded images it keeps.
+"""A model's projector: its multimodal encoder (libmtmd), and the encoded images it keeps.
 
 `Projector` loads the projector GGUF beside the text model (mtmd_init_from_file), cuts a
 rendered chat prompt with image markers into text and image chunks (mtmd_tokenize) and
