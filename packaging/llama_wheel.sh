@@ -3,7 +3,9 @@
 # app/toolchain/amx_tilecfg.h ahead of every source (ggml's AMX kernels are sound under GCC 12
 # then; see that file) and without the parts batchyard never loads. pip prefers a wheel found
 # with --find-links to the index's source package, so
-# `pip install --find-links "$(bash packaging/llama_wheel.sh PYTHON)" .` uses it.
+# `pip install --find-links "$(bash packaging/llama_wheel.sh PYTHON)" .` uses it. The one home
+# of this build: install.sh (the README's install), tests/run.sh and the packaging tests all
+# take their wheel from here, so a machine compiles it once whichever comes first.
 # Usage: bash packaging/llama_wheel.sh PYTHON [--cuda ARCH] [--no-build]
 #   --no-build: print the wheelhouse and exit 1 when it holds no wheel yet, instead of building.
 #   PYTHON: the python whose pip builds the wheel. --cuda ARCH builds the CUDA wheel for the

@@ -1,7 +1,8 @@
 """The packaging tests' slow installs, started in the background as the session starts: the
 one-file build (packaging/build.sh, about two minutes), a throwaway venv with the engine's
-few dependencies (`batchyard engine build`'s test, about 20 seconds), `pip install` of the
-wheel into a fresh venv and `pipx install .` (about half a minute each). The rest of the
+few dependencies (`batchyard engine build`'s test, about 20 seconds), the package's wheel and
+the README's install into a fresh venv (`bash install.sh --venv DIR`), and the README's install
+through pipx (`bash install.sh`), about half a minute each. The rest of the
 suite leaves one of the machine's two cores idle (it averages about one core: pytest's
 process and the servers it waits on), so these run beside it, one after another, in the idle
 scheduling class (SCHED_IDLE): they take only the CPU that nothing else wants. A niced job
@@ -79,29 +80,32 @@ def _engine_venv(root: Path) -> tuple[str, dict[str, str]]:
     )
 
 
+#: The README's install commands, run in a clean copy of the checkout as a user would; they
+#: take llama-cpp-python from packaging/llama_wheel.sh's wheelhouse (tests/run.sh built it
+#: with the same flags, so nothing is compiled here).
+INSTALL = "bash install.sh"
+INSTALL_VENV = "bash install.sh --venv {venv}"
+
+
 def _pip(root: Path) -> tuple[str, dict[str, str]]:
-    """The package's wheel, then a fresh venv with it installed (llama-cpp-python from the
-    wheelhouse, not compiled again)."""
+    """The package's wheel (its contents are checked), then the README's venv install into a
+    fresh venv."""
     py, r = shlex.quote(sys.executable), shlex.quote(str(root))
     return (
-        f"set -e; {_wheelhouse()}; "
-        f"{py} -m pip wheel --no-deps -q . -w {r}/wheel; "
-        f"{py} -m venv {r}/venv; t0=$SECONDS; "
-        f"PIP_FIND_LINKS=$WH {r}/venv/bin/python -m pip install -q {r}/wheel/batchyard-*.whl; "
-        f'echo "pip install of the wheel and its dependencies: $((SECONDS - t0))s"',
+        f"set -e; {py} -m pip wheel --no-deps -q . -w {r}/wheel; t0=$SECONDS; "
+        f"{INSTALL_VENV.format(venv=f'{r}/venv')}; "
+        f'echo "the README\'s install into a venv: $((SECONDS - t0))s"',
         {},
     )
 
 
 def _pipx(root: Path) -> tuple[str, dict[str, str]]:
-    """pipx in a venv of its own, then the README's command in the clean copy: `pipx install .`
-    (the pip inside pipx's venv finds the sound wheel, as a user's pip.conf would)."""
+    """pipx in a venv of its own, on the PATH as a user's is, then the README's install."""
     py, r = shlex.quote(sys.executable), shlex.quote(str(root))
     return (
-        f"set -e; {_wheelhouse()}; "
-        f"{py} -m venv {r}/tools; {r}/tools/bin/python -m pip install -q pipx; t0=$SECONDS; "
-        f"PIP_FIND_LINKS=$WH {r}/tools/bin/pipx install .; "
-        f'echo "pipx install .: $((SECONDS - t0))s"',
+        f"set -e; {py} -m venv {r}/tools; {r}/tools/bin/python -m pip install -q pipx; "
+        f"PATH={r}/tools/bin:$PATH; t0=$SECONDS; {INSTALL}; "
+        f'echo "the README\'s install through pipx: $((SECONDS - t0))s"',
         {
             "PIPX_HOME": str(root / "pipx"),
             "PIPX_BIN_DIR": str(root / "bin"),

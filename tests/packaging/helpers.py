@@ -70,15 +70,29 @@ def assert_llama_cpp_from(wheelhouse: Path, python: Path) -> None:
             assert installed.read_bytes() == z.read(name), f"{installed} is not {wheel}'s"
 
 
-def assert_cpu_check_passed(log: Path) -> None:
-    """The server's CPU check passed on the installed build (the sound wheel's promise), unless
-    the user's environment sets the answer itself."""
-    text = log.read_text(errors="replace")
-    found = re.search(r"cpu extra buffer types: .*", text)
+def has_amx() -> bool:
+    """Whether this CPU has AMX tiles (recent Xeons): the kernels the fix header makes sound."""
+    try:
+        return " amx_tile" in Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+
+
+def assert_cpu_buffers(server: Started) -> str:
+    """The CPU check's verdict, as a user reads it: logged at start-up and the same in
+    /health's `cpu_buffers`; on a CPU with AMX, on (the check passed: the sound build), unless
+    the user's environment sets the answer itself. Returns the verdict."""
+    text = server.log.read_text(errors="replace")
+    found = re.search(r"cpu extra buffer types: (.*)$", text, re.MULTILINE)
     assert found, text
-    print(found.group(0))
-    if "BATCHYARD_CPU_EXTRA_BUFFERS" not in os.environ:
-        assert found.group(0).startswith("cpu extra buffer types: on (the check passed"), text
+    verdict = found.group(1)
+    print(f"cpu_buffers: {verdict}")
+    health = httpx.get(server.url + "/health", timeout=10).json()
+    assert health["cpu_buffers"] == verdict, health
+    if has_amx() and "BATCHYARD_CPU_EXTRA_BUFFERS" not in os.environ:
+        assert verdict.startswith("on (the check passed"), text
+        assert health["advice"] is None, health
+    return verdict
 
 
 @dataclass

@@ -1,8 +1,10 @@
-"""The wheel carries the templates, the static files and the vendored JS, and a fresh
-install (pip into a new venv, or pipx) serves the dashboard from outside the checkout."""
+"""The wheel carries the templates, the static files and the vendored JS, and the README's
+install (install.sh: into a new venv, or through pipx) serves the dashboard from outside the
+checkout on the sound llama.cpp build: the wheelhouse's, with the CPU check passed on AMX."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import zipfile
 from pathlib import Path
@@ -12,10 +14,11 @@ import pytest
 import app
 from tests.packaging import early
 from tests.packaging.helpers import (
-    assert_cpu_check_passed,
+    assert_cpu_buffers,
     assert_llama_cpp_from,
     check_dashboard,
     files_under,
+    outside_env,
     start,
     static_files,
 )
@@ -25,8 +28,9 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def pip_job() -> early.Done:
-    """The wheel built from a clean copy and pip-installed into a fresh venv: started as the
-    session started (conftest.py), beside the other tests."""
+    """The package's wheel built from a clean copy, and the README's install into a fresh venv
+    (`bash install.sh --venv DIR`): started as the session started (conftest.py), beside the
+    other tests."""
     done = early.finish("pip", timeout=900)
     assert done.code == 0, done.output
     print("\n" + done.output.strip())
@@ -67,40 +71,45 @@ def test_wheel_contains_templates_static_files_and_vendored_js(wheel: Path, sour
     assert not any(n.startswith(("tests/", "app/tests/")) for n in names)
 
 
-def serve_from_elsewhere(exe: Path, source: Path, tmp_path: Path) -> Path:
-    """The installed `exe serve`, started outside the checkout, serves the dashboard and found
-    the sound build's CPU check passed; returns the folder it ran in."""
+def serve_from_elsewhere(cmd: list[str], source: Path, tmp_path: Path, **env: str) -> Path:
+    """The installed `cmd serve`, started outside the checkout, serves the dashboard and
+    reports the CPU check's verdict (on, on a CPU with AMX); returns the folder it ran in."""
     away = tmp_path / "elsewhere"
     away.mkdir()
-    server = start([str(exe)], away, tmp_path / "serve.log")
+    server = start(cmd, away, tmp_path / "serve.log", **env)
     try:
         check_dashboard(server.url, static_files(source))
+        assert_cpu_buffers(server)
     finally:
         server.stop()
-    assert_cpu_check_passed(server.log)
     return away
 
 
-def test_pip_install_into_a_fresh_venv_serves_the_dashboard(
+def test_the_readme_venv_install_serves_the_dashboard(
     pip_job: early.Done, wheelhouse: Path, source: Path, tmp_path: Path
 ) -> None:
+    # `bash install.sh --venv DIR && DIR/bin/batchyard serve`, from a clean copy
     venv = pip_job.root / "venv"  # llama-cpp-python from the wheelhouse, not compiled again
     assert_llama_cpp_from(wheelhouse, venv / "bin/python")
-    away = serve_from_elsewhere(venv / "bin/batchyard", source, tmp_path)
+    away = serve_from_elsewhere([str(venv / "bin/batchyard")], source, tmp_path)
     # It ran the installed package, not the checkout.
     assert (away / "batchyard-data" / "batchyard.db").is_file()
 
 
-def test_pipx_install_of_the_checkout_serves_the_dashboard(
+def test_the_readme_pipx_install_serves_the_dashboard(
     wheelhouse: Path, source: Path, tmp_path: Path
 ) -> None:
-    # The README's command, run in a clean copy as the session started: `pipx install .`
+    # `bash install.sh && batchyard serve`, from a clean copy, as the session started
     done = early.finish("pipx", timeout=900)
     assert done.code == 0, done.output
     print("\n" + done.output.strip().splitlines()[-1])
-    exe = done.root / "bin" / "batchyard"
-    assert exe.exists()
+    bin_dir = done.root / "bin"
+    assert (bin_dir / "batchyard").exists()
     assert_llama_cpp_from(wheelhouse, done.root / "pipx" / "venvs" / "batchyard" / "bin" / "python")
-    version = subprocess.run([str(exe), "--version"], capture_output=True, text=True, cwd=tmp_path)
-    assert version.returncode == 0 and version.stdout.startswith("batchyard ")
-    serve_from_elsewhere(exe, source, tmp_path)
+    path = f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"
+    version = subprocess.run(
+        ["batchyard", "--version"], capture_output=True, text=True, cwd=tmp_path,
+        env=outside_env(PATH=path),
+    )  # fmt: skip
+    assert version.returncode == 0 and version.stdout.startswith("batchyard "), version
+    serve_from_elsewhere(["batchyard"], source, tmp_path, PATH=path)

@@ -358,7 +358,7 @@ def test_the_readme_is_a_front_page_that_links_every_docs_page() -> None:
     readme = (ROOT / "README.md").read_text()
     assert len(readme.splitlines()) <= MAX_README_LINES
     blocks = [body.strip() for _, body in fences(readme)]
-    assert blocks[0] == "pipx install . && batchyard serve"  # install and start
+    assert blocks[0] == "bash install.sh && batchyard serve"  # install and start
     assert "bash tests/run.sh" in blocks  # the tests, as .ci/run runs them
     assert "exec bash tests/run.sh" in (ROOT / ".ci" / "run").read_text()
     linked = {(ROOT / t.partition("#")[0]).resolve() for t in LINK.findall(prose(readme))}
