@@ -14,6 +14,7 @@ from typing import Any
 from app.engine.base import EngineError
 from app.engine.llama.jobs import ResponseRequest
 from app.engine.llama.oai.tools import bad_param
+from app.engine.tiers import service_tier
 from app.errors import missing
 
 #: Fields a Responses body may carry; anything else is refused by name, like OpenAI does.
@@ -272,8 +273,7 @@ def _refuse_unsupported(body: dict[str, Any]) -> None:
             "is refused.",
             "truncation",
         )
-    if body.get("service_tier") not in (None, "auto", "default"):
-        raise bad_param("'service_tier' must be 'auto' or 'default'.", "service_tier")
+    service_tier(body.get("service_tier"), cls=EngineError)
     store = body.get("store")
     if store is not None and not isinstance(store, bool):
         raise bad_param("'store' must be true or false.", "store", "invalid_type")
