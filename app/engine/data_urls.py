@@ -14,6 +14,8 @@ import base64
 import binascii
 from dataclasses import dataclass, field
 
+from app.wire.image_parts import image_source
+
 #: The bytes are missing, not base64, or not a data URL at all.
 INVALID_IMAGE = "invalid_image"
 #: Over the caller's limit on an image's bytes.
@@ -34,7 +36,7 @@ class DataURL:
 
 
 def is_data_url(url: object) -> bool:
-    return isinstance(url, str) and url[:5].lower() == "data:"
+    return isinstance(url, str) and image_source(url) == "data"
 
 
 def parse_data_url(url: str, limit: int | None = None) -> DataURL:
