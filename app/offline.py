@@ -30,6 +30,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any, TextIO
 
 from app.batches import throughput
+from app.batches.throughput import duration
 from app.batches.validate import first_endpoint
 from app.config import Settings
 from app.errors import APIError
@@ -138,12 +139,12 @@ class Progress:
         finish = ""
         if finish_at is not None and total > done:
             # The runner's projection (batches/projection.py): the model's measured rate.
-            eta = _clock(max(0.0, finish_at - time.time()))
+            eta = duration(max(0.0, finish_at - time.time()))
             finish = f"  finishes {time.strftime('%H:%M:%S', time.localtime(finish_at))}"
         elif here > 0 and total > done:
-            eta = _clock((total - done) * elapsed / here)
+            eta = duration((total - done) * elapsed / here)
         else:
-            eta = "0:00" if total and done >= total else "--:--"
+            eta = duration(0 if total and done >= total else None)
         if deadline is not None and total > done:
             finish += f"  deadline {time.strftime('%H:%M:%S', time.localtime(deadline))}"
         pct = 100.0 * done / total if total else 0.0
@@ -151,7 +152,7 @@ class Progress:
         if self.tty:
             filled = int(BAR_WIDTH * done / total) if total else 0
             return f"[{'#' * filled}{'.' * (BAR_WIDTH - filled)}] {text}"
-        return f"progress: {text}  elapsed {_clock(elapsed)}"
+        return f"progress: {text}  elapsed {duration(elapsed)}"
 
     def update(
         self,
@@ -184,13 +185,6 @@ class Progress:
             self.stream.write("\n")
             self.stream.flush()
             self.drawn = False
-
-
-def _clock(seconds: float) -> str:
-    s = int(seconds + 0.5)
-    h, rest = divmod(s, 3600)
-    m, s = divmod(rest, 60)
-    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
 
 
 # -- the run ----------------------------------------------------------------------------

@@ -94,8 +94,9 @@ def throughput(
     return out
 
 
-def clock(seconds: float | None) -> str:
-    """3725 -> '1 h 02 min', 95 -> '1 min 35 s', 4.2 -> '4 s'."""
+def duration(seconds: float | None) -> str:
+    """A duration as batchyard shows it, on the dashboard and in `batchyard run`'s progress:
+    3725 -> '1 h 02 min', 95 -> '1 min 35 s', 4.2 -> '4 s', None (not known) -> '—'."""
     if seconds is None:
         return "—"
     s = int(round(seconds))
@@ -120,7 +121,7 @@ def sparkline(values: list[float]) -> str:
 
 def summary(tp: Throughput) -> str:
     """One line: lines done, time, average and peak tokens/s, and the ETA while it runs."""
-    parts = [f"{tp.done} of {tp.total} lines in {clock(tp.span)}"]
+    parts = [f"{tp.done} of {tp.total} lines in {duration(tp.span)}"]
     if tp.tokens_per_s is not None:
         parts.append(f"{tp.tokens_per_s:.1f} tokens/s average")
     if tp.peak_tokens_per_s is not None:
@@ -128,7 +129,7 @@ def summary(tp: Throughput) -> str:
     if tp.lines_per_s is not None:
         parts.append(f"{tp.lines_per_s:.2f} lines/s")
     if tp.eta is not None:
-        parts.append(f"ETA {clock(tp.eta)}")
+        parts.append(f"ETA {duration(tp.eta)}")
     return " · ".join(parts)
 
 

@@ -159,7 +159,7 @@ def batch_row(
         "pct_failed": 100.0 * batch.failed / total if total else 0.0,
         # Counters move as lines finish: before the first one a rate would read as a false 0.
         "tokens_per_s": f"{tok_s:.1f}" if tok_s is not None and running and done else None,
-        "eta": throughput.clock(eta) if eta is not None else None,
+        "eta": throughput.duration(eta) if eta is not None else None,
         # The projected finish (the lane's rate, the lines ahead, the batch's share) and the
         # completion window's end, while it can still run out of it.
         "finish": when(now + eta, now) if eta is not None else None,
@@ -295,7 +295,7 @@ def throughput_chart(tp: throughput.Throughput) -> dict[str, Any]:
                     "w": f"{max(x(b.end) - x(b.start) - 1, 0.5):.1f}",
                     "h": f"{bh:.1f}",
                     "title": f"{b.tokens_per_s:.1f} tokens/s, {b.done} lines done at "
-                    f"{throughput.clock(b.end)}",
+                    f"{throughput.duration(b.end)}",
                 }
             )
     return {
@@ -310,9 +310,9 @@ def throughput_chart(tp: throughput.Throughput) -> dict[str, Any]:
         "bars": bars,
         "total": total,
         "peak": f"{peak:.0f}" if peak else "—",
-        "span": throughput.clock(span),
+        "span": throughput.duration(span),
         "summary": throughput.summary(tp),
-        "eta": throughput.clock(tp.eta) if tp.eta is not None else None,
+        "eta": throughput.duration(tp.eta) if tp.eta is not None else None,
         "done": tp.done,
         "tokens_per_s": f"{tp.tokens_per_s:.1f}" if tp.tokens_per_s is not None else None,
         "peak_tokens_per_s": f"{tp.peak_tokens_per_s:.1f}"
