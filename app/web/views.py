@@ -15,7 +15,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from app.batches import throughput
-from app.batches.projection import Projection
+from app.batches.projection import Projection, seconds_left
 from app.batches.service import LineDetail
 from app.tables import Batch, BatchStatus, File, Request, RequestStatus, WebhookDelivery
 
@@ -134,13 +134,11 @@ def batch_row(
     done = batch.completed + batch.failed
     running = batch.status in BatchStatus.ACTIVE
     in_progress = batch.status == BatchStatus.IN_PROGRESS
-    tok_s, lines_s = tracker.rates(batch, now) if tracker else average_rates(batch, now)
+    tok_s, _ = tracker.rates(batch, now) if tracker else average_rates(batch, now)
     live = projection if in_progress and projection and projection.finish_at else None
     eta = None
-    if live is not None and live.finish_at is not None:
-        eta = max(0.0, live.finish_at - now)
-    elif in_progress and total and lines_s and lines_s > 0:
-        eta = max(0.0, (total - done) / lines_s)  # not projected yet: this batch's own rate
+    if live is not None:  # the one estimate, as the chart and `batchyard run` show it
+        eta = seconds_left(live.finish_at, now, total=total, done=done)
     return {
         "id": batch.id,
         "created": when(batch.created_at, now),
