@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 from typing import Any, TypeVar
 
 
@@ -76,3 +77,50 @@ def not_found(
 ) -> APIError:
     """404 for an id that does not exist (or belongs to another owner: the same answer)."""
     return APIError(404, f"No such {what}: '{ident}'", param=param, code=code)
+
+
+#: What says the data dir has no room left: the disk's errnos (full, or over a quota),
+#: SQLite's result code SQLITE_FULL and PostgreSQL's SQLSTATE disk_full.
+FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+SQLITE_FULL = 13
+PG_DISK_FULL = "53100"
+
+
+def _causes(exc: BaseException) -> list[BaseException]:
+    """`exc` and what it wraps: a database driver's error under SQLAlchemy's (`orig`), or an
+    exception's `__cause__`."""
+    chain: list[BaseException] = []
+    e: BaseException | None = exc
+    while e is not None and all(e is not c for c in chain):
+        chain.append(e)
+        orig = getattr(e, "orig", None)
+        e = orig if isinstance(orig, BaseException) else e.__cause__
+    return chain
+
+
+def storage_full(exc: BaseException) -> bool:
+    """Whether `exc` says the data dir is full: a file write's or the database's."""
+    for e in _causes(exc):
+        if isinstance(e, OSError) and e.errno in FULL_ERRNOS:
+            return True
+        code = getattr(e, "sqlite_errorcode", None)
+        if isinstance(code, int) and code & 0xFF == SQLITE_FULL:
+            return True
+        if PG_DISK_FULL in (getattr(e, "sqlstate", None), getattr(e, "pgcode", None)):
+            return True
+    return False
+
+
+def storage_failed(exc: BaseException, what: str = "this request's data") -> APIError:
+    """The rule "storage full is a 507 that says so": 507 `storage_full` for a full data dir
+    (the client may retry later), else 500 `storage_error`, each naming the reason. Every
+    endpoint that writes answers a full data dir with this (app/api/errors.py's handler)."""
+    full = storage_full(exc)
+    inner = _causes(exc)[-1]
+    reason = (inner.strerror if isinstance(inner, OSError) else None) or inner
+    return APIError(
+        507 if full else 500,
+        f"The server could not store {what}: {reason}.",
+        code="storage_full" if full else "storage_error",
+        type="server_error",
+    )

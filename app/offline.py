@@ -30,6 +30,8 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any, TextIO
 
 from app.batches import throughput
+from app.batches.projection import seconds_left
+from app.batches.throughput import duration
 from app.batches.validate import first_endpoint
 from app.config import Settings
 from app.errors import APIError
@@ -122,11 +124,10 @@ def offline_settings(overrides: dict[str, Any], state: Path) -> Settings:
 class Progress:
     """Lines done / total, tokens/s and ETA: a redrawn bar on a terminal, else plain lines."""
 
-    def __init__(self, stream: TextIO, done_before: int) -> None:
+    def __init__(self, stream: TextIO) -> None:
         self.stream = stream
         self.tty = stream.isatty()
         self.started = time.monotonic()
-        self.done_before = done_before
         self.last_plain = 0.0
         self.drawn = False
 
@@ -134,16 +135,11 @@ class Progress:
         self, done: int, total: int, tok_s: float, finish_at: float | None, deadline: float | None
     ) -> str:
         elapsed = time.monotonic() - self.started
-        here = done - self.done_before
         finish = ""
+        # The runner's projection (batches/projection.py), as the dashboard shows it.
+        eta = duration(seconds_left(finish_at, time.time(), total=total, done=done))
         if finish_at is not None and total > done:
-            # The runner's projection (batches/projection.py): the model's measured rate.
-            eta = _clock(max(0.0, finish_at - time.time()))
             finish = f"  finishes {time.strftime('%H:%M:%S', time.localtime(finish_at))}"
-        elif here > 0 and total > done:
-            eta = _clock((total - done) * elapsed / here)
-        else:
-            eta = "0:00" if total and done >= total else "--:--"
         if deadline is not None and total > done:
             finish += f"  deadline {time.strftime('%H:%M:%S', time.localtime(deadline))}"
         pct = 100.0 * done / total if total else 0.0
@@ -151,7 +147,7 @@ class Progress:
         if self.tty:
             filled = int(BAR_WIDTH * done / total) if total else 0
             return f"[{'#' * filled}{'.' * (BAR_WIDTH - filled)}] {text}"
-        return f"progress: {text}  elapsed {_clock(elapsed)}"
+        return f"progress: {text}  elapsed {duration(elapsed)}"
 
     def update(
         self,
@@ -184,13 +180,6 @@ class Progress:
             self.stream.write("\n")
             self.stream.flush()
             self.drawn = False
-
-
-def _clock(seconds: float) -> str:
-    s = int(seconds + 0.5)
-    h, rest = divmod(s, 3600)
-    m, s = divmod(rest, 60)
-    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
 
 
 # -- the run ----------------------------------------------------------------------------
@@ -409,7 +398,7 @@ def _run_to_end(run: _Run, settings: Settings) -> Batch:
         flush=True,
     )
     batch = run.batch = services.batches.get(run.batch.id, OWNER)
-    progress = run.progress = Progress(err, done_before=batch.completed + batch.failed)
+    progress = run.progress = Progress(err)
     while batch.status in BatchStatus.ACTIVE:
         if batch.status != BatchStatus.VALIDATING:
             projection = services.runner.projections.get(batch.id)

@@ -22,7 +22,7 @@ from app.wire.common import CursorPage, cursor_page
     operation_id="CreateBatch",
     status_code=200,
     before_request=json_object_body,
-    responses=errors(),
+    responses=errors(507),
 )
 async def create_batch(
     data: JSONBody[BatchCreateParams],

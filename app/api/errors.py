@@ -16,7 +16,7 @@ from litestar import Request, Response
 from litestar.exceptions import HTTPException, ValidationException
 
 from app.api.request_ids import request_id
-from app.errors import APIError, error_body, invalid, missing
+from app.errors import APIError, error_body, invalid, missing, storage_failed, storage_full
 
 log = logging.getLogger("batchyard.api")
 
@@ -115,6 +115,11 @@ def http_error(request: Request[Any, Any, Any], exc: HTTPException) -> Response[
 
 def server_error(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
     rid = request_id(request.scope)
+    if storage_full(exc):  # whichever endpoint wrote: a 507 that says so
+        log.error("data dir full on %s %s request_id=%s: %s", request.method,
+                  request.url.path, rid, exc)  # fmt: skip
+        err = storage_failed(exc)
+        return _respond(err.status_code, err.to_body())
     log.exception(
         "unhandled error on %s %s request_id=%s",
         request.method,

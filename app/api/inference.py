@@ -26,6 +26,7 @@ from app.api.errors import json_object_body
 from app.api.openapi import errors
 from app.engine.base import Engine, ModelInfo, Priority
 from app.engine.registry import EngineRegistry, members
+from app.engine.tiers import service_tier
 from app.errors import APIError, error_body
 from app.images import has_images, target_for
 from app.services import Services
@@ -58,30 +59,15 @@ RESPONSES_STREAM_NOTE = (
 )
 
 
-#: The `service_tier`s a chat or Responses request may name. `flex` runs at batch priority
-#: (behind online requests, among the batch lines the engine holds: answered when its
-#: turn comes); `auto` and `default` run as online requests do.
-SERVICE_TIERS = ("auto", "default", "flex")
-
-
 def _service_tier(body: dict[str, Any]) -> tuple[dict[str, Any], Priority, str | None]:
     """The body without its `service_tier`, the priority that tier runs at, and the tier
-    its answer names (None when the body named none); an unknown tier is a 400."""
-    tier = body.get("service_tier")
+    its answer names (None when the body named none); an unknown tier is a 400
+    (app/engine/tiers.py)."""
+    tier = service_tier(body.get("service_tier"))
     if tier is None:
         return body, Priority.ONLINE, None
-    if tier not in SERVICE_TIERS:
-        allowed = ", ".join(f"'{t}'" for t in SERVICE_TIERS)
-        raise APIError(
-            400,
-            f"service_tier {tier!r} is not offered here; use one of {allowed}.",
-            param="service_tier",
-            code="invalid_value",
-        )
     rest = {k: v for k, v in body.items() if k != "service_tier"}
-    if tier == "flex":
-        return rest, Priority.BATCH, "flex"
-    return rest, Priority.ONLINE, "default"
+    return rest, tier.priority, tier.named
 
 
 def _named_tier(answer: dict[str, Any], tier: str | None) -> dict[str, Any]:

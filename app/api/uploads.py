@@ -112,7 +112,7 @@ async def add_upload_part(
     operation_id="CompleteUpload",
     status_code=200,
     before_request=json_object_body,
-    responses=errors(404),
+    responses=errors(404, 507),
 )
 async def complete_upload(
     data: JSONBody[UploadCompleteParams],

@@ -118,8 +118,16 @@ def risk_room(lane: Lane, held_at_risk: int) -> int:
     return max(1, int(room(lane, 0) * RISK_SHARE)) - held_at_risk
 
 
+def lane_takes(routes: frozenset[str] | None, route: str | None) -> bool:
+    """Whether a lane whose routes are `routes` (`Lane.models`) claims the lines of a batch
+    routed to `route`: every line with None, else a batch whose route is one of them. The
+    claim's SQL (`_routed`) says the same; a test plays both on the same batches."""
+    return routes is None or (route is not None and route in routes)
+
+
 def _routed(routes: frozenset[str] | None) -> Any:
-    """The WHERE clause of a lane's lines (`Lane.models`), or None for every line."""
+    """The WHERE clause of a lane's lines (`Lane.models`), or None for every line: the SQL
+    of `lane_takes`."""
     if routes is None:
         return None
     return col(Batch.route).in_(sorted(routes))

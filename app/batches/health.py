@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from sqlalchemy import func
 from sqlmodel import col, select
 
+from app.batches.claims import lane_takes
 from app.db import Database
 from app.engine.registry import UNROUTED, Lane
 from app.tables import Batch, BatchStatus, Request, RequestStatus
@@ -32,12 +33,10 @@ class QueueHealth:
 
 
 def lane_of(route: str | None, lanes: list[Lane]) -> str:
-    """The lane that claims a batch's lines, by its route (as claims.claim does)."""
-    for lane in lanes:
-        if lane.models is not None and route is not None and route in lane.models:
-            return lane.name
-    for lane in lanes:
-        if lane.models is None:
+    """The lane that claims a batch's lines, by its route (claims.lane_takes): a lane of
+    named routes before one that takes every line."""
+    for lane in sorted(lanes, key=lambda lane: lane.models is None):
+        if lane_takes(lane.models, route):
             return lane.name
     return UNROUTED
 

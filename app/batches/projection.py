@@ -325,3 +325,13 @@ def running_batches(s: Session) -> list[Running]:
         .all()
     )
     return [Running(*row) for row in rows]
+
+
+def seconds_left(finish_at: float | None, now: float, *, total: int, done: int) -> float | None:
+    """The one estimate of how long a batch has left, which the batch list, the batch page
+    and its chart, and `batchyard run`'s progress all show: its projected finish (`finish_at`,
+    Projection.finish_at) from `now`. 0 once every line is done; None while none is
+    projected (nothing of its model finished yet, or its engine is down)."""
+    if total and done >= total:
+        return 0.0
+    return None if finish_at is None else max(0.0, finish_at - now)

@@ -1,4 +1,5 @@
-"""A batch's throughput over its life: lines done and tokens/s by time, and its ETA.
+"""A batch's throughput over its life: lines done and tokens/s by time, and its ETA (the
+runner's projection: projection.seconds_left).
 
 Worked out from the seconds in which lines finished (BatchService.progress_series), so the
 dashboard's chart and `batchyard run`'s closing summary tell the same figures. No database
@@ -9,12 +10,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from app.batches.projection import seconds_left
 from app.tables import Batch, BatchStatus
 
 #: Points a chart has at most: long batches are bucketed into this many steps.
 MAX_BUCKETS = 60
-#: The ETA uses the rate over this many recent seconds (or the whole run, if shorter).
-ETA_WINDOW_S = 60
 
 
 @dataclass
@@ -38,7 +38,8 @@ class Throughput:
     done: int
     tokens: int
     buckets: list[Bucket] = field(default_factory=list)
-    eta: float | None = None  # seconds left, while it runs and a rate is known
+    #: Seconds left while it runs, as projected (projection.seconds_left); None if unknown.
+    eta: float | None = None
 
     @property
     def tokens_per_s(self) -> float | None:
@@ -61,8 +62,10 @@ def throughput(
     ended_at: float | None,
     now: float,
     running: bool,
+    finish_at: float | None = None,
 ) -> Throughput:
-    """Bucket (second, lines, tokens) rows between the start and the end (or `now`)."""
+    """Bucket (second, lines, tokens) rows between the start and the end (or `now`); while
+    it runs, its ETA from `finish_at`, the runner's projected finish (projection.py)."""
     if started_at is None:
         started_at = series[0][0] if series else now
     end = ended_at if ended_at is not None else now
@@ -86,16 +89,13 @@ def throughput(
         b.done = running_done
     out = Throughput(started_at, span, total, done, tokens, buckets)
     if running and total > done:
-        recent = [(t, lines) for t, lines, _ in series if t >= end - ETA_WINDOW_S]
-        window = min(ETA_WINDOW_S, span)
-        rate = sum(lines for _, lines in recent) / window if recent else out.lines_per_s
-        if rate:
-            out.eta = (total - done) / rate
+        out.eta = seconds_left(finish_at, now, total=total, done=done)
     return out
 
 
-def clock(seconds: float | None) -> str:
-    """3725 -> '1 h 02 min', 95 -> '1 min 35 s', 4.2 -> '4 s'."""
+def duration(seconds: float | None) -> str:
+    """A duration as batchyard shows it, on the dashboard and in `batchyard run`'s progress:
+    3725 -> '1 h 02 min', 95 -> '1 min 35 s', 4.2 -> '4 s', None (not known) -> '—'."""
     if seconds is None:
         return "—"
     s = int(round(seconds))
@@ -120,7 +120,7 @@ def sparkline(values: list[float]) -> str:
 
 def summary(tp: Throughput) -> str:
     """One line: lines done, time, average and peak tokens/s, and the ETA while it runs."""
-    parts = [f"{tp.done} of {tp.total} lines in {clock(tp.span)}"]
+    parts = [f"{tp.done} of {tp.total} lines in {duration(tp.span)}"]
     if tp.tokens_per_s is not None:
         parts.append(f"{tp.tokens_per_s:.1f} tokens/s average")
     if tp.peak_tokens_per_s is not None:
@@ -128,13 +128,19 @@ def summary(tp: Throughput) -> str:
     if tp.lines_per_s is not None:
         parts.append(f"{tp.lines_per_s:.2f} lines/s")
     if tp.eta is not None:
-        parts.append(f"ETA {clock(tp.eta)}")
+        parts.append(f"ETA {duration(tp.eta)}")
     return " · ".join(parts)
 
 
-def of_batch(batch: Batch, series: list[tuple[int, int, int]], now: float) -> Throughput:
+def of_batch(
+    batch: Batch,
+    series: list[tuple[int, int, int]],
+    now: float,
+    finish_at: float | None = None,
+) -> Throughput:
     """A batch's throughput from its progress series (BatchService.progress_series): from
-    when it started running to when it stopped (or `now`, while it is active)."""
+    when it started running to when it stopped (or `now`, while it is active); `finish_at`
+    is its projected finish while it runs."""
     active = batch.status in BatchStatus.ACTIVE
     ended = (
         None
@@ -152,6 +158,7 @@ def of_batch(batch: Batch, series: list[tuple[int, int, int]], now: float) -> Th
         ended_at=ended,
         now=now,
         running=batch.status == BatchStatus.IN_PROGRESS,
+        finish_at=finish_at,
     )
 
 

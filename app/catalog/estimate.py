@@ -67,8 +67,8 @@ N_UBATCH = 512
 #: Sequences when a profile's parallel is 0, as the engine picks on a CPU
 #: (native.default_parallel); a GPU build picks more, and the pool estimates again then.
 DEFAULT_PARALLEL = 32
-#: Sequences the main context holds besides the slots, for online requests: the engine's
-#: ONLINE_RESERVED_SLOTS (engine/llama/slots.py; a test keeps the two equal).
+#: Sequences the main context holds besides the slots, for online requests: batch lines
+#: never take them (the engine's slots.py and native.py read it here).
 ONLINE_SEQUENCES = 1
 #: The shared-prefix context's K/V type and sequences: native.py's SHARED_KV and
 #: LLAMA_MAX_SEQ (a test keeps them equal).
@@ -98,11 +98,13 @@ def sequences(profile: LoadProfile) -> int:
     return profile.parallel if profile.parallel > 0 else DEFAULT_PARALLEL
 
 
-def context_sequences(profile: LoadProfile) -> int:
-    """The main context's sequences: the slots, and ONLINE_SEQUENCES more where there are
-    several (native.context_sequences)."""
-    n = sequences(profile)
-    return n + ONLINE_SEQUENCES if n > 1 else n
+def context_sequences(n_slots: int) -> int:
+    """The sequences of a main context with `n_slots` slots: ONLINE_SEQUENCES more, which
+    batch lines never take, so an online request never waits for a batch line to finish
+    while batch lines still decode as many at once as --parallel says (llama-server -np N's
+    N; bench/models.py); except for a single slot, which every request shares. The engine
+    makes its context with this many (native.load), and the estimate counts their KV."""
+    return n_slots + ONLINE_SEQUENCES if n_slots > 1 else n_slots
 
 
 def shared_cells(profile: LoadProfile) -> int:
@@ -112,7 +114,7 @@ def shared_cells(profile: LoadProfile) -> int:
 
 def kv_cache_bytes(facts: HeaderFacts, profile: LoadProfile) -> int:
     per_token = facts.n_layer * facts.n_head_kv * (facts.key_length + facts.value_length)
-    cells = profile.ctx_size * context_sequences(profile)
+    cells = profile.ctx_size * context_sequences(sequences(profile))
     main = per_token * KV_BYTES_PER_ELEMENT[profile.kv_cache_type] * cells
     stream = shared_cells(profile)
     parked = PARKED_BLOCKS * min(profile.ctx_size, stream)
@@ -123,7 +125,7 @@ def kv_cache_bytes(facts: HeaderFacts, profile: LoadProfile) -> int:
 def compute_bytes(facts: HeaderFacts, profile: LoadProfile) -> int:
     n_ff = facts.n_ff or 4 * facts.n_embd  # the usual width when a header does not say
     scratch = N_UBATCH * (facts.n_vocab + n_ff) * _F32
-    output = context_sequences(profile) * facts.n_vocab * _F32
+    output = context_sequences(sequences(profile)) * facts.n_vocab * _F32
     if shared_cells(profile):
         # The shared-prefix context has its own compute buffer, and a row of logits for
         # each of its sequences (at most llama.cpp's most).

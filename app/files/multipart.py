@@ -7,7 +7,6 @@ part) read the request stream here and write it through storage's size-capped wr
 
 from __future__ import annotations
 
-import errno
 from collections.abc import AsyncIterable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -16,7 +15,7 @@ import anyio.to_thread
 from litestar import Request
 from python_multipart.multipart import MultipartParser, parse_options_header
 
-from app.errors import APIError, missing
+from app.errors import APIError, missing, storage_failed
 from app.files.service import FileService, parse_expires_after, too_large
 from app.files.storage import PartialWrite, Storage, TooLarge
 from app.tables import File
@@ -164,7 +163,7 @@ async def stream_form(
     except OSError as exc:  # the disk, not the client: say so, and keep nothing
         if col.partial is not None:
             col.partial.discard()
-        raise storage_failed(exc) from None
+        raise storage_failed(exc, "the file") from None
     except Exception as exc:
         if col.partial is not None:
             col.partial.discard()
@@ -262,18 +261,7 @@ async def receive_upload(request: Request[Any, Any, Any], files: FileService, ow
         )
     except OSError as exc:
         got.partial.discard()
-        raise storage_failed(exc) from None
+        raise storage_failed(exc, "the file") from None
     except BaseException:
         got.partial.discard()
         raise
-
-
-def storage_failed(exc: OSError) -> APIError:
-    """507 for a full disk (the client may retry later), 500 for any other disk error."""
-    full = exc.errno in (errno.ENOSPC, errno.EDQUOT)
-    return APIError(
-        507 if full else 500,
-        f"The server could not store the file: {exc.strerror or exc}.",
-        code="storage_full" if full else "storage_error",
-        type="server_error",
-    )

@@ -9,7 +9,6 @@ sha256 of those bytes (the embedded engine keys its cache of encoded images by i
 from __future__ import annotations
 
 import base64
-import binascii
 import hashlib
 import io
 import warnings
@@ -19,6 +18,7 @@ from functools import cached_property
 from PIL import Image as PIL
 from PIL import UnidentifiedImageError
 
+from app.engine.data_urls import DataURLError, parse_data_url
 from app.images.errors import IMAGE_TOO_LARGE, INVALID_IMAGE, INVALID_IMAGE_FORMAT, ImageError
 
 #: The formats accepted, as Pillow names them, and their MIME types (OpenAI's list).
@@ -60,30 +60,14 @@ def too_large(what: str, limit: int) -> ImageError:
 
 
 def data_url_bytes(url: str, limit: int) -> bytes:
-    """The bytes of a `data:image/...;base64,` URL; ImageError if it is not one, or its
-    bytes are over `limit`."""
-    head, comma, payload = url.partition(",")
-    if not comma or not head.lower().endswith(";base64"):
-        raise ImageError(
-            "The image's data URL must be base64: data:image/png;base64,... "
-            f"(it starts {url[:40]!r}).",
-            code=INVALID_IMAGE,
-        )
-    if len(payload) * 3 // 4 > limit + 2:
-        raise too_large("The image in the data URL", limit)
+    """The bytes of a base64 data URL (app/engine/data_urls.py parses it); ImageError if it
+    is not one, or its bytes are over `limit`."""
     try:
-        data = base64.b64decode(payload, validate=True)
-    except (binascii.Error, ValueError):
-        # Some clients wrap base64 in lines: allowed, nothing else is.
-        try:
-            data = base64.b64decode("".join(payload.split()), validate=True)
-        except (binascii.Error, ValueError):
-            raise ImageError(
-                "The image's data URL is not valid base64.", code=INVALID_IMAGE
-            ) from None
-    if len(data) > limit:
-        raise too_large("The image in the data URL", limit)
-    return data
+        return parse_data_url(url, limit).data
+    except DataURLError as exc:
+        if exc.code == IMAGE_TOO_LARGE:
+            raise too_large("The image in the data URL", limit) from None
+        raise ImageError(exc.message, code=exc.code) from None
 
 
 def prepare(data: bytes, *, to_png: bool, max_side: int = 0) -> Image:

@@ -10,16 +10,15 @@ sheet's image column makes) names that file, as Responses' `file_id` does. Respo
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from app.images.errors import INVALID_IMAGE, ImageError
 from app.wire.endpoints import CHAT, RESPONSES
+from app.wire.image_parts import image_parts, image_source
 
+#: What an image in a body names: a data URL, a URL to fetch, or a file.
 Source = Literal["data", "url", "file"]
-#: A Files API id where a URL goes: `file-` and the id's letters (no scheme, no path).
-FILE_ID = re.compile(r"^file-[A-Za-z0-9_-]+$")
 
 
 @dataclass
@@ -51,78 +50,38 @@ class ImageRef:
 
 
 def find_images(endpoint: str, body: dict[str, Any]) -> list[ImageRef]:
-    """Every image of a chat or Responses body, in order; none for other endpoints. A part
-    that says it is an image but names none is an ImageError (`invalid_image`)."""
-    if endpoint == CHAT:
-        return _chat_images(body)
-    if endpoint == RESPONSES:
-        return _responses_images(body)
-    return []
-
-
-def _chat_images(body: dict[str, Any]) -> list[ImageRef]:
+    """Every image of a chat or Responses body, in order (app/wire/image_parts.py walks
+    them); none for other endpoints. A part that says it is an image but names none is an
+    ImageError (`invalid_image`)."""
     found: list[ImageRef] = []
-    messages = body.get("messages")
-    if not isinstance(messages, list):
-        return found
-    for m, message in enumerate(messages):
-        content = message.get("content") if isinstance(message, dict) else None
-        if not isinstance(content, list):
-            continue
-        for p, part in enumerate(content):
-            if not isinstance(part, dict) or part.get("type") != "image_url":
-                continue
-            where = f"messages[{m}].content[{p}].image_url"
-            inner = part.get("image_url")
-            detail = None
-            if isinstance(inner, dict):
-                url, detail = inner.get("url"), inner.get("detail")
-                where += ".url"
-            else:
-                url = inner
-            if not isinstance(url, str) or not url:
-                raise ImageError(
-                    f"{where} must be an image's URL (http(s) or data:) or a file id.",
-                    code=INVALID_IMAGE,
-                    param=where,
-                )
-            found.append(ImageRef(where, _url_source(url), url, _detail(detail), part, CHAT))
-    return found
-
-
-def _responses_images(body: dict[str, Any]) -> list[ImageRef]:
-    found: list[ImageRef] = []
-    items = body.get("input")
-    if not isinstance(items, list):
-        return found
-    for i, item in enumerate(items):
-        content = item.get("content") if isinstance(item, dict) else None
-        if not isinstance(content, list):
-            continue
-        for p, part in enumerate(content):
-            if not isinstance(part, dict) or part.get("type") != "input_image":
-                continue
-            where = f"input[{i}].content[{p}]"
-            url, file_id = part.get("image_url"), part.get("file_id")
-            if isinstance(url, str) and url:
-                ref = ImageRef(f"{where}.image_url", _url_source(url), url, None, part, RESPONSES)
-            elif isinstance(file_id, str) and file_id:
-                ref = ImageRef(f"{where}.file_id", "file", file_id, None, part, RESPONSES)
-            else:
-                raise ImageError(
-                    f"{where} must have an image_url (http(s) or data:) or a file_id.",
-                    code=INVALID_IMAGE,
-                    param=where,
-                )
-            ref.detail = _detail(part.get("detail"))
-            found.append(ref)
+    for where, part, image in image_parts(endpoint, body):
+        url, file_id = image.url, image.file_id
+        if isinstance(url, str) and url:
+            param, value, source = where + image.url_param, url, _url_source(url)
+        elif endpoint == RESPONSES and isinstance(file_id, str) and file_id:
+            param, value, source = f"{where}.file_id", file_id, "file"
+        elif endpoint == CHAT:
+            param = where + image.url_param
+            raise ImageError(
+                f"{param} must be an image's URL (http(s) or data:) or a file id.",
+                code=INVALID_IMAGE,
+                param=param,
+            )
+        else:
+            raise ImageError(
+                f"{where} must have an image_url (http(s) or data:) or a file_id.",
+                code=INVALID_IMAGE,
+                param=where,
+            )
+        found.append(ImageRef(param, source, value, _detail(image.detail), part, endpoint))
     return found
 
 
 def _url_source(url: str) -> Source:
-    if url[:5].lower() == "data:":
-        return "data"
-    return "file" if FILE_ID.match(url) else "url"
+    """A URL to fetch, unless it is a data URL or a file id (one that is no http(s) URL is
+    refused when fetched)."""
+    source = image_source(url)
+    return "url" if source == "path" else source
 
 
 def _detail(value: Any) -> str | None:

@@ -21,7 +21,7 @@ import csv
 from dataclasses import dataclass
 from pathlib import Path
 
-from app.images.parts import FILE_ID
+from app.wire.image_parts import image_source
 
 #: The endings of the image files a folder's sheet lists (and their MIME types).
 IMAGE_SUFFIXES = {
@@ -72,9 +72,7 @@ class ImageCells:
         value = str(cell).strip()
         if not value:
             raise ImageCellError("the image cell is empty")
-        if value[:8].lower().startswith(("http://", "https://")) or value[:5].lower() == "data:":
-            return value
-        if FILE_ID.match(value):
+        if image_source(value) != "path":  # a data URL, a file id or an http(s) URL
             return value
         return self._inline(value)
 
@@ -106,8 +104,8 @@ def names_an_image(cell: str, *, paths: bool = True) -> bool:
     """Whether a cell looks like what `image()` takes: a file id, an image's data URL, an
     http(s) URL, or (with `paths`) a path ending in an image's suffix."""
     value = cell.strip()
-    lower = value[:11].lower()
-    if FILE_ID.match(value) or lower == "data:image/" or lower.startswith(("http://", "https:/")):
+    source = image_source(value)
+    if source in ("file", "url") or (source == "data" and value[:11].lower() == "data:image/"):
         return True
     path = value.split("?", 1)[0].split("#", 1)[0]
     return paths and Path(path).suffix.lower() in IMAGE_SUFFIXES

@@ -74,11 +74,10 @@ def row_images(batches: BatchService, batch: Batch, rows: list[Request]) -> dict
 def chart_context(batches: BatchService, batch: Batch, now: float | None = None) -> dict[str, Any]:
     """The throughput chart of a batch's whole life, from its finished lines."""
     now = time.time() if now is None else now
-    tp = throughput.of_batch(batch, batches.progress_series(batch.id, batch.owner), now)
     projection = batches.runner.projections.get(batch.id)
-    if tp.eta is not None and projection is not None and projection.finish_at is not None:
-        # One ETA on the page: the runner's projection (its share among the other batches).
-        tp.eta = max(0.0, projection.finish_at - now)
+    finish_at = projection.finish_at if projection is not None else None
+    series = batches.progress_series(batch.id, batch.owner)
+    tp = throughput.of_batch(batch, series, now, finish_at)
     return {
         "chart": views.throughput_chart(tp),
         "chart_running": batch.status in BatchStatus.ACTIVE,

@@ -20,7 +20,8 @@ from typing import Any
 
 from app.images import ImageError, find_images, prepare
 from app.images.decode import data_url_bytes
-from app.images.parts import FILE_ID
+from app.wire.endpoints import CHAT
+from app.wire.image_parts import image_part, image_source
 
 #: The longer side of a thumbnail, in pixels (shown at half that, sharp on HiDPI screens).
 THUMB_SIDE = 160
@@ -47,15 +48,16 @@ def thumbnail_bytes(data: bytes) -> tuple[bytes, str]:
 
 def image_view(url: str) -> ImageView:
     """What the page shows for an image part's URL (see the module's docstring)."""
-    if url[:5].lower() == "data:":
+    source = image_source(url)
+    if source == "data":
         try:
             small = prepare(data_url_bytes(url, THUMB_MAX_BYTES), to_png=True, max_side=THUMB_SIDE)
         except ImageError as exc:
             return ImageView(None, None, f"not shown: {exc.message}")
         return ImageView(small.data_url(), None, f"image {small.width} x {small.height}")
-    if FILE_ID.match(url):
+    if source == "file":
         return ImageView(f"/web/files/{url}/thumbnail", None, url)
-    if url[:8].lower().startswith(("http://", "https://")):
+    if source == "url":
         return ImageView(None, url, url)
     return ImageView(None, None, f"not shown: {url[:80]}")
 
@@ -68,10 +70,8 @@ def content_views(content: Any) -> list[dict[str, Any]]:
     for part in content:
         if not isinstance(part, dict):
             continue
-        if part.get("type") == "image_url":
-            inner = part.get("image_url")
-            url = inner.get("url") if isinstance(inner, dict) else inner
-            out.append({"image": image_view(str(url or ""))})
+        if (image := image_part(CHAT, part)) is not None:
+            out.append({"image": image_view(str(image.url or ""))})
         elif part.get("type") == "text":
             out.append({"text": str(part.get("text", ""))})
     return out

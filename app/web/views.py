@@ -15,7 +15,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from app.batches import throughput
-from app.batches.projection import Projection
+from app.batches.projection import Projection, seconds_left
 from app.batches.service import LineDetail
 from app.tables import Batch, BatchStatus, File, Request, RequestStatus, WebhookDelivery
 
@@ -134,13 +134,11 @@ def batch_row(
     done = batch.completed + batch.failed
     running = batch.status in BatchStatus.ACTIVE
     in_progress = batch.status == BatchStatus.IN_PROGRESS
-    tok_s, lines_s = tracker.rates(batch, now) if tracker else average_rates(batch, now)
+    tok_s, _ = tracker.rates(batch, now) if tracker else average_rates(batch, now)
     live = projection if in_progress and projection and projection.finish_at else None
     eta = None
-    if live is not None and live.finish_at is not None:
-        eta = max(0.0, live.finish_at - now)
-    elif in_progress and total and lines_s and lines_s > 0:
-        eta = max(0.0, (total - done) / lines_s)  # not projected yet: this batch's own rate
+    if live is not None:  # the one estimate, as the chart and `batchyard run` show it
+        eta = seconds_left(live.finish_at, now, total=total, done=done)
     return {
         "id": batch.id,
         "created": when(batch.created_at, now),
@@ -159,7 +157,7 @@ def batch_row(
         "pct_failed": 100.0 * batch.failed / total if total else 0.0,
         # Counters move as lines finish: before the first one a rate would read as a false 0.
         "tokens_per_s": f"{tok_s:.1f}" if tok_s is not None and running and done else None,
-        "eta": throughput.clock(eta) if eta is not None else None,
+        "eta": throughput.duration(eta) if eta is not None else None,
         # The projected finish (the lane's rate, the lines ahead, the batch's share) and the
         # completion window's end, while it can still run out of it.
         "finish": when(now + eta, now) if eta is not None else None,
@@ -295,7 +293,7 @@ def throughput_chart(tp: throughput.Throughput) -> dict[str, Any]:
                     "w": f"{max(x(b.end) - x(b.start) - 1, 0.5):.1f}",
                     "h": f"{bh:.1f}",
                     "title": f"{b.tokens_per_s:.1f} tokens/s, {b.done} lines done at "
-                    f"{throughput.clock(b.end)}",
+                    f"{throughput.duration(b.end)}",
                 }
             )
     return {
@@ -310,9 +308,9 @@ def throughput_chart(tp: throughput.Throughput) -> dict[str, Any]:
         "bars": bars,
         "total": total,
         "peak": f"{peak:.0f}" if peak else "—",
-        "span": throughput.clock(span),
+        "span": throughput.duration(span),
         "summary": throughput.summary(tp),
-        "eta": throughput.clock(tp.eta) if tp.eta is not None else None,
+        "eta": throughput.duration(tp.eta) if tp.eta is not None else None,
         "done": tp.done,
         "tokens_per_s": f"{tp.tokens_per_s:.1f}" if tp.tokens_per_s is not None else None,
         "peak_tokens_per_s": f"{tp.peak_tokens_per_s:.1f}"

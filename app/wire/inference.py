@@ -124,7 +124,8 @@ class ChatCompletionToolParam(Struct, kw_only=True):
 
 
 #: One of "none", "auto", "required", or {"type": "function", "function": {"name": ...}}.
-#: What an online chat or Responses request may ask for, and what its answer says it got.
+#: What a chat or Responses body may ask for, online or in a batch line; what each runs at
+#: and what its answer names is app/engine/tiers.py's.
 ServiceTier = Literal["auto", "default", "flex"]
 SERVICE_TIER_DOC = doc(
     "`flex` runs at batch priority, behind online requests and among the batch lines the "

@@ -2,7 +2,8 @@
 `flex` runs at batch priority and its answer says `flex`; `auto` and `default` run as
 online requests do and say `default`; any other tier is a 400 that lists the allowed ones.
 A flex request sent while a batch fills the engine waits its turn among the batch lines,
-so a default request sent after it is answered first."""
+so a default request sent after it is answered first. A batch line, chat or Responses,
+takes the same tiers and is refused for the same ones."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ import openai
 import pytest
 from openai import OpenAI
 
-from tests.factories import batch_line, jsonl
+from tests.factories import batch_line, jsonl, jsonl_lines
+from tests.http_helpers import FINISHED, wait_for_status
 from tests.live import LiveServer
 
 MODEL = "gpt-4.1-mini"
@@ -102,6 +104,32 @@ def test_a_flex_request_waits_its_turn_behind_the_batch_lines(sdk: OpenAI) -> No
         assert answered == ["default", "flex"]
     finally:
         sdk.batches.cancel(b.id)
+
+
+@pytest.mark.parametrize("url", ["/v1/chat/completions", "/v1/responses"])
+def test_a_batch_line_takes_the_tiers_the_online_endpoint_takes(sdk: OpenAI, url: str) -> None:
+    def line(cid: str, tier: str) -> dict[str, Any]:
+        if url == "/v1/responses":
+            body = {"input": "Say hello.", "max_output_tokens": 16}
+        else:
+            body = {"messages": HELLO, "max_tokens": 4}
+        return {"custom_id": cid, "method": "POST", "url": url,
+                "body": {"model": MODEL, "service_tier": tier, **body}}  # fmt: skip
+
+    tiers = ("flex", "auto", "default", "priority")
+    f = sdk.files.create(file=("in.jsonl", jsonl(*(line(t, t) for t in tiers))), purpose="batch")
+    b = sdk.batches.create(input_file_id=f.id, endpoint=url, completion_window="24h")  # type: ignore[arg-type]
+    b = wait_for_status(sdk.batches.retrieve, b.id, FINISHED, 300)
+    assert b.status == "completed" and b.request_counts is not None
+    assert (b.request_counts.completed, b.request_counts.failed) == (3, 1)
+    assert b.output_file_id and b.error_file_id
+    out = jsonl_lines(sdk.files.content(b.output_file_id).text)
+    assert sorted(x["custom_id"] for x in out) == ["auto", "default", "flex"]
+    (err,) = jsonl_lines(sdk.files.content(b.error_file_id).text)
+    assert err["custom_id"] == "priority" and err["response"]["status_code"] == 400
+    error = err["response"]["body"]["error"]
+    assert error["param"] == "service_tier" and error["code"] == "invalid_value"
+    assert "'auto', 'default', 'flex'" in error["message"]
 
 
 def _none() -> Any:

@@ -187,18 +187,18 @@ class _Terminal(io.StringIO):
 
 def test_progress_draws_a_bar_on_a_terminal_and_lines_otherwise() -> None:
     tty = _Terminal()
-    bar = Progress(tty, done_before=0)
+    bar = Progress(tty)
     bar.started -= 10  # ten seconds in
     bar.update(5, 20, 12.5)
     bar.update(20, 20, 0.0, final=True)
     text = tty.getvalue()
     assert text.startswith(
-        "\r\x1b[2K[#######.....................] 5/20 lines (25%)  12.5 tok/s  ETA 0:30"
+        "\r\x1b[2K[#######.....................] 5/20 lines (25%)  12.5 tok/s  ETA —"
     )
-    assert text.endswith("20/20 lines (100%)  0.0 tok/s  ETA 0:00\n")
+    assert text.endswith("20/20 lines (100%)  0.0 tok/s  ETA 0 s\n")
 
     plain = io.StringIO()
-    lines = Progress(plain, done_before=0)
+    lines = Progress(plain)
     lines.update(1, 4, 3.0)
     lines.update(2, 4, 3.0)  # within the interval: not printed
     lines.update(4, 4, 3.0, final=True)
@@ -210,12 +210,12 @@ def test_progress_draws_a_bar_on_a_terminal_and_lines_otherwise() -> None:
 
 def test_progress_shows_the_projected_finish_and_a_deadline() -> None:
     tty = _Terminal()
-    bar = Progress(tty, done_before=0)
+    bar = Progress(tty)
     finish = time.time() + 90.4
     bar.update(5, 20, 12.5, finish_at=finish, deadline=finish + 3600)
     shown = time.strftime("%H:%M:%S", time.localtime(finish))
     late = time.strftime("%H:%M:%S", time.localtime(finish + 3600))
-    assert tty.getvalue().endswith(f"ETA 1:30  finishes {shown}  deadline {late}")
+    assert tty.getvalue().endswith(f"ETA 1 min 30 s  finishes {shown}  deadline {late}")
 
 
 def test_run_draws_a_progress_bar_when_stderr_is_a_terminal(tmp_path: Path) -> None:

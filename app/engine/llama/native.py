@@ -20,10 +20,10 @@ import llama_cpp as lc
 import numpy as np
 
 from app.catalog import LoadProfile, quantization
+from app.catalog.estimate import context_sequences
 from app.config import Settings
 from app.engine.base import ModelInfo
 from app.engine.llama.block import SavedCells
-from app.engine.llama.slots import ONLINE_RESERVED_SLOTS
 from app.toolchain.cpu_check import extra_buffers
 from app.toolchain.facts import (
     advice,
@@ -70,15 +70,6 @@ def default_parallel(n_gpu_layers: int) -> int:
         return 64
     # On a CPU too, more rows per forward pass is cheaper per token (bench/README.md).
     return 32
-
-
-def context_sequences(n_slots: int) -> int:
-    """The sequences of a context with `n_slots` slots: ONLINE_RESERVED_SLOTS more, which
-    batch lines never take, so an online request never waits for a batch line to finish
-    while batch lines still decode as many at once as --parallel says (llama-server -np N's
-    N; bench/models.py); except for a single slot, which every request shares. Costs one
-    slot's KV more, which the catalog's estimate counts (catalog/estimate.py)."""
-    return n_slots + ONLINE_RESERVED_SLOTS if n_slots > 1 else n_slots
 
 
 @functools.cache

@@ -15,6 +15,7 @@ from app.engine.llama.jobs import Choice, Job, Task, ToolPlan
 from app.engine.llama.oai import responses_request, tools
 from app.engine.llama.oai.media import Media, bad_image
 from app.engine.llama.oai.sampling import parse_sampling
+from app.engine.tiers import service_tier
 from app.errors import invalid
 from app.wire.endpoints import CHAT, EMBEDDINGS, RESPONSES
 
@@ -139,6 +140,9 @@ class Preparer:
             isinstance(stream_options, dict) and stream_options.get("include_usage")
         )
         if chat:
+            # A batch line's tier is checked as the online endpoint checks it (it runs at
+            # batch priority whatever it names).
+            service_tier(body.get("service_tier"), cls=EngineError)
             plan = job.tools = tools.parse_tools(body)
             call_grammar = tools.grammar(plan)
             if plan is not None and call_grammar is not None:

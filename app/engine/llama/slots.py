@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
+from app.catalog.estimate import ONLINE_SEQUENCES
 from app.engine.base import Priority
 from app.engine.llama.block import Block
 from app.engine.llama.jobs import Choice, Job, Task
@@ -29,9 +30,6 @@ PROMPT_TOKENS_PER_STEP = 512
 #: go into one step, and llama.cpp cuts runs of them into full micro-batches (equal chunks of
 #: consecutive sequences), rather than a prompt or two a step (bench/README.md).
 BATCH_PROMPT_TOKENS_PER_STEP = 2048
-#: Sequences batch lines may not take: they stay free for online requests (the engine's
-#: context holds them besides the --parallel slots: native.context_sequences).
-ONLINE_RESERVED_SLOTS = 1
 #: While an online request decodes, each step takes at most this many batch sequences, in
 #: turns: a step's cost grows with its rows, and the online tokens should not wait for 31.
 ONLINE_BATCH_WINDOW = 8
@@ -248,8 +246,8 @@ class Scheduler(Generic[Round]):
         self.embed_seqs = embed_seqs
         # One sequence is kept from batch lines, so an online request never waits for a
         # batch line to finish (they run to max_tokens); with a single one nothing is kept.
-        # The engine's context has it besides the --parallel slots (native.context_sequences).
-        self.batch_room = n_slots - ONLINE_RESERVED_SLOTS if n_slots > 1 else 1
+        # The engine's context has it besides the --parallel slots (catalog/estimate.py's context_sequences).
+        self.batch_room = n_slots - ONLINE_SEQUENCES if n_slots > 1 else 1
         self.window = 0  # the batch slots' turn while online requests decode (held_back)
 
     def admit(self, queue: list[Task], slots: list[Slot]) -> Admission[Round]:

@@ -34,7 +34,7 @@ Fail = Callable[[Job | None, EngineError], None]
 
 class SlotsContext:
     """The model's main llama.cpp context and its sequences: the `n_slots` slots batch lines
-    take and the one kept for online requests (native.context_sequences)."""
+    take and the one kept for online requests (app/catalog/estimate.py's context_sequences)."""
 
     def __init__(
         self,

@@ -50,10 +50,14 @@ def test_gemma_3_at_ctx_4096_by_one_in_f16() -> None:
 def test_the_estimate_uses_the_engines_micro_batch_and_parallel() -> None:
     assert N_UBATCH == native.N_UBATCH
     assert DEFAULT_PARALLEL == native.default_parallel(0)
-    assert ONLINE_SEQUENCES == slots.ONLINE_RESERVED_SLOTS
-    for parallel in (1, 2, 8, 32):  # the sequences the engine's context is made with
-        profile = LoadProfile(ctx_size=512, parallel=parallel, n_gpu_layers=0, kv_cache_type="f16")
-        assert context_sequences(profile) == native.context_sequences(parallel)
+
+
+def test_a_context_holds_the_online_sequence_besides_several_slots() -> None:
+    assert ONLINE_SEQUENCES == 1
+    assert [context_sequences(n) for n in (1, 2, 8, 32)] == [1, 3, 9, 33]
+    # What a batch line may take of such a context: its slots (slots.py's batch_room).
+    for n in (1, 2, 8, 32):
+        assert slots.Scheduler(context_sequences(n)).batch_room == n
 
 
 def test_sizes_read_as_a_person_reads_them() -> None:

@@ -142,10 +142,11 @@ def test_progress_series_and_chart(done: tuple[Services, str]) -> None:
 
 
 def test_throughput_buckets_rates_and_eta() -> None:
-    # 10 lines a second for 10 seconds, 20 tokens each, of a 200-line batch still running.
+    # 10 lines a second for 10 seconds, 20 tokens each, of a 200-line batch still running,
+    # projected to finish in 10 s.
     series = [(1000 + s, 10, 200) for s in range(10)]
     tp = throughput.throughput(
-        series, total=200, started_at=1000, ended_at=None, now=1010, running=True
+        series, total=200, started_at=1000, ended_at=None, now=1010, running=True, finish_at=1020
     )
     assert tp.done == 100 and tp.tokens == 2000
     assert tp.tokens_per_s == pytest.approx(200.0)

@@ -8,6 +8,8 @@ from app.engine.base import EngineError
 from app.engine.llama.jobs import ToolPlan
 from app.engine.llama.oai import tools
 from app.engine.llama.oai.media import Media, takes_no_images
+from app.wire.endpoints import CHAT
+from app.wire.image_parts import image_part
 
 if TYPE_CHECKING:
     from llama_cpp.llama_types import ChatCompletionRequestMessage
@@ -37,13 +39,11 @@ def message_text(
         texts = []
         for j, part in enumerate(content):
             kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-            if kind == "image_url" and isinstance(part, dict):
+            if (image := image_part(CHAT, part)) is not None:
                 param = f"messages[{index}].content[{j}].image_url"
                 if media is None:
                     raise takes_no_images(model[0] or "this model", param, model[1])
-                image = part.get("image_url")
-                url = image.get("url") if isinstance(image, dict) else image
-                texts.append(media.add(url, f"{param}.url"))
+                texts.append(media.add(image.url, f"{param}.url"))
                 continue
             if kind != "text" or not isinstance(part.get("text"), str):
                 raise EngineError(

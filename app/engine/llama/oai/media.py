@@ -1,5 +1,5 @@
-"""Images in OpenAI bodies, the parts that need no llama.cpp: a data URL's bytes, the images
-a chat prompt collects in order, and the ids an image takes in a prompt's token list.
+"""Images in OpenAI bodies, the parts that need no llama.cpp: the bytes of a data URL the
+engine takes, the images a chat prompt collects in order, and the ids an image takes in a prompt's token list.
 
 A prompt with images is one list of ints, as a text prompt is: text tokens (ids >= 0) and,
 for each image chunk libmtmd cuts it into, one negative id per embedding row. The ids come
@@ -11,12 +11,11 @@ never match. vision.py turns the ids back into the image they stand for.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import hashlib
 from dataclasses import dataclass, field
 
 from app.engine.base import EngineError
+from app.engine.data_urls import DataURLError, is_data_url, parse_data_url
 
 #: Media types the embedded engine decodes itself (llama.cpp's stb_image). The server turns
 #: WEBP into PNG before a line reaches the engine; the others are here for direct callers.
@@ -50,34 +49,29 @@ def takes_no_images(model: str, param: str, why: str | None = None) -> EngineErr
 
 
 def image_bytes(url: object, param: str) -> bytes:
-    """The bytes of a `data:image/...;base64,` URL; a 400 naming `param` for anything else."""
+    """The bytes of a base64 data URL (app/engine/data_urls.py parses it) of a type the
+    engine decodes; a 400 naming `param` for anything else."""
     if not isinstance(url, str):
         raise bad_image(f"{param} must be a string URL.", param, "invalid_type")
-    if not url.startswith("data:"):
+    if not is_data_url(url):
         raise bad_image(
             f"{param}: the embedded engine takes images as data URLs "
             "(data:image/png;base64,... or data:image/jpeg;base64,...).",
             param,
             "invalid_image_url",
         )
-    header, comma, data = url.partition(",")
-    fields = header[len("data:") :].split(";")
-    media = fields[0].lower()
-    if not comma or "base64" not in fields[1:]:
-        raise bad_image(f"{param}: a data URL must be base64 encoded.", param, "invalid_image_url")
-    if media not in MEDIA_TYPES:
+    try:
+        parsed = parse_data_url(url)
+    except DataURLError as exc:
+        raise bad_image(f"{param}: {exc.message}", param, exc.code) from None
+    if parsed.media_type not in MEDIA_TYPES:
         raise bad_image(
-            f"{param}: images of type {media or 'unknown'} are not taken here; send PNG or JPEG.",
+            f"{param}: images of type {parsed.media_type or 'unknown'} are not taken here; "
+            "send PNG or JPEG.",
             param,
             "invalid_image_format",
         )
-    try:
-        raw = base64.b64decode("".join(data.split()), validate=True)
-    except (binascii.Error, ValueError):
-        raise bad_image(f"{param}: the data URL is not valid base64.", param) from None
-    if not raw:
-        raise bad_image(f"{param}: the image is empty.", param)
-    return raw
+    return parsed.data
 
 
 @dataclass

@@ -14,7 +14,10 @@ from typing import Any
 from app.engine.base import EngineError
 from app.engine.llama.jobs import ResponseRequest
 from app.engine.llama.oai.tools import bad_param
+from app.engine.tiers import service_tier
 from app.errors import missing
+from app.wire.endpoints import RESPONSES
+from app.wire.image_parts import image_part
 
 #: Fields a Responses body may carry; anything else is refused by name, like OpenAI does.
 KNOWN = {
@@ -68,23 +71,22 @@ def _user_content(content: Any, param: str) -> str | list[dict[str, Any]]:
     """A user message's content: its text, or chat parts when it holds `input_image` parts
     (each one a chat `image_url` part, so the chat path places the image)."""
     if not isinstance(content, list) or not any(
-        isinstance(part, dict) and part.get("type") == "input_image" for part in content
+        image_part(RESPONSES, part) is not None for part in content
     ):
         return _text(content, param, ("input_text",))
     parts: list[dict[str, Any]] = []
     for j, part in enumerate(content):
-        if isinstance(part, dict) and part.get("type") == "input_image":
-            url = part.get("image_url")
-            if url is None:
-                what = "a file_id" if part.get("file_id") is not None else "no image_url"
+        if (found := image_part(RESPONSES, part)) is not None:
+            if found.url is None:
+                what = "a file_id" if found.file_id is not None else "no image_url"
                 raise bad_param(
                     f"{param}[{j}] has {what}; the embedded engine takes an image as a data "
                     "URL in 'image_url'.",
                     f"{param}[{j}].image_url",
                 )
-            image: dict[str, Any] = {"url": url}
-            if part.get("detail") is not None:
-                image["detail"] = part["detail"]
+            image: dict[str, Any] = {"url": found.url}
+            if found.detail is not None:
+                image["detail"] = found.detail
             parts.append({"type": "image_url", "image_url": image})
         elif (
             isinstance(part, dict)
@@ -272,8 +274,7 @@ def _refuse_unsupported(body: dict[str, Any]) -> None:
             "is refused.",
             "truncation",
         )
-    if body.get("service_tier") not in (None, "auto", "default"):
-        raise bad_param("'service_tier' must be 'auto' or 'default'.", "service_tier")
+    service_tier(body.get("service_tier"), cls=EngineError)
     store = body.get("store")
     if store is not None and not isinstance(store, bool):
         raise bad_param("'store' must be true or false.", "store", "invalid_type")

@@ -88,7 +88,7 @@ def test_a_data_url_gives_its_bytes_and_anything_else_a_400_naming_the_part() ->
     assert media.image_bytes(data_url(PNG, "jpeg"), "p") == PNG
     for url, code in [
         ("https://example.com/cat.png", "invalid_image_url"),
-        ("data:image/png,rawbytes", "invalid_image_url"),
+        ("data:image/png,rawbytes", "invalid_image"),  # malformed: the parser's code
         (data_url(PNG, "webp"), "invalid_image_format"),
         ("data:image/png;base64,!!!", "invalid_image"),
         ("data:image/png;base64,", "invalid_image"),

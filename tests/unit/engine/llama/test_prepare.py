@@ -10,7 +10,7 @@ import pytest
 from app.engine.base import EngineError, Priority
 from app.engine.llama.jobs import Job, Task
 from app.engine.llama.prepare import Preparer, is_token_list
-from app.wire.endpoints import CHAT, COMPLETIONS, EMBEDDINGS
+from app.wire.endpoints import CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES
 
 BOS = 1
 
@@ -121,3 +121,17 @@ def test_embedding_inputs() -> None:
     assert refused(EMBEDDINGS, {"input": []}).code == "invalid_type"
     error = refused(EMBEDDINGS, {"input": "x" * 64})  # BOS makes it 65
     assert (error.code, error.param) == ("context_length_exceeded", "input")
+
+
+@pytest.mark.parametrize("endpoint", [CHAT, RESPONSES])
+def test_a_lines_service_tier_is_checked_alike_on_chat_and_responses(endpoint: str) -> None:
+    def body(tier: str) -> dict[str, Any]:
+        if endpoint == CHAT:
+            return {"messages": [{"role": "user", "content": "hi"}], "service_tier": tier}
+        return {"input": "hi", "service_tier": tier}
+
+    for tier in ("auto", "default", "flex"):
+        assert prepare(endpoint, body(tier))[1]
+    err = refused(endpoint, body("priority"))
+    assert (err.param, err.code) == ("service_tier", "invalid_value")
+    assert "'auto', 'default', 'flex'" in err.message
