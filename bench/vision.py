@@ -1,13 +1,13 @@
 """Image lines: batchyard against llama.cpp's llama-server with the same vision model.
 
-The model is the test vision pair (bench/vision_model.py: SmolLM2-135M-Instruct's weights
+The model is the test vision pair (harness/vision_model.py: SmolLM2-135M-Instruct's weights
 and a random-weight SmolVLM projector, 128x128 images of 32 image positions each, or
---projector gemma3), written once per machine (tests/vision.py's cache). Its encoder is tiny
-(about 20 ms an image), so `--shape smolvlm` writes one of SmolVLM-256M's real shapes
-instead (a 12-layer, 768-wide SigLIP on 512x512 tiles, 64 positions a tile: 374 MB of f32,
-seconds an image on a CPU), where encoding costs what it costs a user. Two workloads, each
-N chat lines that ask one question of one PNG (noise, so no two images look alike), 4 tokens
-out:
+--projector gemma3), written once per machine into ~/.cache/batchyard/bench-models. Its
+encoder is tiny (about 20 ms an image), so `--shape smolvlm` writes one of SmolVLM-256M's
+real shapes instead (a 12-layer, 768-wide SigLIP on 512x512 tiles, 64 positions a tile: 374
+MB of f32, seconds an image on a CPU), where encoding costs what it costs a user. Two
+workloads, each N chat lines that ask one question of one PNG (noise, so no two images look
+alike), 4 tokens out:
 
   distinct  every line its own image
   shared    every image asked about by 8 lines (N/8 images), the lines shuffled: the batch a
@@ -41,7 +41,6 @@ import sys
 import tempfile
 import time
 from base64 import b64encode
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -50,11 +49,11 @@ sys.path.insert(0, str(ROOT))
 
 from bench.throughput import (  # noqa: E402 (the checkout on the path first)
     Result,
-    _cached,
-    _post,
-    _usage,
+    cached_of,
     cpu_seconds,
     free_port,
+    through_llama_server,
+    tokens_of,
     wait_up,
 )
 
@@ -102,22 +101,17 @@ def bodies_for(workload: str, n: int, max_tokens: int, seed: int = 7) -> list[di
 
 
 def pair(projector: str, shape: str) -> Path:
-    """The vision pair's folder, written once (tests/vision.py's cache; the smolvlm shape in
-    ~/.cache/batchyard/bench-models)."""
-    from tests.vision import vision_model_dir
+    """The vision pair's folder in ~/.cache/batchyard/bench-models, written once
+    (harness/vision_model.py): the test pair's small shapes, or SmolVLM-256M's."""
+    from harness.vision_model import Projector, written_pair
 
-    if shape == "small":
-        return vision_model_dir(projector)
-    from bench import vision_model
-
-    folder = Path.home() / ".cache" / "batchyard" / "bench-models" / f"vision-{shape}-{projector}"
-    if not (folder / "mmproj.gguf").is_file():
-        real = vision_model.Projector(
+    kind = Projector(kind=projector)
+    if shape != "small":
+        kind = Projector(
             kind=projector, image_size=512, patch_size=16, n_embd=768, n_ff=3072, n_head=12,
             n_layer=12, scale_factor=4,
         )  # fmt: skip
-        vision_model.write(folder, projector=real)
-    return folder
+    return written_pair(Path.home() / ".cache" / "batchyard" / "bench-models" / "vision", kind)
 
 
 def run_batchyard(
@@ -181,8 +175,12 @@ def run_batchyard(
             for line in client.files.content(batch.output_file_id).text.splitlines():
                 if line.strip():
                     body = json.loads(line)["response"]["body"]
-                    p, c = _usage(body)
-                    prompt, completion, cached = prompt + p, completion + c, cached + _cached(body)
+                    p, c = tokens_of(body)
+                    prompt, completion, cached = (
+                        prompt + p,
+                        completion + c,
+                        cached + cached_of(body),
+                    )
             return Result(elapsed, prompt, completion, cpu, cached)
         finally:
             server.terminate()
@@ -206,27 +204,7 @@ def run_llama_server(
            str(folder / "mmproj.gguf"), "--host", "127.0.0.1", "--port", str(port),
            "-np", str(args.parallel), "-c", str(args.parallel * CTX), "-t", str(args.threads),
            "-tb", str(args.threads), "--no-webui", "-fa", "on", "-ctk", "q8_0", "-ctv", "q8_0"]  # fmt: skip
-    with tempfile.TemporaryFile() as logf:
-        server = subprocess.Popen(cmd, stdout=logf, stderr=logf)
-        try:
-            try:
-                wait_up(f"http://127.0.0.1:{port}/health", server, "llama-server")
-            except RuntimeError:
-                logf.seek(0)
-                raise RuntimeError(logf.read()[-3000:].decode(errors="replace")) from None
-            url = f"http://127.0.0.1:{port}/v1/chat/completions"
-            start, cpu = time.perf_counter(), cpu_seconds(server.pid)
-            with ThreadPoolExecutor(in_flight) as pool:
-                outs = list(pool.map(lambda b: _post(url, b), bodies))
-            elapsed, cpu = time.perf_counter() - start, cpu_seconds(server.pid) - cpu
-            usages = [_usage(o) for o in outs]
-            cached = sum(_cached(o) for o in outs)
-            return Result(
-                elapsed, sum(p for p, _ in usages), sum(c for _, c in usages), cpu, cached
-            )
-        finally:
-            server.terminate()
-            server.wait(timeout=30)
+    return through_llama_server(cmd, port, "/v1/chat/completions", bodies, in_flight)
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:

@@ -1,4 +1,4 @@
-"""Real processes from the checkout: `batchyard serve` on a free port, and the CLI's other commands."""
+"""`batchyard serve` from a checkout as a real process on a free port, for tests and benches."""
 
 from __future__ import annotations
 
@@ -12,10 +12,11 @@ from typing import Any
 
 import httpx
 
-from tests.waiting import until
+from harness.waiting import until
 
 ROOT = Path(__file__).resolve().parent.parent
 OUTPUT = ROOT / "test-output"
+#: `batchyard` as this Python runs it from a checkout (PYTHONPATH: checkout_env).
 CLI = [sys.executable, "-m", "app.cli"]
 
 
@@ -28,29 +29,6 @@ def free_port() -> int:
 def checkout_env(extra: dict[str, str] | None = None, root: Path = ROOT) -> dict[str, str]:
     """This environment, with Python pointed at the checkout (so the worktree's code runs)."""
     return {**os.environ, "PYTHONPATH": str(root), "PYTHONUNBUFFERED": "1", **(extra or {})}
-
-
-def batchyard(
-    *args: str, env: dict[str, str] | None = None, timeout: float = 120
-) -> subprocess.CompletedProcess[str]:
-    """Run `batchyard ARGS` from the checkout to its end; its output captured as text."""
-    return subprocess.run(
-        [*CLI, *args],
-        cwd=ROOT,
-        env=checkout_env(env),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-
-
-def start_batchyard(
-    *args: str, env: dict[str, str] | None = None, **popen: Any
-) -> subprocess.Popen[str]:
-    """Start `batchyard ARGS` from the checkout; stdout and stderr are pipes unless `popen`
-    says otherwise."""
-    streams = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, **popen}
-    return subprocess.Popen([*CLI, *args], cwd=ROOT, env=checkout_env(env), text=True, **streams)
 
 
 @dataclass
@@ -135,41 +113,3 @@ def stop_process(process: subprocess.Popen[Any], timeout: float = 15) -> None:
 
 def stop_server(server: LiveServer) -> None:
     stop_process(server.process)
-
-
-@dataclass
-class InProcessServer:
-    """A real HTTP server on a free port, serving an app made in this process (so a test
-    can hand it a FakeEngine): uvicorn in a thread."""
-
-    url: str
-    server: Any
-    thread: Any
-
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=15)
-
-
-def serve_in_thread(app: Any, timeout: float = 30) -> InProcessServer:
-    import threading
-
-    import uvicorn
-
-    port = free_port()
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning")
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, name="test-uvicorn", daemon=True)
-    thread.start()
-
-    def started() -> bool:
-        if not thread.is_alive():
-            raise RuntimeError("the in-process server's thread ended before it started")
-        return bool(server.started)
-
-    try:
-        until(started, timeout, "the in-process server to start")
-    except AssertionError:
-        server.should_exit = True
-        raise
-    return InProcessServer(f"http://127.0.0.1:{port}", server, thread)

