@@ -247,64 +247,79 @@ def run_batchyard(
     src: Path, model: Path, endpoint: str, bodies: list[dict[str, Any]], args: argparse.Namespace
 ) -> Result:
     """(a)/(c): `batchyard serve` from checkout `src`, end to end through the openai SDK."""
+    with tempfile.TemporaryDirectory() as tmp:
+        serve_args = ["--data-dir", tmp, "--parallel", str(args.parallel), "--ctx-size",
+                      str(args.ctx_size), "--model", str(model), "--kv-cache-type",
+                      args.kv_cache_type, "--threads", str(args.threads), "--n-gpu-layers",
+                      str(args.n_gpu_layers),
+                      # llama-server runs at normal priority; on a CPU batchyard's default is
+                      # the lowest (SCHED_IDLE), which any other load on the machine starves.
+                      "--engine-priority", "normal"]  # fmt: skip
+        key = os.environ.get("BATCHYARD_BENCH_KEY", "bench")
+        return through_batchyard(src, serve_args, Path(tmp) / "serve.log", endpoint, bodies, key)
+
+
+def through_batchyard(
+    src: Path,
+    serve_args: list[str],
+    log: Path,
+    endpoint: str,
+    bodies: list[dict[str, Any]],
+    api_key: str = "bench",
+) -> Result:
+    """`batchyard serve SERVE_ARGS` from checkout `src` on a free port (its output in `log`),
+    and the bodies as one batch through the openai SDK, from create to completed: the wall
+    time, the tokens its output counts, and the server's CPU seconds. Stopped afterwards."""
     from openai import OpenAI
 
     port = free_port()
-    with tempfile.TemporaryDirectory() as tmp:
-        cmd = [sys.executable, "-m", "app.cli", "serve", "--no-browser", "--port", str(port),
-               "--data-dir", tmp, "--parallel", str(args.parallel), "--ctx-size",
-               str(args.ctx_size), "--model", str(model), "--kv-cache-type", args.kv_cache_type,
-               "--threads", str(args.threads), "--n-gpu-layers", str(args.n_gpu_layers),
-               # llama-server runs at normal priority; on a CPU batchyard's default is the
-               # lowest (SCHED_IDLE), which any other load on the machine starves.
-               "--engine-priority", "normal"]  # fmt: skip
-        # The checkout first; what PYTHONPATH held stays (bench/gpu.sh's dependencies live there).
-        path = os.pathsep.join(x for x in (str(src), os.environ.get("PYTHONPATH", "")) if x)
-        env = {**os.environ, "PYTHONPATH": path}
-        with open(Path(tmp) / "serve.log", "wb") as logf:
-            server = subprocess.Popen(cmd, cwd=src, env=env, stdout=logf, stderr=logf)
-        try:
-            base = f"http://127.0.0.1:{port}/v1"
-            wait_up(f"{base}/models", server, "batchyard serve")
-            client = OpenAI(base_url=base, api_key=os.environ.get("BATCHYARD_BENCH_KEY", "bench"))
-            jsonl = "".join(
-                json.dumps({"custom_id": f"line-{i}", "method": "POST", "url": endpoint, "body": b})
-                + "\n"
-                for i, b in enumerate(bodies)
-            )
-            upload = client.files.create(
-                file=("bench.jsonl", io.BytesIO(jsonl.encode())), purpose="batch"
-            )
-            start, cpu = time.perf_counter(), cpu_seconds(server.pid)
-            batch = client.batches.create(
-                input_file_id=upload.id,
-                endpoint=endpoint,  # type: ignore[arg-type]
-                completion_window="24h",
-            )
-            while batch.status not in ("completed", "failed", "expired", "cancelled"):
-                time.sleep(0.1)
-                batch = client.batches.retrieve(batch.id)
-            elapsed, cpu = time.perf_counter() - start, cpu_seconds(server.pid) - cpu
-            if batch.status != "completed" or not batch.output_file_id:
-                errors = batch.errors.data[:3] if batch.errors and batch.errors.data else None
-                raise RuntimeError(f"batch ended {batch.status}: {errors}")
-            if batch.request_counts and batch.request_counts.failed:
-                raise RuntimeError(f"{batch.request_counts.failed} lines failed")
-            output = client.files.content(batch.output_file_id).text
-            prompt = completion = cached = 0
-            for line in output.splitlines():
-                if line.strip():
-                    body = json.loads(line)["response"]["body"]
-                    p, c = tokens_of(body)
-                    prompt, completion, cached = (
-                        prompt + p,
-                        completion + c,
-                        cached + cached_of(body),
-                    )
-            return Result(elapsed, prompt, completion, cpu, cached)
-        finally:
-            server.terminate()
-            server.wait(timeout=30)
+    cmd = [sys.executable, "-m", "app.cli", "serve", "--no-browser", "--port", str(port)]
+    # The checkout first; what PYTHONPATH held stays (bench/gpu.sh's dependencies live there).
+    path = os.pathsep.join(x for x in (str(src), os.environ.get("PYTHONPATH", "")) if x)
+    with open(log, "wb") as logf:
+        server = subprocess.Popen(
+            [*cmd, *serve_args],
+            cwd=src,
+            env={**os.environ, "PYTHONPATH": path},
+            stdout=logf,
+            stderr=logf,
+        )
+    try:
+        base = f"http://127.0.0.1:{port}/v1"
+        wait_up(f"{base}/models", server, "batchyard serve")
+        client = OpenAI(base_url=base, api_key=api_key)
+        jsonl = "".join(
+            json.dumps({"custom_id": f"line-{i}", "method": "POST", "url": endpoint, "body": b})
+            + "\n"
+            for i, b in enumerate(bodies)
+        )
+        upload = client.files.create(
+            file=("bench.jsonl", io.BytesIO(jsonl.encode())), purpose="batch"
+        )
+        start, cpu = time.perf_counter(), cpu_seconds(server.pid)
+        batch = client.batches.create(
+            input_file_id=upload.id,
+            endpoint=endpoint,  # type: ignore[arg-type]
+            completion_window="24h",
+        )
+        while batch.status not in ("completed", "failed", "expired", "cancelled"):
+            time.sleep(0.1)
+            batch = client.batches.retrieve(batch.id)
+        elapsed, cpu = time.perf_counter() - start, cpu_seconds(server.pid) - cpu
+        counts = batch.request_counts
+        if batch.status != "completed" or not batch.output_file_id or (counts and counts.failed):
+            errors = batch.errors.data[:3] if batch.errors and batch.errors.data else None
+            raise RuntimeError(f"batch ended {batch.status}, {counts}: {errors}")
+        prompt = completion = cached = 0
+        for line in client.files.content(batch.output_file_id).text.splitlines():
+            if line.strip():
+                body = json.loads(line)["response"]["body"]
+                p, c = tokens_of(body)
+                prompt, completion, cached = prompt + p, completion + c, cached + cached_of(body)
+        return Result(elapsed, prompt, completion, cpu, cached)
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
 
 
 def run_engine(

@@ -31,12 +31,10 @@ from __future__ import annotations
 
 import argparse
 import io
-import json
 import os
 import random
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -49,12 +47,10 @@ sys.path.insert(0, str(ROOT))
 
 from bench.throughput import (  # noqa: E402 (the checkout on the path first)
     Result,
-    cached_of,
-    cpu_seconds,
+    binaries,
     free_port,
+    through_batchyard,
     through_llama_server,
-    tokens_of,
-    wait_up,
 )
 
 MODEL = "vision"
@@ -119,76 +115,23 @@ def run_batchyard(
 ) -> Result:
     """(a): `batchyard serve` with the pair in its --models-dir, end to end through the SDK;
     `root`: the checkout it runs from (--old: another commit's)."""
-    from openai import OpenAI
-
-    port = free_port()
     with tempfile.TemporaryDirectory() as tmp:
         models = Path(tmp) / "models" / MODEL
         models.mkdir(parents=True)
         for name in ("model.gguf", "mmproj.gguf"):
             (models / name).symlink_to(folder / name)
-        cmd = [sys.executable, "-m", "app.cli", "serve", "--no-browser", "--port", str(port),
-               "--data-dir", str(Path(tmp) / "data"), "--models-dir", str(models.parent),
-               "--no-discover", "--default-model", MODEL, "--parallel", str(args.parallel),
-               "--ctx-size", str(CTX), "--threads", str(args.threads),
-               "--engine-priority", "normal", *args.batchyard_arg]  # fmt: skip
-        path = os.pathsep.join(x for x in (str(root), os.environ.get("PYTHONPATH", "")) if x)
-        with open(Path(tmp) / "serve.log", "wb") as logf:
-            server = subprocess.Popen(
-                cmd, cwd=root, env={**os.environ, "PYTHONPATH": path}, stdout=logf, stderr=logf
-            )
+        serve_args = ["--data-dir", str(Path(tmp) / "data"), "--models-dir", str(models.parent),
+                      "--no-discover", "--default-model", MODEL, "--parallel", str(args.parallel),
+                      "--ctx-size", str(CTX), "--threads", str(args.threads),
+                      "--engine-priority", "normal", *args.batchyard_arg]  # fmt: skip
+        log = Path(tmp) / "serve.log"
         try:
-            base = f"http://127.0.0.1:{port}/v1"
-            wait_up(f"{base}/models", server, "batchyard serve")
-            client = OpenAI(base_url=base, api_key="bench")
-            jsonl = "".join(
-                json.dumps(
-                    {
-                        "custom_id": f"l{i}",
-                        "method": "POST",
-                        "url": "/v1/chat/completions",
-                        "body": b,
-                    }  # fmt: skip
-                )
-                + "\n"
-                for i, b in enumerate(bodies)
-            )
-            upload = client.files.create(
-                file=("bench.jsonl", io.BytesIO(jsonl.encode())), purpose="batch"
-            )
-            start, cpu = time.perf_counter(), cpu_seconds(server.pid)
-            batch = client.batches.create(
-                input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h"
-            )
-            while batch.status not in ("completed", "failed", "expired", "cancelled"):
-                time.sleep(0.1)
-                batch = client.batches.retrieve(batch.id)
-            elapsed, cpu = time.perf_counter() - start, cpu_seconds(server.pid) - cpu
-            counts = batch.request_counts
-            if (
-                batch.status != "completed"
-                or not batch.output_file_id
-                or (counts and counts.failed)
-            ):
-                raise RuntimeError(f"batch ended {batch.status}, {counts}")
-            prompt = completion = cached = 0
-            for line in client.files.content(batch.output_file_id).text.splitlines():
-                if line.strip():
-                    body = json.loads(line)["response"]["body"]
-                    p, c = tokens_of(body)
-                    prompt, completion, cached = (
-                        prompt + p,
-                        completion + c,
-                        cached + cached_of(body),
-                    )
-            return Result(elapsed, prompt, completion, cpu, cached)
+            return through_batchyard(root, serve_args, log, "/v1/chat/completions", bodies)
         finally:
-            server.terminate()
-            server.wait(timeout=30)
             if args.log_dir:  # kept for a look at where the time went
                 Path(args.log_dir).mkdir(parents=True, exist_ok=True)
                 name = f"batchyard-{root.name}-{time.strftime('%H%M%S')}.log"
-                shutil.copyfile(Path(tmp) / "serve.log", Path(args.log_dir) / name)
+                shutil.copyfile(log, Path(args.log_dir) / name)
 
 
 def run_llama_server(
@@ -233,18 +176,6 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     args.threads = args.threads or os.cpu_count() or 1
     return args
-
-
-def binaries(args: argparse.Namespace) -> Path:
-    if args.server_bin:
-        return Path(args.server_bin)
-    out = subprocess.run(
-        ["bash", str(ROOT / "bench" / "build_llama_server.sh"), sys.executable],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return Path(out.stdout.strip())
 
 
 def show(name: str, r: Result, n: int) -> None:
