@@ -302,7 +302,8 @@ def burst_phase(api: str, clients: int) -> dict[str, Any]:
 def load_phase(
     api: str, batch_id: str, clients: int, duration: float, think: float
 ) -> tuple[dict[str, Any], float | None, list[str]]:
-    tally, made, stop = Tally(), [], threading.Event()
+    tally, stop = Tally(), threading.Event()
+    made: list[str] = []
     threads = [
         threading.Thread(
             target=client_loop,

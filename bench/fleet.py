@@ -1,8 +1,8 @@
 """One node feeding a fast upstream: batchyard's own cost per line, against a direct client.
 
-A tiny upstream inside the bench (its own process, aiohttp on uvloop) answers every
-`/v1/chat/completions` after --latency-ms and lists one model on `/v1/models`: it stands for
-a GPU server answering short lines, so what is measured is the front's own cost. In one run:
+The fixed-latency upstream (harness/upstream.py: its own process, aiohttp on uvloop)
+answers every `/v1/chat/completions` after --latency-ms and lists one model on `/v1/models`:
+it stands for a GPU server answering short lines, so what is measured is the front's own cost. In one run:
 
   direct   the N bodies POSTed straight to the upstream by aiohttp, C at a time;
   sqlite   the N lines as one batch through `batchyard serve --no-embedded
@@ -20,7 +20,7 @@ and reports the rate against one node. `--profile DIR` records py-spy (raw) of e
 runs each front from another checkout too (`git archive COMMIT | tar -x -C DIR`), in the same
 rounds, so a change is measured side by side; `--rounds N` repeats them and prints medians.
 `--s3` runs each front also with its files in a bucket on SeaweedFS (`NAME-s3`, started here
-by tests/seaweed.py) and prints the lines/s on S3 over those on the data dir.
+by harness/seaweed.py) and prints the lines/s on S3 over those on the data dir.
 
     python bench/fleet.py                      # 3,000 lines, C=64, 20 ms
     python bench/fleet.py --lines 50000 --only sqlite,pg
@@ -88,72 +88,15 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.live import LiveServer, free_port, start_server, stop_server  # noqa: E402
-from tests.seaweed import Seaweed, seaweed_server  # noqa: E402
+from harness.live import LiveServer, start_server, stop_process, stop_server  # noqa: E402
+from harness.postgres import SHARED_SERVER, PgDatabase  # noqa: E402
+from harness.seaweed import Seaweed, seaweed_server  # noqa: E402
+from harness.upstream import CHAT, MODEL, start_upstream  # noqa: E402
 
-MODEL = "fleet-model"
-CHAT = "/v1/chat/completions"
-DEFAULT_PG = "postgresql+psycopg://root@127.0.0.1:5432/test"
 TICKS = os.sysconf("SC_CLK_TCK")
 
 
 # -- the upstream ------------------------------------------------------------------------
-
-
-def serve_upstream(port: int, latency_ms: float) -> None:
-    """Run the fixed-latency upstream (the child process's whole life)."""
-    import uvloop
-    from aiohttp import web
-
-    answer = {
-        "id": "chatcmpl-fleet",
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": MODEL,
-        "choices": [
-            {
-                "index": 0,
-                "message": {"role": "assistant", "content": "A"},
-                "finish_reason": "length",
-            }
-        ],
-        "usage": {"prompt_tokens": 9, "completion_tokens": 1, "total_tokens": 10},
-    }
-    body = json.dumps(answer).encode()
-    models = json.dumps(
-        {"object": "list", "data": [{"id": MODEL, "object": "model", "owned_by": "bench"}]}
-    ).encode()
-
-    async def chat(request: web.Request) -> web.Response:
-        await request.read()
-        await asyncio.sleep(latency_ms / 1000)
-        return web.Response(body=body, content_type="application/json")
-
-    async def list_models(request: web.Request) -> web.Response:
-        return web.Response(body=models, content_type="application/json")
-
-    app = web.Application()
-    app.router.add_post(CHAT, chat)
-    app.router.add_get("/v1/models", list_models)
-    uvloop.install()
-    web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None, backlog=1024)
-
-
-def start_upstream(latency_ms: float) -> tuple[subprocess.Popen[bytes], str]:
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, __file__, "--upstream-only", str(port), "--latency-ms", str(latency_ms)]
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 30
-    while time.time() < deadline:
-        try:
-            if httpx.get(url + "/v1/models", timeout=2).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            time.sleep(0.1)
-    proc.kill()
-    raise SystemExit("the bench's upstream did not start")
 
 
 def first_model(url: str) -> str:
@@ -243,26 +186,6 @@ def descendants(pid: int) -> list[int]:
             out += kids
             todo += kids
     return out
-
-
-class PgDatabase:
-    """A fresh database on the server for one front, dropped afterwards."""
-
-    def __init__(self, server_url: str) -> None:
-        from sqlalchemy import create_engine, make_url, text
-
-        self._text = text
-        server = make_url(server_url)
-        self.name = f"batchyard_fleet_{secrets.token_hex(5)}"
-        self.admin = create_engine(server, isolation_level="AUTOCOMMIT")
-        with self.admin.connect() as conn:
-            conn.execute(text(f'CREATE DATABASE "{self.name}"'))
-        self.url = server.set(database=self.name).render_as_string(hide_password=False)
-
-    def drop(self) -> None:
-        with self.admin.connect() as conn:
-            conn.execute(self._text(f'DROP DATABASE IF EXISTS "{self.name}" WITH (FORCE)'))
-        self.admin.dispose()
 
 
 def pg_reachable(url: str) -> bool:
@@ -416,7 +339,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--latency-ms", type=float, default=20.0)
     p.add_argument("--only", default="direct,sqlite,pg", help="which of direct,sqlite,pg to run")
     p.add_argument("--nodes", type=int, default=1, help="2: also two nodes on PostgreSQL")
-    p.add_argument("--pg-server", default=os.environ.get("BATCHYARD_TEST_DATABASE_URL", DEFAULT_PG))
+    p.add_argument(
+        "--pg-server", default=os.environ.get("BATCHYARD_TEST_DATABASE_URL", SHARED_SERVER)
+    )
     p.add_argument("--profile", default="", help="a folder for py-spy's raw profiles")
     p.add_argument("--label", default="run", help="names the profiles")
     p.add_argument("--profile-rate", type=int, default=50, help="py-spy's samples a second")
@@ -428,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--s3",
         action="store_true",
-        help="each front also with its files on SeaweedFS (tests/seaweed.py), named NAME-s3",
+        help="each front also with its files on SeaweedFS (harness/seaweed.py), named NAME-s3",
     )
     p.add_argument(
         "--upstream-url", default="", help="a server already running there instead of the stand-in"
@@ -438,11 +363,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--poll-ms", type=float, default=20.0, help="the bench's list + retrieve pair, every N ms"
     )
-    p.add_argument("--upstream-only", type=int, default=0, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    if args.upstream_only:
-        serve_upstream(args.upstream_only, args.latency_ms)
-        return 0
     only = set(args.only.split(","))
     proc: subprocess.Popen[bytes] | None = None
     if args.upstream_url:
@@ -541,8 +462,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         stack.close()
         if proc is not None:
-            proc.terminate()
-            proc.wait(10)
+            stop_process(proc)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
     return 0

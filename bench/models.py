@@ -66,7 +66,7 @@ from bench.throughput import (  # noqa: E402
     llama_ngl,
     wait_up,
 )
-from tests.live import stop_process  # noqa: E402
+from harness.live import stop_process  # noqa: E402
 
 #: The router's log line for each load (tools/server/server-models.cpp, `load`).
 ROUTER_LOAD = re.compile(r"spawning server instance with name=(\S+) on port")
@@ -137,7 +137,8 @@ def big_models() -> dict[str, Path]:
     """Three random-weight models of about 1.07 B parameters, each its own file: one written
     with bench/gpu_models.py's Llama-3.2-1B shapes, then copied (a copy is another file to
     read, as a different model of that size would be)."""
-    from bench.gpu_models import MODELS, extract_tokenizer, write_model
+    from bench.gpu_models import MODELS
+    from harness.random_models import extract_tokenizer, write_model
 
     shapes = next(m for m in MODELS if m.name == "llama-1b-random")
     first = cache_dir() / "llama-1b-random-a.gguf"

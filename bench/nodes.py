@@ -33,8 +33,8 @@ import httpx
 from sqlalchemy import create_engine, make_url, text
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "bench"))
-from api_load import chat_line, create_batch, start_server  # noqa: E402
+sys.path.insert(0, str(ROOT))
+from bench.api_load import chat_line, create_batch, start_server  # noqa: E402
 
 DEFAULT_SERVER = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 
@@ -84,7 +84,7 @@ def one_round(
             seconds = time.perf_counter() - started
         engine = create_engine(db.url)
         with engine.connect() as conn:
-            by_node = dict(
+            by_node: dict[str, int] = dict(
                 conn.execute(
                     text(
                         "SELECT split_part(claimed_by, '-', 1), count(*) FROM request "

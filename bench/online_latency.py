@@ -29,10 +29,11 @@ sys.path.insert(0, str(ROOT))
 
 import httpx  # noqa: E402
 from openai import OpenAI  # noqa: E402
+from openai.types.chat import ChatCompletionMessageParam  # noqa: E402
 
-from tests.live import start_server, stop_server  # noqa: E402
+from harness.live import start_server, stop_server  # noqa: E402
 
-QUESTION = [{"role": "user", "content": "Name a color."}]
+QUESTION: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Name a color."}]
 
 
 def timed_requests(client: OpenAI, n: int, max_tokens: int) -> list[float]:
@@ -43,7 +44,7 @@ def timed_requests(client: OpenAI, n: int, max_tokens: int) -> list[float]:
             model="any",
             messages=QUESTION,
             max_tokens=max_tokens,
-            temperature=0,  # type: ignore[arg-type]
+            temperature=0,
         )
         out.append(time.perf_counter() - start)
     return out

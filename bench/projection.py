@@ -1,6 +1,6 @@
 """How far the projected finish times are off: a few batches of two owners on one node.
 
-A `batchyard serve` (two API keys, so two owners) feeds bench/fleet.py's fixed-latency
+A `batchyard serve` (two API keys, so two owners) feeds harness/upstream.py's fixed-latency
 upstream (--latency-ms, --concurrency), or with --embedded the embedded default model
 (short answers, max_tokens 8). Owner A starts a big batch; --gap seconds on, owner B a small
 one; as long again, owner A a second one. Each batch's projection is sampled by the runner;
@@ -29,9 +29,9 @@ sys.path.insert(0, str(ROOT))
 import httpx  # noqa: E402
 from openai import OpenAI  # noqa: E402
 
-from bench.fleet import MODEL, start_upstream  # noqa: E402
-from tests.factories import batch_line, jsonl  # noqa: E402
-from tests.live import start_server, stop_process, stop_server  # noqa: E402
+from bench.fleet import jsonl  # noqa: E402
+from harness.live import start_server, stop_process, stop_server  # noqa: E402
+from harness.upstream import MODEL, start_upstream  # noqa: E402
 
 ERROR = re.compile(r"batch=(\S+) projection_error first=(\S+) half=(\S+)")
 
@@ -76,10 +76,15 @@ def main(argv: list[str] | None = None) -> int:
                 time.sleep(args.gap)
             c = clients[key]
             body = [
-                batch_line(f"l{j}", f"Say {j}.", model=model, max_tokens=8, temperature=0)
+                {
+                    "model": model,
+                    "max_tokens": 8,
+                    "temperature": 0,
+                    "messages": [{"role": "user", "content": f"Say {j}."}],
+                }
                 for j in range(n)
             ]
-            f = c.files.create(file=("in.jsonl", jsonl(*body)), purpose="batch")
+            f = c.files.create(file=("in.jsonl", jsonl(body)), purpose="batch")
             b = c.batches.create(
                 input_file_id=f.id,
                 endpoint="/v1/chat/completions",

@@ -1,6 +1,6 @@
 """File bytes on the directory against a bucket on SeaweedFS, side by side in one run.
 
-Starts SeaweedFS (tests/seaweed.py) and two `batchyard serve` nodes, one per backend, then
+Starts SeaweedFS (harness/seaweed.py) and two `batchyard serve` nodes, one per backend, then
 in alternating rounds uploads one file with the openai SDK (`POST /v1/files`) and downloads
 it again, sampling each server's RSS every 50 ms. Prints, per backend, the median upload
 and download MB/s, the RSS growth at its peak, and the ratios S3 / directory.
@@ -27,8 +27,8 @@ sys.path.insert(0, str(ROOT))
 from openai import OpenAI  # noqa: E402
 
 from bench.upload_rss import MIB, Sampler, rss_mib  # noqa: E402
-from tests.live import OUTPUT, LiveServer, start_server, stop_server  # noqa: E402
-from tests.seaweed import seaweed_server  # noqa: E402
+from harness.live import OUTPUT, LiveServer, start_server, stop_server  # noqa: E402
+from harness.seaweed import seaweed_server  # noqa: E402
 
 
 def write_file(path: Path, mib: int) -> None:

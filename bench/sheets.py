@@ -78,18 +78,18 @@ def calamine_rows(path: Path) -> Any:
     app/sheets/reading.py's openpyxl reader (the one batchyard uses)."""
     from python_calamine import CalamineWorkbook
 
-    from app.sheets.reading import SheetRows, _checked, _header, shown
+    from app.sheets.reading import SheetRows, checked_rows, column_names, shown
 
     book = CalamineWorkbook.from_path(str(path))
     name = book.sheet_names[0]
     it = iter(book.get_sheet_by_name(name).iter_rows())
-    columns = _header([shown(v) for v in next(it)])
+    columns = column_names([shown(v) for v in next(it)])
 
     def rows() -> Iterator[tuple[int, list[str]]]:
         for n, row in enumerate(it, start=2):
             yield n, [shown(v) for v in row]
 
-    return _checked(SheetRows(columns, rows(), list(book.sheet_names), name), None)
+    return checked_rows(SheetRows(columns, rows(), list(book.sheet_names), name), None)
 
 
 def peak_mib() -> float:
@@ -132,7 +132,7 @@ def child(mode: str, folder: Path) -> dict[str, float]:
         ):
             header = [*opened.columns, *added_columns(columns)]
 
-            def counted():  # type: ignore[no-untyped-def]
+            def counted():
                 nonlocal rows
                 for row in joined_rows(opened.rows, output, iter(()), columns):
                     rows += 1

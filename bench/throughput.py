@@ -42,7 +42,6 @@ import io
 import json
 import os
 import random
-import socket
 import statistics
 import subprocess
 import sys
@@ -57,6 +56,9 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from harness.live import free_port  # noqa: E402
+from harness.waiting import until  # noqa: E402
 
 QUESTIONS = [
     "What is the capital of France?",
@@ -213,12 +215,12 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _cached(body: dict[str, Any]) -> int:
+def cached_of(body: dict[str, Any]) -> int:
     details = (body.get("usage") or {}).get("prompt_tokens_details") or {}
     return int(details.get("cached_tokens") or 0)
 
 
-def _usage(body: dict[str, Any]) -> tuple[int, int]:
+def tokens_of(body: dict[str, Any]) -> tuple[int, int]:
     usage = body.get("usage") or {}
     return int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
 
@@ -226,84 +228,98 @@ def _usage(body: dict[str, Any]) -> tuple[int, int]:
 # ------------------------------------------------------------------------------ batchyard
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def wait_up(url: str, proc: subprocess.Popen[bytes], what: str, timeout: float = 180) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            with urllib.request.urlopen(url, timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(f"{what} did not come up")
-        time.sleep(0.3)
+    """Until `url` answers 200; a RuntimeError if `proc` exits or `timeout` passes first."""
+
+    def up() -> bool:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with {proc.returncode}")
+        with urllib.request.urlopen(url, timeout=2) as r:
+            return bool(r.status == 200)
+
+    try:
+        until(up, timeout, what, poll=0.3, ignoring=(OSError,))
+    except AssertionError:
+        raise RuntimeError(f"{what} did not come up within {timeout:.0f} s") from None
 
 
 def run_batchyard(
     src: Path, model: Path, endpoint: str, bodies: list[dict[str, Any]], args: argparse.Namespace
 ) -> Result:
     """(a)/(c): `batchyard serve` from checkout `src`, end to end through the openai SDK."""
+    with tempfile.TemporaryDirectory() as tmp:
+        serve_args = ["--data-dir", tmp, "--parallel", str(args.parallel), "--ctx-size",
+                      str(args.ctx_size), "--model", str(model), "--kv-cache-type",
+                      args.kv_cache_type, "--threads", str(args.threads), "--n-gpu-layers",
+                      str(args.n_gpu_layers),
+                      # llama-server runs at normal priority; on a CPU batchyard's default is
+                      # the lowest (SCHED_IDLE), which any other load on the machine starves.
+                      "--engine-priority", "normal"]  # fmt: skip
+        key = os.environ.get("BATCHYARD_BENCH_KEY", "bench")
+        return through_batchyard(src, serve_args, Path(tmp) / "serve.log", endpoint, bodies, key)
+
+
+def through_batchyard(
+    src: Path,
+    serve_args: list[str],
+    log: Path,
+    endpoint: str,
+    bodies: list[dict[str, Any]],
+    api_key: str = "bench",
+) -> Result:
+    """`batchyard serve SERVE_ARGS` from checkout `src` on a free port (its output in `log`),
+    and the bodies as one batch through the openai SDK, from create to completed: the wall
+    time, the tokens its output counts, and the server's CPU seconds. Stopped afterwards."""
     from openai import OpenAI
 
     port = free_port()
-    with tempfile.TemporaryDirectory() as tmp:
-        cmd = [sys.executable, "-m", "app.cli", "serve", "--no-browser", "--port", str(port),
-               "--data-dir", tmp, "--parallel", str(args.parallel), "--ctx-size",
-               str(args.ctx_size), "--model", str(model), "--kv-cache-type", args.kv_cache_type,
-               "--threads", str(args.threads), "--n-gpu-layers", str(args.n_gpu_layers),
-               # llama-server runs at normal priority; on a CPU batchyard's default is the
-               # lowest (SCHED_IDLE), which any other load on the machine starves.
-               "--engine-priority", "normal"]  # fmt: skip
-        # The checkout first; what PYTHONPATH held stays (bench/gpu.sh's dependencies live there).
-        path = os.pathsep.join(x for x in (str(src), os.environ.get("PYTHONPATH", "")) if x)
-        env = {**os.environ, "PYTHONPATH": path}
-        with open(Path(tmp) / "serve.log", "wb") as logf:
-            server = subprocess.Popen(cmd, cwd=src, env=env, stdout=logf, stderr=logf)
-        try:
-            base = f"http://127.0.0.1:{port}/v1"
-            wait_up(f"{base}/models", server, "batchyard serve")
-            client = OpenAI(base_url=base, api_key=os.environ.get("BATCHYARD_BENCH_KEY", "bench"))
-            jsonl = "".join(
-                json.dumps({"custom_id": f"line-{i}", "method": "POST", "url": endpoint, "body": b})
-                + "\n"
-                for i, b in enumerate(bodies)
-            )
-            upload = client.files.create(
-                file=("bench.jsonl", io.BytesIO(jsonl.encode())), purpose="batch"
-            )
-            start, cpu = time.perf_counter(), cpu_seconds(server.pid)
-            batch = client.batches.create(
-                input_file_id=upload.id,
-                endpoint=endpoint,  # type: ignore[arg-type]
-                completion_window="24h",
-            )
-            while batch.status not in ("completed", "failed", "expired", "cancelled"):
-                time.sleep(0.1)
-                batch = client.batches.retrieve(batch.id)
-            elapsed, cpu = time.perf_counter() - start, cpu_seconds(server.pid) - cpu
-            if batch.status != "completed" or not batch.output_file_id:
-                errors = batch.errors.data[:3] if batch.errors and batch.errors.data else None
-                raise RuntimeError(f"batch ended {batch.status}: {errors}")
-            if batch.request_counts and batch.request_counts.failed:
-                raise RuntimeError(f"{batch.request_counts.failed} lines failed")
-            output = client.files.content(batch.output_file_id).text
-            prompt = completion = cached = 0
-            for line in output.splitlines():
-                if line.strip():
-                    body = json.loads(line)["response"]["body"]
-                    p, c = _usage(body)
-                    prompt, completion, cached = prompt + p, completion + c, cached + _cached(body)
-            return Result(elapsed, prompt, completion, cpu, cached)
-        finally:
-            server.terminate()
-            server.wait(timeout=30)
+    cmd = [sys.executable, "-m", "app.cli", "serve", "--no-browser", "--port", str(port)]
+    # The checkout first; what PYTHONPATH held stays (bench/gpu.sh's dependencies live there).
+    path = os.pathsep.join(x for x in (str(src), os.environ.get("PYTHONPATH", "")) if x)
+    with open(log, "wb") as logf:
+        server = subprocess.Popen(
+            [*cmd, *serve_args],
+            cwd=src,
+            env={**os.environ, "PYTHONPATH": path},
+            stdout=logf,
+            stderr=logf,
+        )
+    try:
+        base = f"http://127.0.0.1:{port}/v1"
+        wait_up(f"{base}/models", server, "batchyard serve")
+        client = OpenAI(base_url=base, api_key=api_key)
+        jsonl = "".join(
+            json.dumps({"custom_id": f"line-{i}", "method": "POST", "url": endpoint, "body": b})
+            + "\n"
+            for i, b in enumerate(bodies)
+        )
+        upload = client.files.create(
+            file=("bench.jsonl", io.BytesIO(jsonl.encode())), purpose="batch"
+        )
+        start, cpu = time.perf_counter(), cpu_seconds(server.pid)
+        batch = client.batches.create(
+            input_file_id=upload.id,
+            endpoint=endpoint,  # type: ignore[arg-type]
+            completion_window="24h",
+        )
+        while batch.status not in ("completed", "failed", "expired", "cancelled"):
+            time.sleep(0.1)
+            batch = client.batches.retrieve(batch.id)
+        elapsed, cpu = time.perf_counter() - start, cpu_seconds(server.pid) - cpu
+        counts = batch.request_counts
+        if batch.status != "completed" or not batch.output_file_id or (counts and counts.failed):
+            errors = batch.errors.data[:3] if batch.errors and batch.errors.data else None
+            raise RuntimeError(f"batch ended {batch.status}, {counts}: {errors}")
+        prompt = completion = cached = 0
+        for line in client.files.content(batch.output_file_id).text.splitlines():
+            if line.strip():
+                body = json.loads(line)["response"]["body"]
+                p, c = tokens_of(body)
+                prompt, completion, cached = prompt + p, completion + c, cached + cached_of(body)
+        return Result(elapsed, prompt, completion, cpu, cached)
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
 
 
 def run_engine(
@@ -340,8 +356,8 @@ def run_engine(
         futures = [engine.submit(endpoint, body, priority=Priority.BATCH) for body in bodies]
         answers = [f.result() for f in futures]
         elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
-        usages = [_usage(a) for a in answers]
-        cached = sum(_cached(a) for a in answers)
+        usages = [tokens_of(a) for a in answers]
+        cached = sum(cached_of(a) for a in answers)
         if trace is not None:
             print(trace.summary(), flush=True)
         return Result(elapsed, sum(p for p, _ in usages), sum(c for _, c in usages), cpu, cached)
@@ -373,12 +389,46 @@ def server_command(
     return cmd
 
 
-def _post(url: str, body: dict[str, Any]) -> dict[str, Any]:
+def post_json(url: str, body: dict[str, Any]) -> dict[str, Any]:
     req = urllib.request.Request(
         url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
     )
     with urllib.request.urlopen(req, timeout=600) as r:
         return json.loads(r.read())
+
+
+@contextlib.contextmanager
+def llama_server(cmd: list[str], port: int) -> Iterator[subprocess.Popen[bytes]]:
+    """llama-server started by `cmd` (which listens on `port`), once its /health answers;
+    stopped afterwards. Where it does not come up, the error holds the tail of its log."""
+    with tempfile.TemporaryFile() as logf:
+        server = subprocess.Popen(cmd, stdout=logf, stderr=logf)
+        try:
+            try:
+                wait_up(f"http://127.0.0.1:{port}/health", server, "llama-server")
+            except RuntimeError:
+                logf.seek(0)
+                raise RuntimeError(logf.read()[-3000:].decode(errors="replace")) from None
+            yield server
+        finally:
+            server.terminate()
+            server.wait(timeout=30)
+
+
+def through_llama_server(
+    cmd: list[str], port: int, endpoint: str, bodies: list[dict[str, Any]], in_flight: int
+) -> Result:
+    """Each body one request to llama-server's `endpoint`, `in_flight` at a time: the wall
+    time, the tokens its answers count, and the server's CPU seconds."""
+    with llama_server(cmd, port) as server:
+        url = f"http://127.0.0.1:{port}{endpoint}"
+        start, cpu = time.perf_counter(), cpu_seconds(server.pid)
+        with ThreadPoolExecutor(in_flight) as pool:
+            outs = list(pool.map(lambda b: post_json(url, b), bodies))
+        elapsed, cpu = time.perf_counter() - start, cpu_seconds(server.pid) - cpu
+    usages = [tokens_of(o) for o in outs]
+    cached = sum(cached_of(o) for o in outs)
+    return Result(elapsed, sum(p for p, _ in usages), sum(c for _, c in usages), cpu, cached)
 
 
 def run_llama_server(
@@ -393,25 +443,8 @@ def run_llama_server(
     in-flight count (2 x slots; slots for shared) at a time."""
     port = free_port()
     cmd = server_command(binary_dir, model, workload, args) + ["--port", str(port)]
-    with tempfile.TemporaryFile() as logf:
-        server = subprocess.Popen(cmd, stdout=logf, stderr=logf)
-        try:
-            try:
-                wait_up(f"http://127.0.0.1:{port}/health", server, "llama-server")
-            except RuntimeError:
-                logf.seek(0)
-                raise RuntimeError(logf.read()[-3000:].decode(errors="replace")) from None
-            url = f"http://127.0.0.1:{port}{endpoint}"
-            start, cpu = time.perf_counter(), cpu_seconds(server.pid)
-            in_flight = WORKLOADS[workload].in_flight_per_slot * args.parallel
-            with ThreadPoolExecutor(in_flight) as pool:
-                outs = list(pool.map(lambda b: _post(url, b), bodies))
-            elapsed, cpu = time.perf_counter() - start, cpu_seconds(server.pid) - cpu
-            usages = [_usage(o) for o in outs]
-            return Result(elapsed, sum(p for p, _ in usages), sum(c for _, c in usages), cpu)
-        finally:
-            server.terminate()
-            server.wait(timeout=30)
+    in_flight = WORKLOADS[workload].in_flight_per_slot * args.parallel
+    return through_llama_server(cmd, port, endpoint, bodies, in_flight)
 
 
 def batched_bench(
@@ -491,7 +524,7 @@ def run_sequential(
             out = llm.create_chat_completion(
                 messages=body["messages"], max_tokens=body["max_tokens"], temperature=0.0
             )
-        p, c = _usage(out)
+        p, c = tokens_of(out)
         prompt, completion = prompt + p, completion + c
     elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
     llm.close()
@@ -576,7 +609,7 @@ def binaries(args: argparse.Namespace) -> Path:
 
 def tiny_model() -> Path:
     """SmolLM2-135M's shapes and tokenizer with one layer and random weights, written once."""
-    from bench.gpu_models import Shapes, extract_tokenizer, write_model
+    from harness.random_models import Shapes, extract_tokenizer, write_model
 
     cache = Path.home() / ".cache" / "batchyard" / "bench-models"
     path = cache / "smollm2-1layer-random.gguf"
@@ -636,13 +669,13 @@ def main(argv: list[str] | None = None) -> int:
         sides["sequential"] = lambda: isolated("sequential", raw)
 
     results: dict[str, list[Result]] = {name: [] for name in sides}
-    for r in range(args.rounds):
+    for rnd in range(args.rounds):
         for name, run in sides.items():
             res = run()
             results[name].append(res)
             rate = res.completion_tokens if spec.max_tokens else res.prompt_tokens
             print(
-                f"round {r + 1}: {name:<16} {res.seconds:7.1f} s  prompt {res.prompt_tokens:>7}"
+                f"round {rnd + 1}: {name:<16} {res.seconds:7.1f} s  prompt {res.prompt_tokens:>7}"
                 f"  out {res.completion_tokens:>6}  {rate / res.seconds:7.1f} "
                 f"{'out' if spec.max_tokens else 'in'} tok/s  cpu {res.cpu_seconds:6.1f} s",
                 flush=True,

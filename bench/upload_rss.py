@@ -30,8 +30,8 @@ sys.path.insert(0, str(ROOT))
 
 from openai import OpenAI  # noqa: E402
 
-from tests.live import OUTPUT, start_server, stop_server  # noqa: E402
-from tests.seaweed import seaweed_server  # noqa: E402
+from harness.live import OUTPUT, start_server, stop_server  # noqa: E402
+from harness.seaweed import seaweed_server  # noqa: E402
 
 MIB = 1024 * 1024
 

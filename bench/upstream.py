@@ -33,8 +33,8 @@ sys.path.insert(0, str(ROOT))
 
 from app.config import default_model_path  # noqa: E402
 from bench.fleet import cpu_seconds  # noqa: E402
-from bench.throughput import bodies_for  # noqa: E402
-from tests.live import LiveServer, free_port, start_server, stop_server  # noqa: E402
+from bench.throughput import bodies_for, wait_up  # noqa: E402
+from harness.live import LiveServer, free_port, start_server, stop_server  # noqa: E402
 
 MODEL = "remote-smol"
 CHAT = "/v1/chat/completions"
@@ -46,17 +46,12 @@ def start_llama_server(binary: str, model: Path, parallel: int, log: Path) -> Li
     cmd += ["-c", str(512 * parallel), "--alias", MODEL]
     with open(log, "ab") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
-    server = LiveServer(f"http://127.0.0.1:{port}", log.parent, proc, log)  # type: ignore[arg-type]
-    deadline = time.time() + 120
-    while time.time() < deadline:
-        try:
-            if httpx.get(server.url + "/health", timeout=2).status_code == 200:
-                return server
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.3)
-    proc.kill()
-    raise SystemExit(f"llama-server was not ready:\n{log.read_text()}")
+    try:
+        wait_up(f"http://127.0.0.1:{port}/health", proc, "llama-server", timeout=120)
+    except RuntimeError as exc:
+        proc.kill()
+        raise SystemExit(f"{exc}:\n{log.read_text()}") from None
+    return LiveServer(f"http://127.0.0.1:{port}", log.parent, proc, log)
 
 
 def through_batchyard(front: str, bodies: list[dict[str, Any]]) -> float:

@@ -1,13 +1,13 @@
 """Image lines: batchyard against llama.cpp's llama-server with the same vision model.
 
-The model is the test vision pair (bench/vision_model.py: SmolLM2-135M-Instruct's weights
+The model is the test vision pair (harness/vision_model.py: SmolLM2-135M-Instruct's weights
 and a random-weight SmolVLM projector, 128x128 images of 32 image positions each, or
---projector gemma3), written once per machine (tests/vision.py's cache). Its encoder is tiny
-(about 20 ms an image), so `--shape smolvlm` writes one of SmolVLM-256M's real shapes
-instead (a 12-layer, 768-wide SigLIP on 512x512 tiles, 64 positions a tile: 374 MB of f32,
-seconds an image on a CPU), where encoding costs what it costs a user. Two workloads, each
-N chat lines that ask one question of one PNG (noise, so no two images look alike), 4 tokens
-out:
+--projector gemma3), written once per machine into ~/.cache/batchyard/bench-models. Its
+encoder is tiny (about 20 ms an image), so `--shape smolvlm` writes one of SmolVLM-256M's
+real shapes instead (a 12-layer, 768-wide SigLIP on 512x512 tiles, 64 positions a tile: 374
+MB of f32, seconds an image on a CPU), where encoding costs what it costs a user. Two
+workloads, each N chat lines that ask one question of one PNG (noise, so no two images look
+alike), 4 tokens out:
 
   distinct  every line its own image
   shared    every image asked about by 8 lines (N/8 images), the lines shuffled: the batch a
@@ -31,17 +31,14 @@ from __future__ import annotations
 
 import argparse
 import io
-import json
 import os
 import random
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from base64 import b64encode
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -50,12 +47,10 @@ sys.path.insert(0, str(ROOT))
 
 from bench.throughput import (  # noqa: E402 (the checkout on the path first)
     Result,
-    _cached,
-    _post,
-    _usage,
-    cpu_seconds,
+    binaries,
     free_port,
-    wait_up,
+    through_batchyard,
+    through_llama_server,
 )
 
 MODEL = "vision"
@@ -102,22 +97,17 @@ def bodies_for(workload: str, n: int, max_tokens: int, seed: int = 7) -> list[di
 
 
 def pair(projector: str, shape: str) -> Path:
-    """The vision pair's folder, written once (tests/vision.py's cache; the smolvlm shape in
-    ~/.cache/batchyard/bench-models)."""
-    from tests.vision import vision_model_dir
+    """The vision pair's folder in ~/.cache/batchyard/bench-models, written once
+    (harness/vision_model.py): the test pair's small shapes, or SmolVLM-256M's."""
+    from harness.vision_model import Projector, written_pair
 
-    if shape == "small":
-        return vision_model_dir(projector)
-    from bench import vision_model
-
-    folder = Path.home() / ".cache" / "batchyard" / "bench-models" / f"vision-{shape}-{projector}"
-    if not (folder / "mmproj.gguf").is_file():
-        real = vision_model.Projector(
+    kind = Projector(kind=projector)
+    if shape != "small":
+        kind = Projector(
             kind=projector, image_size=512, patch_size=16, n_embd=768, n_ff=3072, n_head=12,
             n_layer=12, scale_factor=4,
         )  # fmt: skip
-        vision_model.write(folder, projector=real)
-    return folder
+    return written_pair(Path.home() / ".cache" / "batchyard" / "bench-models" / "vision", kind)
 
 
 def run_batchyard(
@@ -125,72 +115,23 @@ def run_batchyard(
 ) -> Result:
     """(a): `batchyard serve` with the pair in its --models-dir, end to end through the SDK;
     `root`: the checkout it runs from (--old: another commit's)."""
-    from openai import OpenAI
-
-    port = free_port()
     with tempfile.TemporaryDirectory() as tmp:
         models = Path(tmp) / "models" / MODEL
         models.mkdir(parents=True)
         for name in ("model.gguf", "mmproj.gguf"):
             (models / name).symlink_to(folder / name)
-        cmd = [sys.executable, "-m", "app.cli", "serve", "--no-browser", "--port", str(port),
-               "--data-dir", str(Path(tmp) / "data"), "--models-dir", str(models.parent),
-               "--no-discover", "--default-model", MODEL, "--parallel", str(args.parallel),
-               "--ctx-size", str(CTX), "--threads", str(args.threads),
-               "--engine-priority", "normal", *args.batchyard_arg]  # fmt: skip
-        path = os.pathsep.join(x for x in (str(root), os.environ.get("PYTHONPATH", "")) if x)
-        with open(Path(tmp) / "serve.log", "wb") as logf:
-            server = subprocess.Popen(
-                cmd, cwd=root, env={**os.environ, "PYTHONPATH": path}, stdout=logf, stderr=logf
-            )
+        serve_args = ["--data-dir", str(Path(tmp) / "data"), "--models-dir", str(models.parent),
+                      "--no-discover", "--default-model", MODEL, "--parallel", str(args.parallel),
+                      "--ctx-size", str(CTX), "--threads", str(args.threads),
+                      "--engine-priority", "normal", *args.batchyard_arg]  # fmt: skip
+        log = Path(tmp) / "serve.log"
         try:
-            base = f"http://127.0.0.1:{port}/v1"
-            wait_up(f"{base}/models", server, "batchyard serve")
-            client = OpenAI(base_url=base, api_key="bench")
-            jsonl = "".join(
-                json.dumps(
-                    {
-                        "custom_id": f"l{i}",
-                        "method": "POST",
-                        "url": "/v1/chat/completions",
-                        "body": b,
-                    }  # fmt: skip
-                )
-                + "\n"
-                for i, b in enumerate(bodies)
-            )
-            upload = client.files.create(
-                file=("bench.jsonl", io.BytesIO(jsonl.encode())), purpose="batch"
-            )
-            start, cpu = time.perf_counter(), cpu_seconds(server.pid)
-            batch = client.batches.create(
-                input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h"
-            )
-            while batch.status not in ("completed", "failed", "expired", "cancelled"):
-                time.sleep(0.1)
-                batch = client.batches.retrieve(batch.id)
-            elapsed, cpu = time.perf_counter() - start, cpu_seconds(server.pid) - cpu
-            counts = batch.request_counts
-            if (
-                batch.status != "completed"
-                or not batch.output_file_id
-                or (counts and counts.failed)
-            ):
-                raise RuntimeError(f"batch ended {batch.status}, {counts}")
-            prompt = completion = cached = 0
-            for line in client.files.content(batch.output_file_id).text.splitlines():
-                if line.strip():
-                    body = json.loads(line)["response"]["body"]
-                    p, c = _usage(body)
-                    prompt, completion, cached = prompt + p, completion + c, cached + _cached(body)
-            return Result(elapsed, prompt, completion, cpu, cached)
+            return through_batchyard(root, serve_args, log, "/v1/chat/completions", bodies)
         finally:
-            server.terminate()
-            server.wait(timeout=30)
             if args.log_dir:  # kept for a look at where the time went
                 Path(args.log_dir).mkdir(parents=True, exist_ok=True)
                 name = f"batchyard-{root.name}-{time.strftime('%H%M%S')}.log"
-                shutil.copyfile(Path(tmp) / "serve.log", Path(args.log_dir) / name)
+                shutil.copyfile(log, Path(args.log_dir) / name)
 
 
 def run_llama_server(
@@ -206,27 +147,7 @@ def run_llama_server(
            str(folder / "mmproj.gguf"), "--host", "127.0.0.1", "--port", str(port),
            "-np", str(args.parallel), "-c", str(args.parallel * CTX), "-t", str(args.threads),
            "-tb", str(args.threads), "--no-webui", "-fa", "on", "-ctk", "q8_0", "-ctv", "q8_0"]  # fmt: skip
-    with tempfile.TemporaryFile() as logf:
-        server = subprocess.Popen(cmd, stdout=logf, stderr=logf)
-        try:
-            try:
-                wait_up(f"http://127.0.0.1:{port}/health", server, "llama-server")
-            except RuntimeError:
-                logf.seek(0)
-                raise RuntimeError(logf.read()[-3000:].decode(errors="replace")) from None
-            url = f"http://127.0.0.1:{port}/v1/chat/completions"
-            start, cpu = time.perf_counter(), cpu_seconds(server.pid)
-            with ThreadPoolExecutor(in_flight) as pool:
-                outs = list(pool.map(lambda b: _post(url, b), bodies))
-            elapsed, cpu = time.perf_counter() - start, cpu_seconds(server.pid) - cpu
-            usages = [_usage(o) for o in outs]
-            cached = sum(_cached(o) for o in outs)
-            return Result(
-                elapsed, sum(p for p, _ in usages), sum(c for _, c in usages), cpu, cached
-            )
-        finally:
-            server.terminate()
-            server.wait(timeout=30)
+    return through_llama_server(cmd, port, "/v1/chat/completions", bodies, in_flight)
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -255,18 +176,6 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     args.threads = args.threads or os.cpu_count() or 1
     return args
-
-
-def binaries(args: argparse.Namespace) -> Path:
-    if args.server_bin:
-        return Path(args.server_bin)
-    out = subprocess.run(
-        ["bash", str(ROOT / "bench" / "build_llama_server.sh"), sys.executable],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return Path(out.stdout.strip())
 
 
 def show(name: str, r: Result, n: int) -> None:

@@ -10,9 +10,9 @@ from collections.abc import Iterator
 
 import pytest
 
+from harness.seaweed import Seaweed, seaweed_server
 from tests import pg
 from tests.live import OUTPUT, LiveServer, start_server, stop_server
-from tests.seaweed import Seaweed, seaweed_server
 
 
 @pytest.fixture(scope="session")

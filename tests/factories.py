@@ -9,13 +9,17 @@ from typing import Any
 CHAT = "/v1/chat/completions"
 
 
-def chat_body(text: str, *, model: str = "m", **body: Any) -> dict[str, Any]:
+#: A message's content: its text, or its parts (text and images).
+Content = str | list[dict[str, Any]]
+
+
+def chat_body(text: Content, *, model: str = "m", **body: Any) -> dict[str, Any]:
     """A /v1/chat/completions body with one user message; `body` adds or replaces fields."""
     return {"model": model, "messages": [{"role": "user", "content": text}], **body}
 
 
 def batch_line(
-    cid: str, text: str, *, url: str = CHAT, model: str = "m", **body: Any
+    cid: str, text: Content, *, url: str = CHAT, model: str = "m", **body: Any
 ) -> dict[str, Any]:
     """One line of a batch input file: a POST of a chat body to `url` (a chat URL by default;
     another URL keeps the chat body, which is how tests send a line to the wrong endpoint)."""

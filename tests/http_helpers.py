@@ -1,17 +1,20 @@
 """The Files and Batch API as a script calls it over HTTP, for any client with httpx's interface
 (Litestar's TestClient, or an httpx.Client on a live server's root), and a waiter for any
-`get(batch_id)`: those clients through `batch_getter`, or the openai SDK's `batches.retrieve`."""
+`get(batch_id)`: those clients through `batch_getter`, or the openai SDK's `batches.retrieve`.
+For the SDK also: a batch created from its lines, and a wait for its first lines to finish."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from tests.factories import CHAT
+from tests.factories import CHAT, jsonl
 from tests.waiting import until
 
 if TYPE_CHECKING:
     from litestar.testing import TestClient
+    from openai import OpenAI
+    from openai.types import Batch
 
 #: The statuses a batch ends in.
 FINISHED = ("completed", "failed", "expired", "cancelled")
@@ -110,3 +113,24 @@ def wait_for_status(
     else:
         what = f"batch {batch_id} to be {' or '.join(statuses)}"
     return until(current, timeout, what, accept=wanted, poll=poll)
+
+
+def sdk_batch(c: OpenAI, lines: list[dict[str, Any]], window: str = "24h") -> Batch:
+    """A chat batch of `lines` created through the openai SDK, its input file uploaded first."""
+    f = c.files.create(file=("in.jsonl", jsonl(*lines)), purpose="batch")
+    return c.batches.create(
+        input_file_id=f.id,
+        endpoint=CHAT,
+        completion_window=window,  # type: ignore[arg-type]  # the SDK's type says "24h"
+    )
+
+
+def until_lines_completed(c: OpenAI, batch_id: str, n: int, timeout: float = 120) -> None:
+    """Until at least `n` of the batch's lines have completed (it is under way, busy)."""
+    until(
+        lambda: c.batches.retrieve(batch_id).request_counts,
+        timeout,
+        f"{n} lines of {batch_id} to complete",
+        accept=lambda counts: counts is not None and counts.completed >= n,
+        poll=0.05,
+    )

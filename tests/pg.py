@@ -13,6 +13,8 @@ from contextlib import contextmanager
 
 from sqlalchemy import create_engine, make_url, text
 
+from harness.postgres import PgDatabase
+
 URL_VARIABLE = "BATCHYARD_TEST_DATABASE_URL"
 DEFAULT_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 
@@ -42,17 +44,11 @@ def unreachable() -> str | None:
 @contextmanager
 def fresh_database() -> Iterator[str]:
     """A new, empty database on the test server (batchyard_test_<random>), dropped after."""
-    url = make_url(server_url())
-    name = f"batchyard_test_{secrets.token_hex(6)}"
-    admin = create_engine(url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    db = PgDatabase(server_url(), prefix="batchyard_test")
     try:
-        yield url.set(database=name).render_as_string(hide_password=False)
+        yield db.url
     finally:
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
+        db.drop()
 
 
 @contextmanager

@@ -64,8 +64,8 @@ rm -rf "$LOGS"
 "$VENV/bin/python" -m pip install -q --no-deps --force-reinstall "$WHEELS"/llama_cpp_python-*.whl
 "$VENV/bin/python" -m pip install -q --find-links "$WHEELS" '.[test]'
 
-"$VENV/bin/python" -m ruff check app tests bench
-"$VENV/bin/python" -m ruff format --check app tests bench
+"$VENV/bin/python" -m ruff check app tests bench harness
+"$VENV/bin/python" -m ruff format --check app tests bench harness
 "$VENV/bin/lint-imports" --no-cache
 "$VENV/bin/python" -m mypy
 exec "$VENV/bin/python" -m pytest -ra "$@"

@@ -168,24 +168,15 @@ class Fleet:
 def counting_batch(c: OpenAI, lines: int) -> str:
     """A batch of `lines` short chat lines for UPSTREAM_MODEL (`line-0`...), created through
     the SDK, once its first two lines are done: the upstream is busy with it. Its id."""
-    from tests.factories import batch_line, jsonl
-    from tests.waiting import until
+    from tests.factories import batch_line
+    from tests.http_helpers import sdk_batch, until_lines_completed
 
     body = [
         batch_line(f"line-{i}", f"Count to {i}.", model=UPSTREAM_MODEL, max_tokens=12)
         for i in range(lines)
     ]
-    f = c.files.create(file=("in.jsonl", jsonl(*body)), purpose="batch")
-    b = c.batches.create(
-        input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h"
-    )
-    until(
-        lambda: c.batches.retrieve(b.id).request_counts,
-        120,
-        "the first lines to finish",
-        accept=lambda n: n is not None and n.completed >= 2,
-        poll=0.05,
-    )
+    b = sdk_batch(c, body)
+    until_lines_completed(c, b.id, 2)
     return b.id
 
 

@@ -2,8 +2,8 @@
 
 - `vision_model_dir(projector="idefics3")`: a folder holding `model.gguf` (SmolLM2-135M-Instruct
   with SmolVLM's and Gemma 3's image tokens) and `mmproj.gguf` (a random-weight projector,
-  SmolVLM's `idefics3` or Gemma 3's `gemma3`), written by bench/vision_model.py into
-  CACHE/vision-model/<projector>-<hash of the script and source model> the first time (a few
+  SmolVLM's `idefics3` or Gemma 3's `gemma3`), written by harness/vision_model.py into
+  CACHE/vision-model/<projector>-<hash of the writer and source model> the first time (a few
   seconds), reused after. With `qwen2vl` the text model is the same SmolLM2 as Qwen2-VL's
   architecture (M-RoPE) with `<|vision_start|>` and `<|vision_end|>`, and the projector
   Qwen2-VL's;
@@ -20,63 +20,23 @@ in 5 M-RoPE positions (libmtmd's `mtmd_decode_use_mrope`) between `<|vision_star
 
 from __future__ import annotations
 
-import hashlib
 import io
-import os
-import shutil
-import sys
-import tempfile
 from pathlib import Path
-from typing import Any
 
 import pytest
 
+from harness.vision_model import MMPROJ_FILE, MODEL_FILE, Projector, written_pair
 from tests.models import CACHE
 
-ROOT = Path(__file__).resolve().parent.parent
-SCRIPT = ROOT / "bench" / "vision_model.py"
-MODEL_FILE = "model.gguf"
-MMPROJ_FILE = "mmproj.gguf"
-
-
-def _script() -> Any:
-    if str(ROOT) not in sys.path:
-        sys.path.insert(0, str(ROOT))
-    import bench.vision_model
-
-    return bench.vision_model
-
-
-def _key(projector: str) -> str:
-    """The projector, the script's bytes and the source model's name and size: what the
-    files depend on."""
-    from app.config import default_model_path
-
-    src = default_model_path()
-    digest = hashlib.sha256(SCRIPT.read_bytes())
-    digest.update(f"{src.name}:{src.stat().st_size}".encode())
-    return f"{projector}-{digest.hexdigest()[:16]}"
+__all__ = [
+    "MMPROJ_FILE", "MODEL_FILE", "gemma3_vision_model", "png", "qwen2vl_vision_model",
+    "vision_model", "vision_model_dir",
+]  # fmt: skip
 
 
 def vision_model_dir(projector: str = "idefics3") -> Path:
-    """The folder with model.gguf and mmproj.gguf, written the first time on this machine.
-    Parallel test processes each write into a temporary folder and the first rename wins."""
-    target = CACHE / "vision-model" / _key(projector)
-    if (target / MODEL_FILE).is_file() and (target / MMPROJ_FILE).is_file():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".writing-"))
-    try:
-        script = _script()
-        script.write(tmp, projector=script.Projector(kind=projector))
-        try:
-            os.rename(tmp, target)
-        except OSError:
-            if not (target / MMPROJ_FILE).is_file():  # not another writer's whole pair
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return target
+    """The folder with model.gguf and mmproj.gguf, written the first time on this machine."""
+    return written_pair(CACHE / "vision-model", Projector(kind=projector))
 
 
 @pytest.fixture(scope="session")

@@ -68,10 +68,10 @@ def open_sheet(
         # format; python-calamine reads 3x faster but holds the whole sheet, and its Python
         # binding has no formats (bench/sheets.py: the figures in bench/README.md).
         with _openpyxl(path, sheet) as opened:
-            yield _checked(opened, max_rows)
+            yield checked_rows(opened, max_rows)
     elif name.endswith((".csv", ".tsv")):
         with open(path, "rb") as fh:
-            yield _checked(_csv(fh, tab=name.endswith(".tsv")), max_rows)
+            yield checked_rows(_csv(fh, tab=name.endswith(".tsv")), max_rows)
     else:
         raise SheetError(
             f"'{filename}' is not a sheet: batchyard reads {', '.join(SHEET_SUFFIXES)} files.",
@@ -79,7 +79,7 @@ def open_sheet(
         )
 
 
-def _header(cells: list[str]) -> list[str]:
+def column_names(cells: list[str]) -> list[str]:
     """The column names: blank ones become column_N; a name given twice is refused."""
     while cells and not cells[-1].strip():
         cells = cells[:-1]
@@ -99,7 +99,7 @@ def _header(cells: list[str]) -> list[str]:
     return names
 
 
-def _checked(opened: SheetRows, max_rows: int | None) -> SheetRows:
+def checked_rows(opened: SheetRows, max_rows: int | None) -> SheetRows:
     """The same rows, each padded to the header's width and checked against the limits."""
     width = len(opened.columns)
 
@@ -186,7 +186,7 @@ def _csv(fh: Any, *, tab: bool) -> SheetRows:
                 raise SheetError(f"Row {state['row']} cannot be read as CSV: {exc}.") from None
             yield state["row"], cells
 
-    return SheetRows(_header(header), rows(), [], None)
+    return SheetRows(column_names(header), rows(), [], None)
 
 
 # -- XLSX -------------------------------------------------------------------------------
@@ -275,7 +275,7 @@ def _openpyxl(path: Path, sheet: str | None) -> Iterator[SheetRows]:
             header = cells(row)
             if any(h.strip() for h in header):
                 break
-        columns = _header(header)
+        columns = column_names(header)
 
         def rows() -> Iterator[tuple[int, list[str]]]:
             n = number

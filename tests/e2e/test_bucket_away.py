@@ -1,5 +1,5 @@
 """A bucket that goes away holds its lines: a `batchyard serve` keeps its files in a real
-SeaweedFS (`--files-url s3://`) and feeds bench/fleet.py's fixed-latency upstream; the
+SeaweedFS (`--files-url s3://`) and feeds the fixed-latency upstream (harness/upstream.py); the
 SeaweedFS is stopped in the middle of the batch for longer than the S3 client's retries,
 then started again on the same ports and data. Lines whose input could not be read while it
 was away wait in the queue (as lines wait for an upstream that is down) and the batch
@@ -19,12 +19,12 @@ import pytest
 from openai import OpenAI
 
 from app.files.s3 import READ_AHEAD_BYTES
-from bench.fleet import MODEL, start_upstream
+from harness.seaweed import seaweed_server
+from harness.upstream import MODEL, start_upstream
 from tests.factories import batch_line, jsonl
+from tests.http_helpers import sdk_batch, until_lines_completed
 from tests.live import OUTPUT, start_server, stop_process, stop_server
-from tests.seaweed import seaweed_server
 from tests.upstream_double import assert_every_line_once
-from tests.waiting import until
 
 pytestmark = pytest.mark.slow
 
@@ -63,19 +63,9 @@ def test_a_batch_waits_for_its_bucket_to_come_back(tmp_path: Path) -> None:
                 batch_line(f"line-{i}", f"{i} {pad}", model=MODEL, max_tokens=1)
                 for i in range(LINES)
             ]
-            data = jsonl(*body)
-            assert len(data) > 4 * READ_AHEAD_BYTES
-            f = c.files.create(file=("in.jsonl", data), purpose="batch")
-            b = c.batches.create(
-                input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h"
-            )
-            until(
-                lambda: c.batches.retrieve(b.id).request_counts,
-                60,
-                "the first lines to finish",
-                accept=lambda n: n is not None and n.completed >= 10,
-                poll=0.05,
-            )
+            assert len(jsonl(*body)) > 4 * READ_AHEAD_BYTES
+            b = sdk_batch(c, body)
+            until_lines_completed(c, b.id, 10, 60)
 
             weed.stop(kill=True)  # the bucket goes away mid-batch (SIGTERM takes ~10 s)
             time.sleep(AWAY_S)

@@ -1,6 +1,6 @@
 """Completion windows through the openai SDK: a `batchyard serve` that allows 1h and 90m
-besides 24h, over bench/fleet.py's fixed-latency upstream (1.5 s an answer, two at once),
-so that a batch is still running when its window is made to end.
+besides 24h, over the fixed-latency upstream of harness/upstream.py (1.5 s an answer, two at
+once), so that a batch is still running when its window is made to end.
 
 The window's end is brought forward by writing `expires_at` in the server's SQLite file,
 as an hour passing would: the runner expires what is due at its next look.
@@ -17,11 +17,10 @@ import openai
 import pytest
 from openai import OpenAI
 
-from bench.fleet import MODEL, start_upstream
+from harness.upstream import MODEL, start_upstream
 from tests.factories import batch_line, jsonl, jsonl_lines
-from tests.http_helpers import FINISHED, wait_for_status
+from tests.http_helpers import FINISHED, until_lines_completed, wait_for_status
 from tests.live import OUTPUT, LiveServer, start_server, stop_process, stop_server
-from tests.waiting import until
 
 LATENCY_MS = 1500
 LINES = 10
@@ -103,13 +102,7 @@ def test_a_batch_past_its_window_ends_expired_with_what_it_did(server: LiveServe
         endpoint="/v1/chat/completions",
         completion_window="1h",  # type: ignore[arg-type]
     )
-    until(
-        lambda: c.batches.retrieve(b.id).request_counts,
-        60,
-        "the first lines to finish",
-        accept=lambda n: n is not None and n.completed >= 2,
-        poll=0.05,
-    )
+    until_lines_completed(c, b.id, 2, 60)
     # The hour passes: the window ends now.
     ends = int(time.time())
     db = sqlite3.connect(Path(server.data_dir) / "batchyard.db", timeout=30)

@@ -1,10 +1,10 @@
 """Faults at the fleet's speed, scaled down: two `batchyard serve` nodes on one PostgreSQL
-with their files in a real SeaweedFS feed bench/fleet.py's fixed-latency upstream a few
-thousand lines as one batch (bench/faults.py, the same run at full size), and while they
-run: kill -9 of one node, a PostgreSQL restart, a SeaweedFS restart. After them every line
-ended once (none twice, none missing), none failed, and the batch completed.
+with their files in a real SeaweedFS feed the fixed-latency upstream (harness/upstream.py)
+a few thousand lines as one batch (harness/faults.py; bench/faults.py runs it at full
+size), and while they run: kill -9 of one node, a PostgreSQL restart, a SeaweedFS restart.
+After them every line ended once (none twice, none missing), none failed, and the batch completed.
 
-PostgreSQL is a private cluster of this test (tests/pg_cluster.py), never the machine's
+PostgreSQL is a private cluster of this test (harness/postgres.py), never the machine's
 shared server, which others' tests use; where none can be made (no initdb), the test runs
 on a fresh database of the shared server and leaves the PostgreSQL restart out, with a
 warning that says why.
@@ -21,7 +21,7 @@ import warnings
 import pytest
 
 from app.files.s3 import READ_AHEAD_BYTES
-from bench.faults import Fault, Setup, batch_lines, fault_run
+from harness.faults import Fault, Setup, batch_lines, fault_run
 from tests.live import OUTPUT
 
 pytestmark = pytest.mark.slow

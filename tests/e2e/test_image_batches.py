@@ -28,7 +28,7 @@ import openai
 import pytest
 from PIL import Image
 
-from tests.factories import jsonl, jsonl_lines
+from tests.factories import batch_line, jsonl, jsonl_lines
 from tests.http_helpers import wait_for_status
 from tests.live import OUTPUT, LiveServer, start_server, stop_server
 from tests.vision import MMPROJ_FILE, MODEL_FILE, png, qwen2vl_vision_model, vision_model  # noqa: F401
@@ -57,19 +57,9 @@ def line(cid: str, image: dict[str, Any] | None, *, model: str = MODEL) -> dict[
     content: list[dict[str, Any]] = [{"type": "text", "text": QUESTION}]
     if image is not None:
         content.append({"type": "image_url", "image_url": image})
-    return {
-        "custom_id": cid,
-        "method": "POST",
-        "url": "/v1/chat/completions",
-        "body": {
-            "model": model,
-            "messages": [{"role": "user", "content": content}],
-            "max_tokens": 2,
-            "temperature": 0,
-            "logprobs": True,
-            "top_logprobs": 5,
-        },
-    }
+    return batch_line(
+        cid, content, model=model, max_tokens=2, temperature=0, logprobs=True, top_logprobs=5
+    )
 
 
 def respond(cid: str, image: dict[str, Any]) -> dict[str, Any]:

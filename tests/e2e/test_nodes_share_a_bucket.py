@@ -15,6 +15,7 @@ import openai
 import pytest
 from sqlalchemy import create_engine
 
+from harness.seaweed import Seaweed
 from tests.e2e.test_node_killed_mid_batch import (
     NODE_ARGS,
     START_TIMEOUT,
@@ -25,7 +26,6 @@ from tests.e2e.test_node_killed_mid_batch import (
 from tests.factories import jsonl_lines
 from tests.http_helpers import wait_for_status
 from tests.live import OUTPUT, start_server, stop_server
-from tests.seaweed import Seaweed
 
 pytestmark = pytest.mark.slow
 

@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 from openai import OpenAI
 
+from harness.seaweed import Seaweed
 from tests.factories import batch_line, jsonl, jsonl_lines
 from tests.http_helpers import FINISHED, wait_for_status
 from tests.live import OUTPUT, LiveServer, batchyard, start_server, stop_server
-from tests.seaweed import Seaweed
 
 PREFIX = "e2e"
 

@@ -19,7 +19,7 @@ from openai.types import Batch, CreateEmbeddingResponse
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from tests.factories import batch_line, jsonl, jsonl_lines
-from tests.http_helpers import FINISHED, wait_for_status
+from tests.http_helpers import FINISHED, sdk_batch, wait_for_status
 from tests.live import OUTPUT, start_server, stop_server
 from tests.metrics import scrape, value
 from tests.upstream_double import FLAKY_MODEL, UPSTREAM_MODEL, Fleet
@@ -110,10 +110,7 @@ def test_an_upstream_batch_does_not_wait_behind_a_big_embedded_one(fleet: Fleet)
         batch_line(f"big-{i}", f"Tell a story about {i}", model=EMBEDDED_MODEL, max_tokens=24)
         for i in range(total)
     ]
-    f = c.files.create(file=("big.jsonl", jsonl(*big_lines)), purpose="batch")
-    big = c.batches.create(
-        input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h"
-    )
+    big = sdk_batch(c, big_lines)
     try:
         wait_for_status(c.batches.retrieve, big.id, {"in_progress", *FINISHED}, 60)
         remote = [batch_line(f"r-{i}", "Hi", model=UPSTREAM_MODEL, max_tokens=4) for i in range(4)]

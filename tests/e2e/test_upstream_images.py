@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from openai import OpenAI
 
-from tests.factories import jsonl, jsonl_lines
+from tests.factories import batch_line, jsonl, jsonl_lines
 from tests.http_helpers import FINISHED, wait_for_status
 from tests.images import ImageServer, data_url, decoded, image_bytes
 from tests.live import OUTPUT, LiveServer, start_server, stop_server
@@ -71,20 +71,11 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
 
 
 def chat_line(cid: str, model: str, url: str) -> dict[str, Any]:
-    content = [
+    content: list[dict[str, Any]] = [
         {"type": "text", "text": "What is in the image?"},
         {"type": "image_url", "image_url": {"url": url, "detail": "low"}},
     ]
-    return {
-        "custom_id": cid,
-        "method": "POST",
-        "url": "/v1/chat/completions",
-        "body": {
-            "model": model,
-            "max_tokens": 4,
-            "messages": [{"role": "user", "content": content}],
-        },
-    }
+    return batch_line(cid, content, model=model, max_tokens=4)
 
 
 def run(c: OpenAI, lines: list[dict[str, Any]], endpoint: str) -> dict[str, dict[str, Any]]:

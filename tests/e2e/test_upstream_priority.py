@@ -1,8 +1,8 @@
 """`priority=on` on an upstream lane: each batch line it sends carries vLLM's and SGLang's
 `priority`, from its batch's deadline (app/batches/claims.py: line_priority), and online
 requests carry none. The front (`batchyard serve --no-embedded`) feeds a recording HTTP
-server (tests/upstream_double.py) that forwards to bench/fleet.py's fixed-latency upstream;
-the bodies it received are read back."""
+server (tests/upstream_double.py) that forwards to the fixed-latency upstream
+(harness/upstream.py); the bodies it received are read back."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 from openai import OpenAI
 
-from bench.fleet import MODEL, start_upstream
+from harness.upstream import MODEL, start_upstream
 from tests.factories import batch_line, jsonl
 from tests.http_helpers import FINISHED, wait_for_status
 from tests.live import OUTPUT, start_server, stop_process, stop_server

@@ -3,13 +3,22 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from app.config import Settings
+import pytest
+
+from app.batches import runner as runner_module
+from app.catalog import Entry
+from app.config import Settings, default_model_path
+from app.engine.pool.pool import ModelPool
+from app.engine.registry import EngineRegistry
 from app.services import Services, build_services
 from app.tables import Batch, BatchStatus, File, Request, RequestStatus
+from tests.catalogs import DictCatalog, entry
 from tests.factories import CHAT, batch_line, jsonl, jsonl_lines
+from tests.fakes import HangingEngine
 
 
 def services(data_dir: Path, engine: Any, **settings: Any) -> Services:
@@ -72,3 +81,30 @@ def file_rows(svc: Services) -> list[File]:
 
     with svc.db.read() as s:
         return list(s.exec(select(File)).all())
+
+
+#: A pool node's settings: one model loaded at a time, switched as soon as its queue empties.
+MODEL_SETTINGS = dict(max_loaded_models=1, model_ttl="0", model_switch_after="1h")
+
+
+def pool_node(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    loader: Callable[[Settings, Entry], HangingEngine],
+    second: str,
+    *aliases: str,
+) -> tuple[Services, ModelPool]:
+    """A node whose pool, loading with `loader`, holds the default model "a" and `second`
+    (also named `aliases`); the runner tells the pool its demand at every step."""
+    monkeypatch.setattr(runner_module, "DEMAND_INTERVAL", 0.0)
+    monkeypatch.setattr(runner_module, "DEMAND_SHARE", 0)
+    settings = Settings(**MODEL_SETTINGS)
+    path = default_model_path()
+    # One file under two load profiles: two engines (a loaded engine is keyed by both).
+    other = Settings(**MODEL_SETTINGS, ctx_size=1024)
+    catalog = DictCatalog(
+        [entry("a", path, settings, default=True), entry(second, path, other, *aliases)]
+    )
+    pool = ModelPool(settings, catalog, budget=1 << 40, loader=loader)
+    pool.start()
+    return services(tmp_path, EngineRegistry(pool, []), **MODEL_SETTINGS), pool

@@ -1,4 +1,4 @@
-"""tests/waiting.py's `until`: what it returns, and how it fails."""
+"""harness/waiting.py's `until`: what it returns, and how it fails."""
 
 from __future__ import annotations
 

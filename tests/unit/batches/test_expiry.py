@@ -13,9 +13,9 @@ from app.files import bucket_writes
 from app.files.storage import UNFINISHED_MAX_AGE
 from app.services import Services, build_services
 from app.tables import BatchStatus, File, RequestStatus, now
+from harness.seaweed import Seaweed, aws_env
 from tests.factories import CHAT, batch_line, jsonl_texts
 from tests.fakes import HangingEngine, finish
-from tests.seaweed import Seaweed, aws_env
 from tests.unit.helpers import (
     batch,
     drive,

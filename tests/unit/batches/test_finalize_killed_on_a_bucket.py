@@ -18,9 +18,9 @@ from app.files import bucket_writes
 from app.files.storage import PartialWrite
 from app.services import Services, build_services
 from app.tables import BatchStatus
+from harness.seaweed import Seaweed, aws_env
 from tests.factories import batch_line, jsonl_texts
 from tests.fakes import FakeEngine
-from tests.seaweed import Seaweed, aws_env
 from tests.unit.helpers import batch, make_batch
 from tests.waiting import until
 

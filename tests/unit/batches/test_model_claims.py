@@ -5,20 +5,16 @@ says) on a real SQLite file, the runner stepped by hand."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from app.batches import runner as runner_module
 from app.catalog import Entry
 from app.config import Settings, default_model_path
 from app.engine.pool import loading
-from app.engine.pool.pool import ModelPool
-from app.engine.registry import EMBEDDED, EngineRegistry, lanes
+from app.engine.registry import EMBEDDED, lanes
 from app.services import Services
 from app.tables import BatchStatus
-from tests.catalogs import DictCatalog, entry
 from tests.factories import batch_line
 from tests.fakes import FakeLoads, HangingEngine, finish
 from tests.unit.helpers import (
@@ -26,43 +22,10 @@ from tests.unit.helpers import (
     file_lines,
     hanging_lines,
     make_batch,
+    pool_node,
     running,
-    services,
 )
 from tests.waiting import until
-
-MODEL_SETTINGS = dict(max_loaded_models=1, model_ttl="0", model_switch_after="1h")
-
-
-def pool_node(
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    loader: Callable[[Settings, Entry], HangingEngine],
-    second: str,
-    *aliases: str,
-) -> tuple[Services, ModelPool]:
-    """A node whose pool, loading with `loader`, holds the default model "a" and `second`
-    (also named `aliases`); the runner tells the pool its demand at every step."""
-    monkeypatch.setattr(runner_module, "DEMAND_INTERVAL", 0.0)
-    monkeypatch.setattr(runner_module, "DEMAND_SHARE", 0)
-    settings = Settings(**MODEL_SETTINGS)
-    path = default_model_path()
-    # One file under two load profiles: two engines (a loaded engine is keyed by both).
-    other = Settings(**MODEL_SETTINGS, ctx_size=1024)
-    catalog = DictCatalog(
-        [entry("a", path, settings, default=True), entry(second, path, other, *aliases)]
-    )
-    pool = ModelPool(settings, catalog, budget=1 << 40, loader=loader)
-    pool.start()
-    return services(tmp_path, EngineRegistry(pool, []), **MODEL_SETTINGS), pool
-
-
-@pytest.fixture
-def node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Services, FakeLoads]]:
-    loads = FakeLoads()
-    svc, pool = pool_node(tmp_path, monkeypatch, loads, "b", "b-alias")
-    yield svc, loads
-    pool.close()
 
 
 def test_lines_wait_for_their_model_and_the_pool_switches_when_a_queue_empties(

@@ -8,10 +8,6 @@ on one database (the second only publishing, as a node that holds "c" would).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
-import pytest
 from sqlalchemy import update
 from sqlmodel import col
 
@@ -19,18 +15,9 @@ from app.batches.nodes import NodeNames, unserved_lines
 from app.services import Services
 from app.tables import Batch, BatchStatus
 from app.telemetry import unserved_by_model
-from tests.fakes import finish
-from tests.unit.batches.test_model_claims import FakeLoads, pool_node
+from tests.fakes import FakeLoads, finish
 from tests.unit.helpers import batch, file_lines, hanging_lines, make_batch, running
 from tests.waiting import until
-
-
-@pytest.fixture
-def node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Services, FakeLoads]]:
-    loads = FakeLoads()
-    svc, pool = pool_node(tmp_path, monkeypatch, loads, "b", "b-alias")
-    yield svc, loads
-    pool.close()
 
 
 def step_until(svc: Services, done: object, timeout: float = 20) -> None:

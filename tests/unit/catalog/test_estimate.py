@@ -71,7 +71,7 @@ def test_sizes_read_as_a_person_reads_them() -> None:
 
 
 def test_a_random_weight_model_has_the_shape_asked_for(tmp_path: Path) -> None:
-    from bench.gpu_models import Shapes
+    from harness.random_models import Shapes
 
     shapes = Shapes(
         "tiny-random", n_layer=2, n_embd=64, n_ff=128, n_head=4, n_head_kv=2, rope_theta=1e4

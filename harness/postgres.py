@@ -1,4 +1,5 @@
-"""A private PostgreSQL for tests and benches that restart it: a cluster of its own, made by
+"""PostgreSQL for tests and benches: a fresh database on a server (`PgDatabase`), and for
+those that restart it, a private cluster (`private_postgres`): a cluster of its own, made by
 `initdb` in a fresh folder and run by `pg_ctl` on a free port, never the machine's shared
 server (others' tests use that one).
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import os
 import pwd
+import secrets
 import shutil
 import subprocess
 import tempfile
@@ -20,10 +22,33 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.live import free_port
+from harness.live import free_port
 
 #: How long a start or a stop may take on a loaded machine.
 START_SECONDS = 60
+#: The machine's shared server, where a bench makes its fresh databases by default.
+SHARED_SERVER = "postgresql+psycopg://root@127.0.0.1:5432/test"
+
+
+class PgDatabase:
+    """A fresh database on the server at `server_url` (NAME_<random>), until `drop()`."""
+
+    def __init__(self, server_url: str, prefix: str = "batchyard_fleet") -> None:
+        from sqlalchemy import create_engine, make_url, text
+
+        self._text = text
+        server = make_url(server_url)
+        self.name = f"{prefix}_{secrets.token_hex(5)}"
+        self.admin = create_engine(server, isolation_level="AUTOCOMMIT")
+        with self.admin.connect() as conn:
+            conn.execute(text(f'CREATE DATABASE "{self.name}"'))
+        #: A SQLAlchemy URL on the new database.
+        self.url = server.set(database=self.name).render_as_string(hide_password=False)
+
+    def drop(self) -> None:
+        with self.admin.connect() as conn:
+            conn.execute(self._text(f'DROP DATABASE IF EXISTS "{self.name}" WITH (FORCE)'))
+        self.admin.dispose()
 
 
 def binaries() -> Path | None:
