@@ -305,9 +305,6 @@ class UpstreamEngine:
             )
         return cards
 
-    def serves(self, model: str) -> bool:
-        return model in self.models()
-
     @property
     def up(self) -> bool:
         """Whether its server answers: its last /v1/models probe did, and no request has
