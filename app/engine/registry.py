@@ -485,6 +485,15 @@ def lanes(engine: Engine) -> list[Lane]:
     return [Lane(EMBEDDED, engine.info.lane_slots)]
 
 
+def model_id(engine: Engine, name: str) -> str | None:
+    """The id `name` means to `engine` by `app.catalog.lookup`'s rule (a registry's
+    `serving`, a lone engine's own id), or None when it means no model there."""
+    if isinstance(engine, EngineRegistry):
+        found = engine.serving(name)
+        return found[1] if found is not None else None
+    return lookup({engine.info.id: engine.info.id}, name)
+
+
 def run_as(engine: Engine, route: str, named: Any) -> str | EngineError:
     """The model id a batch line of `route` runs as (the id validation resolved): the route
     itself, or for the default route (`DEFAULT_ROUTE`) this node's default model (the
@@ -514,5 +523,6 @@ __all__ = [
     "lanes",
     "load_engines",
     "members",
+    "model_id",
     "run_as",
 ]
