@@ -403,8 +403,10 @@ class ModelRules:
 
     `route()` is the one place a line's model name is read: once, at validation, into the
     route its batch keeps (`Batch.route`), which the claims, the model pool's demand, the
-    batch page and /metrics use and nothing else. A name is known when this node's engines
-    serve it (`serving`: its catalog by `app.catalog.lookup`'s rules, or an upstream), or
+    projection, the batch page, /metrics and the line itself when it runs use and nothing
+    else (`model_ids()` reads each line's name the same way, to tell the spellings of one
+    model from another model). A name is known when this node's engines serve it
+    (`serving`: every name they serve, by `app.catalog.lookup`'s rule), or
     another live node publishes it (`elsewhere()`: name -> id, read by the same rules). A
     name nothing knows runs on the default model, or with `strict` (--strict-models)
     fails every line as `model_not_found`. The model that would run the batch here must fit
