@@ -113,7 +113,8 @@ class EngineRegistry:
         self.owns_embedded = owns_embedded
         #: Why the embedded model is missing, when it failed to load (upstreams still serve).
         self.embedded_failure = embedded_failure
-        #: `names()` and its names casefolded, built from what they were built from (`_key`).
+        #: What `names()` was built from (the catalog's entries, the upstreams' names), the
+        #: table, and its names casefolded.
         self._names: tuple[Any, dict[str, Served], dict[str, Served]] | None = None
 
     @property
@@ -297,7 +298,8 @@ class EngineRegistry:
             fut: Future[dict[str, Any]] = Future()
             fut.set_exception(self.unknown_model(body.get("model")))
             return fut
-        if body.get("model") != model:
+        named = body.get("model")
+        if isinstance(named, str) and named != model:
             # As the id it was resolved to: its engine reads no other name (an upstream
             # gets its own spelling of the model).
             body = {**body, "model": model}
