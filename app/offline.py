@@ -24,7 +24,7 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any, TextIO
@@ -219,7 +219,7 @@ def _start_or_resume(opts: RunOptions, services: Services) -> Batch:
     if opts.sheet is not None:
         with open(opts.source, "rb") as fh:
             stored = services.sheets.store(fh, opts.source_name, OWNER)
-        batch = services.sheets.start(OWNER, stored.id, opts.sheet)
+        batch = services.sheets.start(OWNER, stored.id, _with_model(opts.sheet, services))
         _remember(opts, digest, stored.id, batch.id)
         return batch
     with open(opts.input, "rb") as fh:
@@ -232,6 +232,16 @@ def _start_or_resume(opts: RunOptions, services: Services) -> Batch:
     batch = services.batches.create(OWNER, stored.id, endpoint, "24h")
     _remember(opts, digest, stored.id, batch.id)
     return batch
+
+
+def _with_model(sheet: SheetSpec, services: Services) -> SheetSpec:
+    """The sheet's rows name the run's model (--model, a file or a name, else the embedded
+    default) by the id the catalog gives it, as its answers will."""
+    if sheet.model:
+        return sheet
+    from app.catalog import Catalog
+
+    return replace(sheet, model=Catalog(services.settings).default().id)
 
 
 def _remember(opts: RunOptions, digest: str, file_id: str, batch_id: str) -> None:

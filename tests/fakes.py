@@ -202,9 +202,6 @@ class FakeUpstream(HangingEngine):
     def models(self) -> list[str]:
         return list(self.served)
 
-    def serves(self, model: str) -> bool:
-        return model in self.served
-
     def model_cards(self) -> list[dict[str, Any]]:
         return [{"id": m, "created": 0, "owned_by": self.name} for m in self.served]
 

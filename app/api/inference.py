@@ -26,6 +26,7 @@ from app.api.errors import json_object_body
 from app.api.openapi import errors
 from app.engine.base import Engine, ModelInfo, Priority
 from app.engine.registry import EngineRegistry, members
+from app.engine.registry import model_id as resolved_id
 from app.engine.tiers import service_tier
 from app.errors import APIError, error_body
 from app.images import has_images, target_for
@@ -319,11 +320,13 @@ async def list_models(engine: NamedDependency[SkipValidation[Engine]]) -> ModelP
 async def retrieve_model(
     engine: NamedDependency[SkipValidation[Engine]], model_id: FromPath[str]
 ) -> Model:
-    """The model, if `model_id` names one this server serves."""
+    """The model `model_id` names, by the rule chat and batch lines read it by (an id, an
+    alias, `name` for `name:latest`, letter case aside): its card, with its one id."""
     name = model_id.lstrip("/")
     cards = _cards(engine)
+    ident = resolved_id(engine, name)
     for card in cards:
-        if card.id == name:
+        if card.id == ident:
             return card
     known = ", ".join(f"'{c.id}'" for c in cards)
     raise APIError(

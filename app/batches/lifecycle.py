@@ -196,7 +196,12 @@ def _validate(
         return False  # another node validated it before this one got the claim
     try:
         with storage.open_file(b.input_file_id) as fh:
-            result = validate_jsonl(fh, b.endpoint, max_requests=settings.max_requests_per_batch)
+            result = validate_jsonl(
+                fh,
+                b.endpoint,
+                max_requests=settings.max_requests_per_batch,
+                model_ids=models.model_ids() if models is not None else None,
+            )
     except OSError as exc:
         unreadable = {
             "code": "file_unreadable",

@@ -128,7 +128,15 @@ def node_models(
         return measured[0]
 
     def served() -> dict[str, str]:
-        names = served_names(catalog.entries(), budget())
+        # In the order this node's own engines take a name two give (`EngineRegistry.names`):
+        # an upstream's configured names, then the catalog's, then the upstreams' listed ones.
+        names = {
+            name: name
+            for upstream in (engine.upstreams if isinstance(engine, EngineRegistry) else [])
+            for name in upstream.spec.models
+        }
+        for name, ident in served_names(catalog.entries(), budget()).items():
+            names.setdefault(name, ident)
         for name in sorted(upstream_names(engine)):
             names.setdefault(name, name)
         return names

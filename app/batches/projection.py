@@ -2,7 +2,9 @@
 for its model's lane, the lines ahead of it and its share, and how far that was off.
 
 The runner samples the batches in progress about once a second (one read of their rows:
-the counters move by SQL on every node, so each node measures the whole queue). Each
+the counters move by SQL on every node, so each node measures the whole queue). Batches
+are grouped by their route (`Batch.route`, the model id validation resolved), as the claims
+group them: `llama3` and `llama3:latest` are one model with one rate. Each
 model's rate is the lines its batches finished over the last RATE_WINDOW_S seconds. The
 queue is then played forward as the claims fill it (claims.py): a lane's rate shared
 round-robin between owners, and within an owner between its batches in progress; when
@@ -50,7 +52,9 @@ class Running:
 
     id: str
     owner: str
-    model: str | None
+    #: Its batch's route: the id of the model its lines run on ("" for the default
+    #: model's lines), the key its rate is measured by; None until it is validated.
+    route: str | None
     total: int
     done: int
     in_progress_at: int | None
@@ -168,7 +172,7 @@ class Projector:
 
     db: Database
     _lock: threading.Lock = field(default_factory=threading.Lock)
-    #: Per model: (time, lines its batches finished since the projector started).
+    #: Per route: (time, lines its batches finished since the projector started).
     _lines: dict[str | None, deque[tuple[float, int]]] = field(default_factory=dict)
     _cumulative: dict[str | None, int] = field(default_factory=dict)
     _last_done: dict[str, int] = field(default_factory=dict)
@@ -208,7 +212,7 @@ class Projector:
         """Project `rows` (every batch in progress) at `now`."""
         by_model: dict[str | None, list[Running]] = {}
         for r in rows:
-            by_model.setdefault(r.model, []).append(r)
+            by_model.setdefault(r.route, []).append(r)
         with self._lock:
             for model, batches in by_model.items():
                 finished = 0
@@ -314,7 +318,7 @@ def running_batches(s: Session) -> list[Running]:
             select(
                 col(Batch.id),
                 col(Batch.owner),
-                col(Batch.model),
+                col(Batch.route),
                 col(Batch.total),
                 col(Batch.completed) + col(Batch.failed),
                 col(Batch.in_progress_at),

@@ -52,7 +52,7 @@ from app.batches.validate import ModelRules
 from app.config import Settings
 from app.db import Database
 from app.engine.base import Engine, EngineError, EngineUnavailable, Priority
-from app.engine.registry import demand, lanes, model_pool
+from app.engine.registry import demand, lanes, model_pool, run_as
 from app.files.service import FileService
 from app.files.storage import Storage
 from app.images import ImageResolver
@@ -421,10 +421,15 @@ class Runner:
         except Exception as exc:  # the file changed under us: fail this line alone
             self._hand_back(c, unreadable(exc))
             return
-        if c.route:
-            # The model its batch was routed to at validation, by id: the engine reads no
-            # other name (the one written may differ in case, or be an alias).
-            body["model"] = c.route
+        if c.route is not None:
+            # The model its batch was routed to at validation, by id, and for the default
+            # route this node's default model's id: no engine reads the name written again
+            # (it may differ in case, be an alias, or be taken by a model pulled since).
+            model = run_as(self._engine, c.route, body.get("model"))
+            if isinstance(model, EngineError):
+                self._hand_back(c, model)
+                return
+            body["model"] = model
         if c.priority is not None:  # a lane with priority=on (claims.line_priority)
             body["priority"] = c.priority
         fut = self.images.submit(

@@ -127,15 +127,34 @@ def first_endpoint(stream: BinaryIO) -> str:
     return CHAT
 
 
-def validate_jsonl(stream: BinaryIO, endpoint: str, *, max_requests: int = 50_000) -> Validation:
-    return validate_lines(raw_lines(stream), endpoint, max_requests=max_requests)
+#: The id a model name means (`ModelRules.model_ids`), or None for a name nothing knows.
+ModelIds = Callable[[str], str | None]
+
+
+def validate_jsonl(
+    stream: BinaryIO,
+    endpoint: str,
+    *,
+    max_requests: int = 50_000,
+    model_ids: ModelIds | None = None,
+) -> Validation:
+    return validate_lines(
+        raw_lines(stream), endpoint, max_requests=max_requests, model_ids=model_ids
+    )
 
 
 def validate_lines(
-    lines: Iterable[tuple[int, bytes, bool]], endpoint: str, *, max_requests: int = 50_000
+    lines: Iterable[tuple[int, bytes, bool]],
+    endpoint: str,
+    *,
+    max_requests: int = 50_000,
+    model_ids: ModelIds | None = None,
 ) -> Validation:
+    """The batch's lines, or its errors. `model_ids` tells which names mean one model
+    (`same_model`); without it (the dashboard's preview) names are compared by
+    `app.catalog.lookup`'s rule alone."""
     result = Validation()
-    rules = _LineRules(endpoint, result)
+    rules = _LineRules(endpoint, result, model_ids)
     requests = 0
     for number, (offset, raw, too_long) in enumerate(lines, start=1):
         read = rules.read(number, offset, raw, too_long)
@@ -218,10 +237,13 @@ class _LineRules:
     custom_ids seen (and where), and the batch's model (the first line to name a valid
     one sets it, `result.model`)."""
 
-    def __init__(self, endpoint: str, result: Validation) -> None:
+    def __init__(self, endpoint: str, result: Validation, model_ids: ModelIds | None) -> None:
         self.endpoint = endpoint
         self.result = result
         self.seen_ids: dict[str, int] = {}
+        self.model_ids = model_ids
+        #: Names judged against the batch's model already (a batch repeats one or two).
+        self.same: dict[str, bool] = {}
 
     def read(self, number: int, offset: int, raw: bytes, too_long: bool) -> Line | LineError | None:
         """One raw line as a batch line, or its error; None for a blank line."""
@@ -275,12 +297,13 @@ class _LineRules:
         return None
 
     def _model_error(self, body: dict[str, Any], number: int) -> LineError | None:
-        """body.model: the batch's model (the first valid one named sets it)."""
+        """body.model: the batch's model (the first valid one named sets it); a line may
+        spell it another way (`gemma3`, `gemma3:latest`, `Gemma3`) that means one model."""
         model = body["model"]
         result = self.result
         if result.model is None:
             result.model = model
-        elif model != result.model:
+        elif model != result.model and not self._same(model, result.model):
             first = result.lines[0].number if result.lines else number
             return LineError(
                 "mismatched_model",
@@ -290,6 +313,22 @@ class _LineRules:
                 param="body.model",
             )
         return None
+
+    def _same(self, model: str, first: str) -> bool:
+        if model not in self.same:
+            self.same[model] = same_model(model, first, self.model_ids)
+        return self.same[model]
+
+
+def same_model(a: str, b: str, model_ids: ModelIds | None = None) -> bool:
+    """Whether two names of a batch's lines mean one model: both resolve to one id
+    (`model_ids`), or, where neither means a known model, one is the other by
+    `app.catalog.lookup`'s rule (`foo` and `Foo:latest`: the default model's lines)."""
+    if model_ids is not None:
+        a_id, b_id = model_ids(a), model_ids(b)
+        if a_id is not None or b_id is not None:
+            return a_id == b_id
+    return lookup({a: a}, b) is not None or lookup({b: b}, a) is not None
 
 
 def _target_error(obj: dict[str, Any], number: int, endpoint: str) -> LineError | None:
@@ -364,8 +403,10 @@ class ModelRules:
 
     `route()` is the one place a line's model name is read: once, at validation, into the
     route its batch keeps (`Batch.route`), which the claims, the model pool's demand, the
-    batch page and /metrics use and nothing else. A name is known when this node's engines
-    serve it (`serving`: its catalog by `app.catalog.lookup`'s rules, or an upstream), or
+    projection, the batch page, /metrics and the line itself when it runs use and nothing
+    else (`model_ids()` reads each line's name the same way, to tell the spellings of one
+    model from another model). A name is known when this node's engines serve it
+    (`serving`: every name they serve, by `app.catalog.lookup`'s rule), or
     another live node publishes it (`elsewhere()`: name -> id, read by the same rules). A
     name nothing knows runs on the default model, or with `strict` (--strict-models)
     fails every line as `model_not_found`. The model that would run the batch here must fit
@@ -426,6 +467,26 @@ class ModelRules:
         else:
             routed.refused += refused
         return routed
+
+    def model_ids(self) -> ModelIds:
+        """The id each name means, as `route` reads it (this node's engines, else another
+        node's; None for a name nothing knows), for one batch's validation: other nodes'
+        names are read once, and each name is resolved once."""
+        elsewhere: list[Mapping[str, str]] = []
+        ids: dict[str, str | None] = {}
+
+        def model_id(name: str) -> str | None:
+            if name not in ids:
+                here = self._here(name)
+                if here is not None:
+                    ids[name] = here[0]
+                else:
+                    if not elsewhere:
+                        elsewhere.append(self.elsewhere())
+                    ids[name] = lookup(elsewhere[0], name)
+            return ids[name]
+
+        return model_id
 
     def _here(self, model: str) -> tuple[str, Entry | None] | None:
         if self.serving is not None:

@@ -47,7 +47,6 @@ def name_model(args: argparse.Namespace) -> None:
 def sheet_spec(args: argparse.Namespace) -> Any:
     """The SheetSpec of `run` on a sheet or a folder of images, None for a JSONL input, or
     what is wrong (a str)."""
-    from app.config import default_model_path
     from app.sheets.images import FOLDER_COLUMN
     from app.sheets.reading import is_sheet
     from app.sheets.requests import IMAGE_NAME, SheetSpec, parse_columns
@@ -67,15 +66,10 @@ def sheet_spec(args: argparse.Namespace) -> Any:
     template = args.prompt
     if folder and f"{IMAGE_NAME}(" not in template:  # each image after the prompt's text
         template = f"{template}\n{{{{ {IMAGE_NAME}({FOLDER_COLUMN}) }}}}"
-    if args.default_model:
-        model = args.default_model
-    else:
-        path = Path(args.model) if args.model else default_model_path()
-        model = path.stem if path.suffix == ".gguf" else path.name
     return SheetSpec(
         template=template,
         system=args.system,
-        model=model,
+        model="",  # the run's default model, by its catalog id (offline.py names it)
         max_tokens=args.max_tokens,
         temperature=args.temperature,
         output_columns=[c for text in args.columns for c in parse_columns(text)],

@@ -1,11 +1,15 @@
 """The engine registry: one `Engine` in front of the embedded engine and the upstreams.
 
-A request's `model` picks its engine: the upstream configured with that exact name
-(`models=`), else the embedded engine for a name its catalog knows, else an upstream whose
-`GET /v1/models` lists it, else the embedded engine: the pool of models (engine/pool/),
-whose default model runs names nothing knows, as a single engine did before. With no
-embedded engine (`--no-embedded`, or the embedded model failed to load), an unknown model is
-the request's 404.
+A request's `model` picks its engine, by `app.catalog.lookup`'s rule (an exact name first,
+`name` for `name:latest`, then letter case aside) over every name this node serves
+(`names`): an upstream's configured names (`models=`), the embedded catalog's names (a
+lone engine's id), an upstream's own `GET /v1/models` names, the first of these taking a
+name two give. A name nothing here knows runs on the embedded engine: the pool of models
+(engine/pool/), whose default model runs names nothing knows, as a single engine did
+before. The request reaches its engine as the id it was resolved to (the upstream's own
+spelling, the catalog entry's id), so no engine reads a name again. With no embedded
+engine (`--no-embedded`, or the embedded model failed to load), an unknown model is the
+request's 404.
 The runner and the API see only the Engine contract; the dashboard and /metrics also ask
 `members()` for each engine's own figures, and the runner's claims ask `lanes()` which
 lines each engine takes, so that every engine gets its own share of the queue.
@@ -15,11 +19,12 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from app.catalog import DEFAULT_ROUTE, Catalog, Entry
+from app.catalog import DEFAULT_ROUTE, Catalog, Entry, lookup
 from app.engine.base import ChunkCallback, Engine, EngineError, EngineStats, ModelInfo, Priority
 from app.engine.pool.loading import node_budget
 from app.engine.pool.pool import ModelPool
@@ -40,6 +45,9 @@ UNROUTED = "unrouted"
 
 #: An upstream: its client in this process, or in a process of its own (what nodes run).
 Upstream = UpstreamEngine | UpstreamProcess
+#: What a name means on this node: the engine that serves it, the id it knows the model by,
+#: and its catalog entry (None for an upstream's model or a lone engine's).
+Served = tuple[Engine, str, Entry | None]
 
 
 @dataclass(frozen=True)
@@ -105,6 +113,9 @@ class EngineRegistry:
         self.owns_embedded = owns_embedded
         #: Why the embedded model is missing, when it failed to load (upstreams still serve).
         self.embedded_failure = embedded_failure
+        #: What `names()` was built from (the catalog's entries, the upstreams' names), the
+        #: table, and its names casefolded.
+        self._names: tuple[Any, dict[str, Served], dict[str, Served]] | None = None
 
     @property
     def pool(self) -> ModelPool | None:
@@ -146,9 +157,12 @@ class EngineRegistry:
             ]
         routed: dict[str, set[str]] = {u.name: set() for u in self.upstreams}
         names = {id(u): u.name for u in self.upstreams}
+        served = self.names()
         for upstream in self.upstreams:
             for model in upstream.models():
-                target = names.get(id(self.route(model)))
+                # Each of its names is a key of `served`: what `route` sends it to.
+                found = served.get(model)
+                target = names.get(id(found[0])) if found is not None else None
                 if target is not None:
                     routed[target].add(model)
         lanes = [
@@ -178,31 +192,68 @@ class EngineRegistry:
             lanes.append(Lane(UNROUTED, slots, frozenset({DEFAULT_ROUTE})))
         return lanes
 
-    def serving(self, model: str) -> tuple[Engine, str, Entry | None] | None:
+    def names(self) -> Mapping[str, Served]:
+        """Every name this node's engines serve, and what it means here, in the order they
+        take a name two give: each upstream's configured names (`models=`), the embedded
+        catalog's names (or a lone engine's id), each upstream's `/v1/models` names. Built
+        again only when the catalog's entries or an upstream's models changed."""
+        return self._table()[0]
+
+    def _table(self) -> tuple[dict[str, Served], dict[str, Served]]:
+        pool = self.pool
+        catalog = pool.catalog.entries() if pool is not None else []
+        listed = [upstream.models() for upstream in self.upstreams]
+        # Entries are made anew when the catalog reads its stores again: their identity
+        # says whether it did (the table holds them, so no id is reused meanwhile).
+        lone = self.embedded.info.id if pool is None and self.embedded is not None else None
+        key = ([id(e) for e in catalog], listed, lone)
+        if self._names is not None and self._names[0] == key:
+            return self._names[1], self._names[2]
+        table: dict[str, Served] = {}
+        for upstream in self.upstreams:
+            for name in upstream.spec.models:
+                table.setdefault(name, (upstream, name, None))
+        if pool is not None:
+            for entry in catalog:
+                for name in entry.names:
+                    table.setdefault(name, (pool, entry.id, entry))
+        elif self.embedded is not None and lone is not None:
+            table.setdefault(lone, (self.embedded, lone, None))
+        for upstream, models in zip(self.upstreams, listed, strict=True):
+            for name in models:
+                table.setdefault(name, (upstream, name, None))
+        folded: dict[str, Served] = {}
+        for name, served in table.items():
+            folded.setdefault(name.casefold(), served)
+        self._names = (key, table, folded)
+        return table, folded
+
+    def serving(self, model: str) -> Served | None:
         """The engine here that serves `model`, the id it knows it by and its catalog entry
-        (None for an upstream's model), in the order `route` takes them: an upstream
-        configured with that name (`models=`), the embedded catalog by its name rules
-        (`app.catalog.lookup`), an upstream whose `/v1/models` lists it. None when no
-        engine here knows the name."""
-        for upstream in self.upstreams:
-            if model in upstream.spec.models:
-                return upstream, model, None
+        (None for an upstream's model): what `model` means among `names()` by
+        `app.catalog.lookup`'s rule, the one rule other nodes read this node's published
+        names by too. None when no engine here knows the name."""
+        table, folded = self._table()
+        return lookup(table, model, folded)
+
+    def default_model(self) -> str | None:
+        """The id the lines of names nothing knows run as here: the pool's default model,
+        or a lone engine's; None without the embedded engine (they are each a 404)."""
         if self.pool is not None:
-            entry = self.pool.catalog.resolve(model)
-            if entry is not None:
-                return self.pool, entry.id, entry
-        elif self.embedded is not None and model == self.embedded.info.id:
-            return self.embedded, model, None
-        for upstream in self.upstreams:
-            if upstream.serves(model):
-                return upstream, model, None
-        return None
+            return self.pool.catalog.default().id
+        return self.embedded.info.id if self.embedded is not None else None
 
     def route(self, model: Any) -> Engine | None:
         """The engine for a request's `model`: the one `serving` names, else the embedded
         engine."""
+        return self._target(model)[0]
+
+    def _target(self, model: Any) -> tuple[Engine | None, str | None]:
+        """The engine for a request's `model` and the id it runs as there."""
         found = self.serving(model) if isinstance(model, str) else None
-        return found[0] if found is not None else self.embedded
+        if found is not None:
+            return found[0], found[1]
+        return self.embedded, self.default_model()
 
     def prompt_tokens(self, endpoint: str, body: dict[str, Any]) -> int | None:
         """A request's prompt tokens by its model's own tokenizer, where that model is
@@ -242,14 +293,20 @@ class EngineRegistry:
         priority: Priority = Priority.ONLINE,
         on_chunk: ChunkCallback | None = None,
     ) -> Future[dict[str, Any]]:
-        engine = self.route(body.get("model"))
-        if engine is None:
+        engine, model = self._target(body.get("model"))
+        if engine is None or model is None:
             fut: Future[dict[str, Any]] = Future()
-            fut.set_exception(self._unknown_model(body.get("model")))
+            fut.set_exception(self.unknown_model(body.get("model")))
             return fut
+        named = body.get("model")
+        if isinstance(named, str) and named != model:
+            # As the id it was resolved to: its engine reads no other name (an upstream
+            # gets its own spelling of the model).
+            body = {**body, "model": model}
         return engine.submit(endpoint, body, priority=priority, on_chunk=on_chunk)
 
-    def _unknown_model(self, model: Any) -> EngineError:
+    def unknown_model(self, model: Any) -> EngineError:
+        """The 404 of a model no engine here serves."""
         known = ", ".join(f"'{m}'" for m in self.model_names()) or "none"
         return EngineError(
             f"The model '{model}' does not exist; this server serves {known}.",
@@ -430,6 +487,28 @@ def lanes(engine: Engine) -> list[Lane]:
     return [Lane(EMBEDDED, engine.info.lane_slots)]
 
 
+def model_id(engine: Engine, name: str) -> str | None:
+    """The id `name` means to `engine` by `app.catalog.lookup`'s rule (a registry's
+    `serving`, a lone engine's own id), or None when it means no model there."""
+    if isinstance(engine, EngineRegistry):
+        found = engine.serving(name)
+        return found[1] if found is not None else None
+    return lookup({engine.info.id: engine.info.id}, name)
+
+
+def run_as(engine: Engine, route: str, named: Any) -> str | EngineError:
+    """The model id a batch line of `route` runs as (the id validation resolved): the route
+    itself, or for the default route (`DEFAULT_ROUTE`) this node's default model (the
+    pool's default entry, a lone engine's model). Where no engine here runs those lines (no
+    embedded engine), the 404 of a model nothing serves (`named`: the name the line gave)."""
+    if route != DEFAULT_ROUTE:
+        return route
+    if isinstance(engine, EngineRegistry):
+        default = engine.default_model()
+        return default if default is not None else engine.unknown_model(named)
+    return engine.info.id
+
+
 def demand(engine: Engine, lines: list[tuple[str | None, int, float]]) -> None:
     """Tell the engine's pool, if it has one, which batch lines wait for which model."""
     if isinstance(engine, EngineRegistry):
@@ -446,4 +525,6 @@ __all__ = [
     "lanes",
     "load_engines",
     "members",
+    "model_id",
+    "run_as",
 ]

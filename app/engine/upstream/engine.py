@@ -310,9 +310,6 @@ class UpstreamEngine:
             )
         return cards
 
-    def serves(self, model: str) -> bool:
-        return model in self.models()
-
     @property
     def up(self) -> bool:
         """Whether its server answers: its last probe of its models did, and no request has

@@ -119,7 +119,6 @@ class UpstreamProcess:
         self._last_error: str | None = None
         self._cards: list[dict[str, Any]] = []
         self._models: list[str] = list(dict.fromkeys(spec.models))
-        self._model_set = frozenset(self._models)
         self._window = spec.concurrency
         self._retries_total = 0
         self._throttled_total = 0
@@ -250,9 +249,6 @@ class UpstreamProcess:
         with self._lock:
             return [dict(card) for card in self._cards]
 
-    def serves(self, model: str) -> bool:
-        return model in self._model_set
-
     @property
     def up(self) -> bool:
         """Whether its server answers, as the client process last said (see UpstreamEngine)."""
@@ -319,7 +315,7 @@ class UpstreamProcess:
         models = [str(c["id"]) for c in cards]
         with self._lock:
             self._up, self._last_error = bool(state["up"]), state["error"]
-            self._cards, self._models, self._model_set = cards, models, frozenset(models)
+            self._cards, self._models = cards, models
             self._window = int(state["window"])
             self._retries_total = int(state["retries"])
             self._throttled_total = int(state["throttled"])

@@ -124,3 +124,31 @@ def test_a_model_that_fails_to_load_fails_its_own_lines_and_the_others_go_on(
         } == {"a"}
     finally:
         pool.close()
+
+
+def test_a_default_lines_model_is_its_id_not_a_name_read_again(
+    node: tuple[Services, FakeLoads],
+) -> None:
+    # A batch names a model nothing knows: routed to the default model ("a") at validation.
+    # A model pulled meanwhile under that name does not take its lines: they reach the
+    # engine as the default model's id, and run where they were claimed.
+    svc, loads = node
+    a = make_batch(svc, hanging_lines("a", 4, "a"))
+    svc.runner.step()
+    unknown = make_batch(svc, hanging_lines("u", 2, "llama9"))
+    svc.runner.step()
+    assert (running(svc, a), running(svc, unknown)) == (4, 0)  # a's lines fill the room
+    assert batch(svc, unknown).route == ""
+    catalog = svc.engine.pool.catalog  # type: ignore[union-attr]
+    settings = Settings(**MODEL_SETTINGS, ctx_size=1024)
+    catalog.put(entry("b", default_model_path(), settings, "b-alias", "llama9"))
+    first = loads.engines[0]
+    assert finish(first) == 4
+    svc.runner.step()
+    assert running(svc, unknown) == 2
+    assert [body["model"] for body in first.hanging_bodies[4:]] == ["a", "a"]
+    assert finish(first) == 2
+    until(lambda: svc.runner.step() or batch(svc, unknown).status == BatchStatus.COMPLETED, 10)
+    out = file_lines(svc, batch(svc, unknown).output_file_id)
+    assert {line["response"]["body"]["model"] for line in out} == {"a"}
+    assert loads.ids() == ["a"]

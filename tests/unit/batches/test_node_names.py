@@ -18,16 +18,20 @@ from app.batches.nodes import (
     CATALOG_LOOK,
     NodeNames,
     names_elsewhere,
+    node_models,
     served_names,
 )
 from app.catalog import Entry, Estimate, LoadProfile
 from app.config import Settings
+from app.config.upstreams import UpstreamSpec
 from app.db import Database
+from app.engine.registry import EngineRegistry
+from app.engine.upstream.process import UpstreamProcess
 from app.services import build_services
 from app.tables import BatchStatus, Node, NodeModel
 from tests import pg
 from tests.factories import batch_line
-from tests.fakes import FakeEngine
+from tests.fakes import FakeEngine, HangingEngine
 from tests.models import header_model
 from tests.unit.helpers import batch, make_batch
 
@@ -232,3 +236,28 @@ def test_two_nodes_services_publish_and_validate_by_each_others_models(
         for svc in nodes:
             svc.runner.stop()
             svc.db.close()
+
+
+def test_a_name_means_on_other_nodes_what_it_means_on_its_own(db: Database, tmp_path: Path) -> None:
+    """A name both an upstream's `models=` and a catalog alias: this node sends it to the
+    upstream, so it publishes it as the upstream's, and another node routes it there too."""
+    models = tmp_path / "models"
+    header_model(models / "tiny.gguf")
+    config = tmp_path / "models.toml"
+    config.write_text('[aliases]\ngpt-4o-mini = "tiny"\n')
+    settings = Settings(
+        data_dir=str(tmp_path / "data"),
+        models_dir=[str(models)],
+        models_config=str(config),
+        no_discover=True,
+    )
+    spec = UpstreamSpec(name="up", url="http://up.invalid/v1", models=("gpt-4o-mini",))
+    registry = EngineRegistry(HangingEngine(), [UpstreamProcess(spec)])
+    names, _ = node_models(settings, db, "a", registry)
+    names.beat()
+    here = registry.serving("gpt-4o-mini")
+    assert here is not None and here[1] == "gpt-4o-mini"
+    with db.read() as s:
+        there = names_elsewhere(s, "b")
+    assert there["gpt-4o-mini"] == "gpt-4o-mini"
+    assert there["tiny"] == "tiny"

@@ -99,3 +99,41 @@ def test_a_completed_batch_records_how_far_its_projection_was_off(tmp_path: Path
     # Half-way (50 of 100 at t0+5) it said t0+10; it finished at t0+12: 2 s early.
     assert e.half[0] == pytest.approx(-2.0) and e.half[1] == pytest.approx(7.0)
     assert e.first is not None
+
+
+def test_batches_are_grouped_by_their_route_not_the_name_written(tmp_path: Path) -> None:
+    # `llama3` and `llama3:latest` are one model (one route): one lane, one rate shared
+    # by the two owners; a batch of another route has its own.
+    db = Database(f"sqlite:///{tmp_path / 'p.db'}")
+    db.migrate()
+    t0 = 3_000_000
+    spelled = {"a": ("A", "llama3", "llama3:latest"), "b": ("B", "llama3:latest", "llama3:latest")}
+    with db.write() as s:
+        for bid, (owner, model, route) in {**spelled, "c": ("C", "other", "other")}.items():
+            s.add(
+                Batch(
+                    id=bid,
+                    owner=owner,
+                    endpoint="/v1/chat/completions",
+                    input_file_id="f",
+                    status=BatchStatus.IN_PROGRESS,
+                    model=model,
+                    route=route,
+                    total=100,
+                    in_progress_at=t0,
+                    expires_at=t0 + HOUR,
+                )
+            )
+    p = Projector(db)
+    p.sample(t0 + 1, force=True)
+    with db.write() as s:
+        for bid in ("a", "b", "c"):
+            batch = s.get(Batch, bid)
+            assert batch is not None
+            batch.completed = 10
+    p.sample(t0 + 11, force=True)
+    a, b, c = p.get("a"), p.get("b"), p.get("c")
+    assert a is not None and b is not None and c is not None
+    assert a.share == b.share == 0.5 and c.share == 1.0
+    assert a.rate == b.rate == pytest.approx(2.0)  # 20 lines of one route in 10 s
+    assert c.rate == pytest.approx(1.0)

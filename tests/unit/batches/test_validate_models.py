@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from app.batches.validate import Line, ModelRules, Routed
+from app.batches.validate import Line, ModelRules, Routed, same_model
 from app.catalog import Catalog
 from app.catalog.budget import gib
 from app.config import Settings
@@ -183,3 +183,38 @@ def test_an_image_line_for_a_model_that_takes_no_images_fails_at_validation(
     assert {e["body"]["error"]["code"] for e in errors.values()} == {"model_takes_no_images"}
     assert f"{message} 2 holds one" in errors["i1"]["body"]["error"]["message"]
     assert sorted(x["custom_id"] for x in file_lines(svc, done.output_file_id)) == ["t0", "t2"]
+
+
+def test_a_batch_that_spells_one_model_several_ways_runs_on_it(
+    catalog: Catalog, tmp_path: Path
+) -> None:
+    svc = build_services(Settings(data_dir=str(tmp_path)), FakeEngine())
+    svc.runner.models = rules(
+        catalog, strict=True, budget=2 * smol_need(catalog), elsewhere={"far": "far-id"}
+    )
+    # The id, an alias, another letter case: one model, `tiny`.
+    mixed = ["tiny", "gpt-4o-mini", "TINY", "Gpt-4o-Mini"]
+    one = make_batch(svc, [batch_line(f"c{i}", "hi", model=m) for i, m in enumerate(mixed)])
+    # Two models, each known: the second is a mismatch, however it is spelled.
+    two = make_batch(
+        svc, [batch_line("c0", "hi", model="tiny"), batch_line("c1", "hi", model="SMOL-A")]
+    )
+    # Another node's model, spelled two ways, is one model there.
+    far = make_batch(
+        svc, [batch_line("c0", "hi", model="far"), batch_line("c1", "hi", model="FAR")]
+    )
+    results = {b: drive(svc, b) for b in (one, two, far)}
+    assert results[one].status == BatchStatus.COMPLETED
+    assert (results[one].route, results[one].total) == ("tiny", 4)
+    assert results[far].route == "far-id"
+    shown = batch_object(results[two]).errors
+    assert results[two].status == BatchStatus.FAILED and shown is not None
+    assert [(e.code, e.line) for e in shown.data] == [("mismatched_model", 2)]
+
+
+def test_names_nothing_knows_are_one_model_by_the_name_rule() -> None:
+    # Without a catalog (the dashboard's preview), or for names no model has: by
+    # `lookup`'s rule alone (they run on the default model).
+    assert same_model("foo", "Foo:latest") and same_model("FOO:latest", "foo")
+    assert not same_model("foo", "bar")
+    assert not same_model("foo:1b", "foo:2b")

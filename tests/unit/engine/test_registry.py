@@ -13,7 +13,8 @@ from app.config import Settings
 from app.config.upstreams import UpstreamSpec
 from app.engine.registry import EMBEDDED, EngineRegistry, load_engines
 from app.engine.upstream.process import UpstreamProcess
-from tests.fakes import HangingEngine
+from app.wire.endpoints import CHAT
+from tests.fakes import FakeUpstream, HangingEngine
 
 
 def test_a_build_that_cannot_load_is_a_failure_not_a_crash(
@@ -36,3 +37,42 @@ def test_an_upstreams_lane_is_four_times_its_slots_deep() -> None:
     by_name = {lane.name: lane for lane in registry.lanes()}
     assert (by_name["up"].depth, by_name[EMBEDDED].depth) == (4, 2)
     assert (room(by_name["up"], 10), room(by_name[EMBEDDED], 1)) == (246, 7)
+
+
+def test_every_engines_names_are_read_by_the_catalogs_rule() -> None:
+    """An upstream's names, configured or listed by its /v1/models, and a lone engine's
+    id are read as other nodes read them once published (`app.catalog.lookup`): exactly
+    first, `name` for `name:latest`, then letter case aside; the request reaches its engine
+    as that engine's own spelling."""
+    local = HangingEngine(n_slots=2)  # its model: "fake-model"
+    listed = FakeUpstream("listed", ["gpt-4o", "llama3:latest"])
+    spec = UpstreamSpec(name="configured", url="http://c.invalid/v1", models=("Qwen3-8B",))
+    configured = UpstreamProcess(spec)
+    registry = EngineRegistry(local, [configured, listed])
+    cases = {
+        "gpt-4o": (listed, "gpt-4o"),
+        "GPT-4o": (listed, "gpt-4o"),
+        "llama3": (listed, "llama3:latest"),
+        "LLAMA3": (listed, "llama3:latest"),
+        "qwen3-8b": (configured, "Qwen3-8B"),
+        "fake-model": (local, "fake-model"),
+        "Fake-Model": (local, "fake-model"),
+    }
+    for name, (engine, ident) in cases.items():
+        found = registry.serving(name)
+        assert found is not None and (found[0], found[1]) == (engine, ident), name
+    assert registry.serving("gpt-4") is None and registry.serving("llama3:8b") is None
+    # What a request names is what its engine is sent: the id it was resolved to.
+    registry.submit(CHAT, {"model": "GPT-4o", "messages": [{"role": "user", "content": "x"}]})
+    registry.submit(CHAT, {"model": "Fake-Model", "messages": [{"role": "user", "content": "y"}]})
+    registry.submit(CHAT, {"model": "nobody", "messages": [{"role": "user", "content": "z"}]})
+    assert [body["model"] for _, body, _ in listed.submitted] == ["gpt-4o"]
+    assert [body["model"] for _, body, _ in local.submitted] == ["fake-model", "fake-model"]
+    # The claims' lanes: each upstream its own names.
+    lanes = {lane.name: lane.models for lane in registry.lanes()}
+    assert lanes["listed"] == {"gpt-4o", "llama3:latest"}
+    assert lanes["configured"] == {"Qwen3-8B"}
+    # An upstream's list changes: the names follow.
+    listed.served.append("Mistral")
+    found = registry.serving("mistral")
+    assert found is not None and found[1] == "Mistral"
