@@ -4,7 +4,7 @@ link leads to a file and a heading there, and every repo path named in the docs 
 app/'s docstrings and comments exists.
 
 What counts as a repo path (`repo_paths`): a token that starts with one of the repo's
-folders (`app/`, `bench/`, `tests/`, `docs/`, `packaging/`, `static/`, `templates/`,
+folders (`app/`, `bench/`, `harness/`, `tests/`, `docs/`, `packaging/`, `static/`, `templates/`,
 `.ci/`) must exist from the repo's root, as a file or a folder; a token that ends in `.py`,
 `.md` or `.sh` without such a start (`runner.py`, `engine/pool/berth.py`) must be
 the end of some file's path in those folders or at the top. In Markdown only code is read:
@@ -40,7 +40,7 @@ COMMAND_PAGES = [ROOT / "README.md", *DOCS]
 #: The pages whose links and paths are checked.
 PAGES = [*COMMAND_PAGES, ROOT / "ARCHITECTURE.md", ROOT / "CONTRIBUTING.md"]
 #: The repo's folders a path may start with, and the file endings a bare name may have.
-FOLDERS = ("app", "bench", "tests", "docs", "packaging", "static", "templates", ".ci")
+FOLDERS = ("app", "bench", "harness", "tests", "docs", "packaging", "static", "templates", ".ci")
 ENDINGS = ("py", "md", "sh")
 #: The subcommands `batchyard` runs for itself in a frozen app, which `--help` does not list.
 HIDDEN_COMMANDS = {UPSTREAM_COMMAND, SELFCHECK_COMMAND}
@@ -343,7 +343,7 @@ def unread_variables(text: str, sources: str) -> list[str]:
 def test_every_variable_the_pages_name_is_read() -> None:
     sources = "\n".join(
         p.read_text(errors="replace")
-        for folder in ("app", "packaging", "tests")
+        for folder in ("app", "harness", "packaging", "tests")
         for p in sorted((ROOT / folder).rglob("*"))
         if p.is_file() and p.suffix in {".py", ".sh", ".spec"} and p != Path(__file__)
     )
