@@ -15,9 +15,11 @@ from app.engine.pool import loading
 from app.engine.registry import EMBEDDED, lanes
 from app.services import Services
 from app.tables import BatchStatus
+from tests.catalogs import entry
 from tests.factories import batch_line
 from tests.fakes import FakeLoads, HangingEngine, finish
 from tests.unit.helpers import (
+    MODEL_SETTINGS,
     batch,
     file_lines,
     hanging_lines,
