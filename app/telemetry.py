@@ -20,7 +20,7 @@ from sqlmodel import col, select
 from app import __version__
 from app.batches.health import QueueHealth, queue_health
 from app.batches.nodes import unserved_lines
-from app.batches.projection import Projection, ProjectionError, Projector
+from app.batches.projection import Projection, ProjectionError, Projections
 from app.db import Database
 from app.engine.pool import ModelView
 from app.engine.registry import EngineView, lanes, members, model_pool
@@ -445,7 +445,7 @@ def figures(
     engine_failure: str | None,
     node: str,
     in_flight: int,
-    projector: Projector | None = None,
+    projections: Projections | None = None,
 ) -> Figures:
     """Read what one /metrics page reports."""
     batches, lines = count_by_status(db)
@@ -464,8 +464,8 @@ def figures(
         models=pool.views() if pool is not None else [],
         memory=pool.budget() if pool is not None else None,
         unserved=unserved_by_model(db),
-        projections=projector.current() if projector is not None else {},
-        projection_errors=list(projector.errors) if projector is not None else [],
+        projections=projections.current() if projections is not None else {},
+        projection_errors=list(projections.errors) if projections is not None else [],
     )
 
 
@@ -488,7 +488,7 @@ def render(
     engine_failure: str | None = None,
     node: str = "",
     in_flight: int = 0,
-    projector: Projector | None = None,
+    projections: Projections | None = None,
 ) -> str:
     """The whole /metrics page: the database's figures (all nodes) and this node's own."""
     f = figures(
@@ -497,7 +497,7 @@ def render(
         engine_failure=engine_failure,
         node=node,
         in_flight=in_flight,
-        projector=projector,
+        projections=projections,
     )
     out = [line for family in FAMILIES for line in family.render(f)]
     out += requests.render()

@@ -109,7 +109,7 @@ def metrics(request: Request[Any, Any, Any], services: NamedDependency[Services]
         engine_failure=services.engine_failure,
         node=services.runner.worker_id,
         in_flight=services.runner.in_flight,
-        projector=services.runner.projections,
+        projections=services.runner.projections,
     )
     return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")
 

@@ -166,7 +166,7 @@ class _History:
 
 
 @dataclass
-class Projector:
+class Projections:
     """Samples the batches in progress and projects their finish (thread-safe: the runner
     samples, the dashboard and /metrics read)."""
 

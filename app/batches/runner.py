@@ -38,7 +38,7 @@ from app.batches.leases import Leases
 from app.batches.nodes import NodeNames
 from app.batches.output import sweep_orphans
 from app.batches.pauses import LanePauses
-from app.batches.projection import Projector
+from app.batches.projection import Projections
 from app.batches.recording import (
     Held,
     Result,
@@ -139,7 +139,7 @@ class Runner:
         self.end_hooks: list[Callable[[Session, Batch], object]] = []
         #: Each batch in progress's projected finish (projection.py): sampled each step at
         #: its own pace; it hears of each end to record how far it was off.
-        self.projections = Projector(db)
+        self.projections = Projections(db)
         self.end_hooks.append(self.projections.ended)
         # Set by wake(): this node's API created or cancelled a batch, so the next step
         # looks for lifecycle work at once instead of at the next poll.

@@ -18,7 +18,7 @@ MAX_BUCKETS = 60
 
 
 @dataclass
-class Bucket:
+class TimeBucket:
     start: float  # seconds since the run started
     end: float
     lines: int  # lines finished in this bucket
@@ -37,7 +37,7 @@ class Throughput:
     total: int  # the batch's lines
     done: int
     tokens: int
-    buckets: list[Bucket] = field(default_factory=list)
+    buckets: list[TimeBucket] = field(default_factory=list)
     #: Seconds left while it runs, as projected (projection.seconds_left); None if unknown.
     eta: float | None = None
 
@@ -64,7 +64,7 @@ def throughput(
     running: bool,
     finish_at: float | None = None,
 ) -> Throughput:
-    """Bucket (second, lines, tokens) rows between the start and the end (or `now`); while
+    """TimeBucket (second, lines, tokens) rows between the start and the end (or `now`); while
     it runs, its ETA from `finish_at`, the runner's projected finish (projection.py)."""
     if started_at is None:
         started_at = series[0][0] if series else now
@@ -75,7 +75,7 @@ def throughput(
     span = max(end - started_at, 1.0)
     n = max(1, min(MAX_BUCKETS, int(span)))
     width = span / n
-    buckets = [Bucket(i * width, (i + 1) * width, 0, 0, 0) for i in range(n)]
+    buckets = [TimeBucket(i * width, (i + 1) * width, 0, 0, 0) for i in range(n)]
     done = tokens = 0
     for t, lines, toks in series:
         i = min(n - 1, max(0, int((t - started_at) / width)))

@@ -62,7 +62,8 @@ import gguf
 
 from app.catalog.entry import Estimate, HeaderFacts, LoadProfile, ProjectorFacts
 
-#: Rows of a micro-batch: native.py's N_UBATCH (a test keeps the two equal).
+#: Micro-batch size of the generation context: prompt chunks and decode rows run in these
+#: (native.py's loads read it here, as the estimate does).
 N_UBATCH = 512
 #: Sequences when a profile's parallel is 0, as the engine picks on a CPU
 #: (native.default_parallel); a GPU build picks more, and the pool estimates again then.
@@ -70,11 +71,13 @@ DEFAULT_PARALLEL = 32
 #: Sequences the main context holds besides the slots, for online requests: batch lines
 #: never take them (the engine's slots.py and native.py read it here).
 ONLINE_SEQUENCES = 1
-#: The shared-prefix context's K/V type and sequences: native.py's SHARED_KV and
-#: LLAMA_MAX_SEQ (a test keeps them equal).
+#: The shared-prefix context's K/V type: the CPU's flash attention multiplies tiles (64 query
+#: rows by 64 cells) only over f16 or f32 K/V; q8_0 takes its row-at-a-time kernel.
 SHARED_KV = "f16"
+#: llama.cpp's most sequences a context may have (LLAMA_MAX_SEQ).
 LLAMA_MAX_SEQ = 256
-#: Fewer sequences than this, the engine has no shared-prefix context (native.py's).
+#: Fewer slots than this, no shared-prefix context: a node run with a few slots (a test
+#: node, a machine shared with other work) keeps to them.
 MIN_SHARED_SLOTS = 8
 #: Idle blocks the shared-prefix context keeps parked in host memory (shared.py's
 #: KEEP_IDLE), each at most a line's context.

@@ -10,7 +10,7 @@ from app.images.errors import ImageError
 from app.images.fetch import FetchRules, fetch_image, refused_address
 from app.images.parts import ImageRef, find_images, has_images
 from app.images.resolve import (
-    EMBEDDED,
+    EMBEDDED_TARGET,
     IMAGE_FILE_PURPOSES,
     ImageResolver,
     ImageTarget,
@@ -19,7 +19,7 @@ from app.images.resolve import (
 )
 
 __all__ = [
-    "EMBEDDED",
+    "EMBEDDED_TARGET",
     "IMAGE_FILE_PURPOSES",
     "FetchRules",
     "Image",

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 from app.engine.base import EngineError
 
-#: The bytes (or the file) are not an image Pillow can decode, or the part is malformed.
-INVALID_IMAGE = "invalid_image"
+# INVALID_IMAGE (the bytes or the file are not an image Pillow can decode, or the part is
+# malformed) and IMAGE_TOO_LARGE (over --max-image-bytes, or more pixels than batchyard
+# decodes) are the data-URL parser's codes too, which the engine reads below this package.
+from app.engine.data_urls import IMAGE_TOO_LARGE, INVALID_IMAGE
+
 #: An image, but not PNG, JPEG, WEBP or GIF.
 INVALID_IMAGE_FORMAT = "invalid_image_format"
-#: Over --max-image-bytes, or more pixels than batchyard decodes.
-IMAGE_TOO_LARGE = "image_too_large"
 #: A URL batchyard does not fetch: not http(s) or data:, or an address that is not public.
 IMAGE_URL_REFUSED = "image_url_refused"
 #: The fetch failed: no answer within --image-fetch-timeout, an HTTP error, a bad redirect.
@@ -28,3 +29,14 @@ class ImageError(EngineError):
     def at(self, param: str) -> ImageError:
         """The same error, placed at `param` (the image's path in the body)."""
         return ImageError(self.message, code=self.code or INVALID_IMAGE, param=param)
+
+
+__all__ = [
+    "IMAGE_FETCH_FAILED",
+    "IMAGE_TOO_LARGE",
+    "IMAGE_URL_REFUSED",
+    "INVALID_IMAGE",
+    "INVALID_IMAGE_FILE",
+    "INVALID_IMAGE_FORMAT",
+    "ImageError",
+]

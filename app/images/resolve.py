@@ -83,7 +83,7 @@ class ImageTarget:
 
 
 #: The embedded engine's form: PNG and JPEG data URLs only.
-EMBEDDED = ImageTarget("png")
+EMBEDDED_TARGET = ImageTarget("png")
 
 
 def target_for(engine: Engine | None, model: Any) -> ImageTarget:
@@ -91,7 +91,7 @@ def target_for(engine: Engine | None, model: Any) -> ImageTarget:
     `image_form`): an upstream's `images=` and `image_max_side=`, else the embedded
     engine's."""
     if engine is None:
-        return EMBEDDED
+        return EMBEDDED_TARGET
     mode, max_side = engine.image_form(model)
     return ImageTarget(mode, max_side)
 
@@ -169,7 +169,7 @@ class ImageResolver:
         endpoint: str,
         body: dict[str, Any],
         *,
-        target: ImageTarget = EMBEDDED,
+        target: ImageTarget = EMBEDDED_TARGET,
         owner: str | None = None,
         scope: str | None = None,
     ) -> Resolved:

@@ -71,7 +71,7 @@ async def list_events(
 ) -> ServerSentEvent:
     """Rows of the running batches in `ids`, sent when they change; ends when all finish."""
     wanted = [i for i in ids.split(",") if i][:PAGE_SIZE]
-    trackers = {i: views.Throughput() for i in wanted}
+    trackers = {i: views.RateTracker() for i in wanted}
     active = set(wanted)
 
     async def look() -> Frame:
@@ -103,7 +103,7 @@ async def batch_events(
 ) -> ServerSentEvent:
     """The batch page's summary, its throughput chart, and a `lines` event that tells the
     results explorer to fetch its page again when lines finish; until the batch is done."""
-    tracker = views.Throughput()
+    tracker = views.RateTracker()
     seen_done = -1
     chart_at = 0.0
 

@@ -58,7 +58,7 @@ def batch_list_context(
 
 def summary_context(
     batch: Batch,
-    tracker: views.Throughput,
+    tracker: views.RateTracker,
     now: float | None = None,
     model: dict[str, Any] | None = None,
     projection: Projection | None = None,
@@ -99,7 +99,7 @@ def batch_page_context(
     """The batch page: its summary, throughput chart, and one page of the results explorer
     (filtered as the query says, with `line` opened)."""
     batch = services.batches.get(batch_id, owner)
-    tracker = views.Throughput()
+    tracker = views.RateTracker()
     if services.engine is not None and batch.status not in BatchStatus.FINISHED:
         tracker.add(batch, engine_tps=services.engine.stats().tokens_per_second)
     try:

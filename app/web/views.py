@@ -79,7 +79,7 @@ class Sample:
 
 
 @dataclass
-class Throughput:
+class RateTracker:
     """Recent tokens/s and lines/s of one batch, from the samples one live stream saw.
 
     A batch's counters move when a line finishes, so a short window over a batch of long
@@ -123,7 +123,7 @@ def average_rates(batch: Batch, t: float | None = None) -> tuple[float | None, f
 
 def batch_row(
     batch: Batch,
-    tracker: Throughput | None = None,
+    tracker: RateTracker | None = None,
     now: float | None = None,
     projection: Projection | None = None,
 ) -> dict[str, Any]:

@@ -20,7 +20,13 @@ import llama_cpp as lc
 import numpy as np
 
 from app.catalog import LoadProfile, quantization
-from app.catalog.estimate import context_sequences
+from app.catalog.estimate import (
+    LLAMA_MAX_SEQ,
+    MIN_SHARED_SLOTS,
+    N_UBATCH,
+    SHARED_KV,
+    context_sequences,
+)
 from app.config import Settings
 from app.engine.base import ModelInfo
 from app.engine.llama.block import SavedCells
@@ -37,13 +43,6 @@ log = logging.getLogger("batchyard.engine")
 
 #: --kv-cache-type names (app/config/settings.py) and their ggml element types (enum ggml_type).
 KV_GGML_TYPES = {"f16": 1, "bf16": 30, "q8_0": 8, "q4_0": 2}
-#: Micro-batch size of the generation context: prompt chunks and decode rows run in these.
-N_UBATCH = 512
-#: The shared-prefix context's K/V type: the CPU's flash attention multiplies tiles (64 query
-#: rows by 64 cells) only over f16 or f32 K/V; q8_0 takes its row-at-a-time kernel.
-SHARED_KV = "f16"
-#: llama.cpp's most sequences a context may have (LLAMA_MAX_SEQ).
-LLAMA_MAX_SEQ = 256
 #: Sequences of the shared-prefix context kept for blocks: the instruction blocks of the
 #: files running at once, and those of earlier batches kept for later ones; the rest of
 #: llama.cpp's sequences are lines.
@@ -53,9 +52,6 @@ SHARED_BLOCKS = 8
 #: engine fed with the slots and these lines (ModelInfo.lane_slots), so that it holds the
 #: lines of every block a file mixes and runs each block's lines in one wave.
 SHARED_BRANCHES_PER_SLOT = 8
-#: Fewer slots than this, no shared-prefix context: a node run with a few slots (a test
-#: node, a machine shared with other work) keeps to them.
-MIN_SHARED_SLOTS = 8
 
 
 def kv_needs_flash_attention(kv_cache_type: str) -> bool:

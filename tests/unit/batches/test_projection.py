@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from app.batches.projection import Projector, Running, play, share_of
+from app.batches.projection import Projections, Running, play, share_of
 from app.db import Database
 from app.tables import Batch, BatchStatus
 
@@ -58,7 +58,7 @@ def row(bid: str, owner: str, total: int, done: int, started: int) -> Running:
 
 
 def test_the_rate_is_measured_over_the_samples_and_shared(tmp_path: Path) -> None:
-    p = Projector(Database(f"sqlite:///{tmp_path / 'p.db'}"))
+    p = Projections(Database(f"sqlite:///{tmp_path / 'p.db'}"))
     t0 = 1_000_000.0
     p.project([row("a", "A", 1000, 0, int(t0)), row("b", "B", 200, 0, int(t0))], t0)
     assert p.get("a") is not None and p.get("a").finish_at is None  # type: ignore[union-attr]
@@ -78,7 +78,7 @@ def test_the_rate_is_measured_over_the_samples_and_shared(tmp_path: Path) -> Non
 
 
 def test_a_completed_batch_records_how_far_its_projection_was_off(tmp_path: Path) -> None:
-    p = Projector(Database(f"sqlite:///{tmp_path / 'p.db'}"))
+    p = Projections(Database(f"sqlite:///{tmp_path / 'p.db'}"))
     t0 = 2_000_000.0
     for i in range(0, 6):
         p.project([row("a", "A", 100, 10 * i, int(t0))], t0 + i)
@@ -124,7 +124,7 @@ def test_batches_are_grouped_by_their_route_not_the_name_written(tmp_path: Path)
                     expires_at=t0 + HOUR,
                 )
             )
-    p = Projector(db)
+    p = Projections(db)
     p.sample(t0 + 1, force=True)
     with db.write() as s:
         for bid in ("a", "b", "c"):

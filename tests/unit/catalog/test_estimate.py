@@ -9,7 +9,6 @@ from pathlib import Path
 from app.catalog import LoadProfile
 from app.catalog.estimate import (
     DEFAULT_PARALLEL,
-    N_UBATCH,
     ONLINE_SEQUENCES,
     context_sequences,
     estimate,
@@ -47,8 +46,7 @@ def test_gemma_3_at_ctx_4096_by_one_in_f16() -> None:
     assert est.weights == 246_587_904
 
 
-def test_the_estimate_uses_the_engines_micro_batch_and_parallel() -> None:
-    assert N_UBATCH == native.N_UBATCH
+def test_the_estimate_uses_the_engines_parallel() -> None:
     assert DEFAULT_PARALLEL == native.default_parallel(0)
 
 
@@ -102,11 +100,9 @@ def test_the_shared_prefix_context_adds_its_f16_cells_and_buffers() -> None:
     assert b.compute - a.compute == 512 * (49152 + 1536) * 4 + 256 * 49152 * 4
 
 
-def test_the_estimate_uses_the_shared_contexts_type_and_sequences() -> None:
+def test_the_estimate_uses_the_shared_contexts_parked_blocks() -> None:
     from app.catalog import estimate as est
 
-    assert (est.SHARED_KV, est.LLAMA_MAX_SEQ) == (native.SHARED_KV, native.LLAMA_MAX_SEQ)
-    assert est.MIN_SHARED_SLOTS == native.MIN_SHARED_SLOTS
     assert est.PARKED_BLOCKS == shared.KEEP_IDLE
 
 

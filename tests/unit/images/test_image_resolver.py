@@ -17,7 +17,7 @@ from app.config import Settings
 from app.config.upstreams import parse_engine_spec
 from app.engine.registry import EngineRegistry
 from app.engine.upstream.engine import UpstreamEngine
-from app.images import EMBEDDED, ImageError, ImageResolver, ImageTarget, target_for
+from app.images import EMBEDDED_TARGET, ImageError, ImageResolver, ImageTarget, target_for
 from app.services import Services
 from app.wire.endpoints import CHAT, RESPONSES
 from tests.fakes import FakeEngine
@@ -58,7 +58,7 @@ def test_the_embedded_form_from_data_urls_and_fetched_urls(server: ImageServer) 
         server.url("c.gif"),
         server.url("b.png"),
     )
-    resolved = resolver.resolve(CHAT, body, target=EMBEDDED)
+    resolved = resolver.resolve(CHAT, body, target=EMBEDDED_TARGET)
     mimes = [decoded(u)[0] for u in urls_of(resolved.body)]
     assert mimes == ["image/png", "image/jpeg", "image/png", "image/png"]
     assert [i.mime for i in resolved.images] == mimes
@@ -255,8 +255,8 @@ def test_the_target_follows_the_registrys_route() -> None:
     registry = EngineRegistry(FakeEngine(), [pass_up, inline_up], owns_embedded=False)
     assert target_for(registry, "big") == ImageTarget("pass")
     assert target_for(registry, "gem") == ImageTarget("inline", 512)
-    assert target_for(registry, "fake-model") == EMBEDDED
-    assert target_for(FakeEngine(), "anything") == EMBEDDED
+    assert target_for(registry, "fake-model") == EMBEDDED_TARGET
+    assert target_for(FakeEngine(), "anything") == EMBEDDED_TARGET
 
 
 def test_ollama_and_lm_studio_ports_default_to_data_urls() -> None:
