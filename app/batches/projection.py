@@ -59,7 +59,6 @@ class Running:
     done: int
     in_progress_at: int | None
     expires_at: int | None
-    created_ns: int
 
 
 @dataclass(frozen=True)
@@ -323,7 +322,6 @@ def running_batches(s: Session) -> list[Running]:
                 col(Batch.completed) + col(Batch.failed),
                 col(Batch.in_progress_at),
                 col(Batch.expires_at),
-                col(Batch.created_ns),
             ).where(col(Batch.status) == BatchStatus.IN_PROGRESS)
         )
         .all()

@@ -193,7 +193,7 @@ def test_an_at_risk_batch_goes_ahead_of_shares_into_half_the_room(
     # deadline, 5 s away; a's and b's 24-hour windows are far enough.
     now = time.time()
     rows = [
-        Running(x, owner, LOCAL, 40, 0, int(now) - 10, int(now) + deadline, 0)
+        Running(x, owner, LOCAL, 40, 0, int(now) - 10, int(now) + deadline)
         for x, owner, deadline in ((a, "key-a", 86400), (b, "key-b", 86400), (r, "key-c", 5))
     ]
     svc.runner.projections.project(rows, now - 5)

@@ -47,14 +47,14 @@ def test_an_owners_nearest_deadline_takes_its_half_first() -> None:
 
 
 def test_the_share_now_follows_the_deadlines() -> None:
-    hour = Running("hour", "A", "m", 50, 0, 0, HOUR, 0)
-    day = Running("day", "A", "m", 100, 0, 0, DAY, 0)
-    b = Running("b", "B", "m", 100, 0, 0, DAY, 0)
+    hour = Running("hour", "A", "m", 50, 0, 0, HOUR)
+    day = Running("day", "A", "m", 100, 0, 0, DAY)
+    b = Running("b", "B", "m", 100, 0, 0, DAY)
     assert [share_of(x, [hour, day, b]) for x in (hour, day, b)] == [0.5, 0.0, 0.5]
 
 
 def row(bid: str, owner: str, total: int, done: int, started: int) -> Running:
-    return Running(bid, owner, "m", total, done, started, started + 3600, 0)
+    return Running(bid, owner, "m", total, done, started, started + 3600)
 
 
 def test_the_rate_is_measured_over_the_samples_and_shared(tmp_path: Path) -> None:
