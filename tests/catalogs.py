@@ -35,7 +35,7 @@ class DictCatalog:
     def default(self) -> Entry:
         return self._entries[0]
 
-    def route(self, name: str | None) -> Entry:
+    def entry_for(self, name: str | None) -> Entry:
         return self.resolve(name) or self.default()
 
     def get(self, id: str) -> Entry | None:

@@ -116,7 +116,8 @@ class Catalog:
         with self._lock:
             return self._entries[0]
 
-    def route(self, name: str | None) -> Entry:
+    def entry_for(self, name: str | None) -> Entry:
+        """The entry `name` means, or the default model's for a name nothing knows."""
         return self.resolve(name) or self.default()
 
     def get(self, id: str) -> Entry | None:

@@ -2,7 +2,7 @@
 
 Each loaded model is a `LlamaEngine` of its own (its own context and owner thread), held in
 a berth (berth.py) keyed by the catalog entry's `key` (the file and its load profile, never
-a name). A request's `model` picks its entry (`Catalog.route`: a name nothing knows means
+a name). A request's `model` picks its entry (`Catalog.entry_for`: a name nothing knows means
 the default model). A request for a model that is loaded and fed goes to its engine at
 once; any other waits in its berth and is sent when its model is loaded: at once where
 there is room, else at the next switch. A swap never fails a request; a model whose file
@@ -55,7 +55,7 @@ class Models(Protocol):
     def entries(self) -> list[Entry]: ...
     def resolve(self, name: str | None) -> Entry | None: ...
     def default(self) -> Entry: ...
-    def route(self, name: str | None) -> Entry: ...
+    def entry_for(self, name: str | None) -> Entry: ...
     def get(self, id: str) -> Entry | None: ...
     def names(self) -> frozenset[str]: ...
 
@@ -158,7 +158,7 @@ class ModelPool:
         on_chunk: ChunkCallback | None = None,
     ) -> Future[dict[str, Any]]:
         name = body.get("model")
-        entry = self.catalog.route(name if isinstance(name, str) else None)
+        entry = self.catalog.entry_for(name if isinstance(name, str) else None)
         with self._cond:
             if self._closing:
                 fut: Future[dict[str, Any]] = Future()
@@ -191,7 +191,7 @@ class ModelPool:
         """The prompt tokens of a request by its model's own tokenizer, where that model is
         loaded now; None where it is not (counting never loads a model)."""
         name = body.get("model")
-        entry = self.catalog.route(name if isinstance(name, str) else None)
+        entry = self.catalog.entry_for(name if isinstance(name, str) else None)
         with self._cond:
             engine = self._berth(entry).engine
         if engine is None:

@@ -81,7 +81,7 @@ def test_aliases_from_the_aliases_table_and_a_models_section(
     g = catalog.get("gemma3:latest")
     assert g is not None
     assert catalog.resolve("gpt-4o-mini") == catalog.resolve("gemma-small") == g
-    assert catalog.route("gpt-3.5-turbo").id == SMOLLM2_ID
+    assert catalog.entry_for("gpt-3.5-turbo").id == SMOLLM2_ID
     assert {"gpt-4o-mini", "gemma-small", "gemma3", "gemma3:latest"} <= g.names
     assert "gpt-4o-mini" in catalog.names()
 

@@ -30,7 +30,7 @@ def test_with_no_store_the_embedded_default_is_the_one_model(make_catalog: MakeC
     assert entry.path == smollm2()
     assert (entry.quantization, entry.architecture, entry.context_length) == ("Q4_1", "llama", 8192)
     assert entry.size_bytes == smollm2().stat().st_size
-    assert catalog.default() is catalog.route("no-such-model") is catalog.route(None)
+    assert catalog.default() is catalog.entry_for("no-such-model") is catalog.entry_for(None)
     assert catalog.resolve("no-such-model") is None
     assert catalog.resolve(f"{SMOLLM2_ID}.gguf") == entry
 
@@ -161,7 +161,7 @@ def test_a_model_added_to_a_store_shows_up_without_a_restart(
     assert catalog.resolve("gemma3:270m") is not None
     assert catalog.resolve("tiny") is not None
     header_model(data_dir / "models" / "tiny.gguf", context_length=1234)  # rewritten in place
-    assert catalog.route("tiny").context_length == 1234
+    assert catalog.entry_for("tiny").context_length == 1234
     (data_dir / "models" / "tiny.gguf").unlink()
     assert catalog.resolve("tiny") is None
 
@@ -191,7 +191,7 @@ def test_model_flag_and_default_model(
 
     catalog = make_catalog(model=str(mine), default_model="Gemma3:270m")
     assert catalog.entries()[0].id == "gemma3:270m"  # the default is listed first
-    assert catalog.default().is_default and catalog.route("nothing-known").id == "gemma3:270m"
+    assert catalog.default().is_default and catalog.entry_for("nothing-known").id == "gemma3:270m"
     assert [e.id for e in catalog.entries() if e.is_default] == ["gemma3:270m"]
 
 
@@ -321,9 +321,9 @@ def test_a_hub_repo_follows_refs_main_to_its_snapshot(
     repo = "someone/tiny-GGUF"
     home.hub(repo, {"tiny-Q4_K_M.gguf": old}, revision="a" * 40)
     catalog = make_catalog()
-    assert catalog.route(repo).context_length == 1024
+    assert catalog.entry_for(repo).context_length == 1024
     home.hub(repo, {"tiny-Q4_K_M.gguf": new}, revision="b" * 40)  # refs/main moves on
-    assert catalog.route(repo).context_length == 2048
+    assert catalog.entry_for(repo).context_length == 2048
 
 
 def test_hub_cache_from_hf_hub_cache_hf_home_and_llama_cache(
@@ -368,5 +368,5 @@ def test_an_id_two_stores_give_goes_to_the_first_and_the_other_is_prefixed(
         "a/one-GGUF:Q4_K_M": "hf",
         "hf:a/one-GGUF:Q4_K_M": "hf",
     }
-    assert catalog.route("a/one-GGUF:Q4_K_M").architecture == "llama"  # the hub cache's
-    assert catalog.route("hf:a/one-GGUF:Q4_K_M").architecture == "gemma3"
+    assert catalog.entry_for("a/one-GGUF:Q4_K_M").architecture == "llama"  # the hub cache's
+    assert catalog.entry_for("hf:a/one-GGUF:Q4_K_M").architecture == "gemma3"
