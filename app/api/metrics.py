@@ -108,7 +108,7 @@ def metrics(request: Request[Any, Any, Any], services: NamedDependency[Services]
         requests=request_metrics(request.app),
         engine_failure=services.engine_failure,
         node=services.runner.worker_id,
-        in_flight=services.runner.in_flight,
+        in_flight=services.runner.held,
         projections=services.runner.projections,
     )
     return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")

@@ -114,7 +114,7 @@ class Runner:
         )
         self._results: queue.Queue[Result] = queue.Queue()
         # request id -> (batch id, future, lane) for every line handed to the engine
-        self._inflight: dict[str, Held] = {}
+        self._held: dict[str, Held] = {}
         self._last_sweep = 0.0
         self._sweep_interval = sweep_interval
         self._finalizer = Finalizer(
@@ -164,9 +164,9 @@ class Runner:
         return self.engine
 
     @property
-    def in_flight(self) -> int:
+    def held(self) -> int:
         """Lines this node has handed to its engine and not yet recorded."""
-        return len(self._inflight)
+        return len(self._held)
 
     def start(self) -> None:
         # With one SQLite file this is the only process; on a shared files location other
@@ -187,7 +187,7 @@ class Runner:
         """One step of the runner's thread: woken by a result, it only records and claims;
         the look for lifecycle work waits for the poll interval or a wake()."""
         poll = self._poked or time.monotonic() - self._last_poll >= POLL_INTERVAL
-        if not poll and self._inflight and not self._thread.stopping:
+        if not poll and self._held and not self._thread.stopping:
             # Woken by a result: let the next few come back too, so that one step records
             # them in one transaction; the engine's queue (a room ahead) keeps it busy.
             time.sleep(RESULT_GATHER_S)
@@ -196,7 +196,7 @@ class Runner:
     def _shut_down(self) -> None:
         """The thread's last act once stopped: withdraw what the engine still runs and
         hand the claims back."""
-        for _, fut, _ in list(self._inflight.values()):
+        for _, fut, _ in list(self._held.values()):
             self.images.cancel(self._engine, fut)
         try:
             self._release_claims()
@@ -211,10 +211,10 @@ class Runner:
     def _release_claims(self) -> None:
         """On a clean stop, hand this node's running lines back to the queue at once
         (leases.py) instead of making other nodes wait for the lease."""
-        if not self._inflight:
+        if not self._held:
             return
         self.leases.release()
-        self._inflight.clear()
+        self._held.clear()
 
     def step(self, *, poll: bool = True) -> None:
         """One pass over the work there is. Public so tests can drive it directly.
@@ -240,7 +240,7 @@ class Runner:
             # The hot path: the results and the claims into the room they left, one commit.
             recorded = self._record_results(claim=True)
             # A batch with a line this node still runs is not finished: no need to look.
-            running = {h.batch_id for h in self._inflight.values()}
+            running = {h.batch_id for h in self._held.values()}
             if recorded - running:
                 self._finalizer.finalize_ready(recorded - running)
         self.projections.sample()
@@ -297,7 +297,7 @@ class Runner:
         return b
 
     def _withdraw(self, batch_id: str) -> None:
-        for bid, fut, _ in list(self._inflight.values()):
+        for bid, fut, _ in list(self._held.values()):
             if bid == batch_id:
                 self.images.cancel(self._engine, fut)
 
@@ -308,7 +308,7 @@ class Runner:
             self._poked = True  # settle them as their withdrawn lines come back
         for batch_id in ids:
             self._withdraw(batch_id)
-            if any(h.batch_id == batch_id for h in self._inflight.values()):
+            if any(h.batch_id == batch_id for h in self._held.values()):
                 continue  # their cancelled futures come back through _record_results
             left = lifecycle.settle_cancel(self.db, batch_id, self.worker_id, self._ended)
             if left == "finalize":
@@ -340,12 +340,12 @@ class Runner:
     def _claim(self, s: Session, recorded: Container[str]) -> list[Claim]:
         """Claim lines in the caller's transaction, into the room left by the lines this
         node holds besides those `recorded` in it."""
-        held = Counter(h.lane for rid, h in self._inflight.items() if rid not in recorded)
+        held = Counter(h.lane for rid, h in self._held.items() if rid not in recorded)
         risky = self.projections.at_risk()  # served ahead of shares, within a bound
         held_risky = (
             Counter(
                 h.lane
-                for rid, h in self._inflight.items()
+                for rid, h in self._held.items()
                 if h.batch_id in risky and rid not in recorded
             )
             if risky
@@ -355,7 +355,7 @@ class Runner:
             s,
             self.pauses.open(lanes(self._engine)),
             held,
-            self._inflight,
+            self._held,
             worker_id=self.worker_id,
             lease_seconds=self.settings.lease_seconds,
             at_risk=risky,
@@ -435,13 +435,13 @@ class Runner:
         fut = self.images.submit(
             self._engine, c.endpoint, body, priority=Priority.BATCH, batch_id=c.batch_id
         )
-        self._inflight[c.request_id] = Held(c.batch_id, fut, c.lane)
+        self._held[c.request_id] = Held(c.batch_id, fut, c.lane)
         fut.add_done_callback(partial(self._on_done, c.request_id, c.batch_id))
 
     def _hand_back(self, c: Claim, error: EngineError) -> None:
         """A claimed line that fails without reaching the engine: recorded like any result."""
         fut = failed(error)
-        self._inflight[c.request_id] = Held(c.batch_id, fut, c.lane)
+        self._held[c.request_id] = Held(c.batch_id, fut, c.lane)
         self._on_done(c.request_id, c.batch_id, fut)
 
     def _on_done(self, request_id: str, batch_id: str, fut: Future[dict[str, Any]]) -> None:
@@ -449,7 +449,7 @@ class Runner:
         self._thread.wake()
 
     def _renew_leases(self) -> None:
-        if self._inflight:
+        if self._held:
             self.leases.renew()
 
     # -- results ------------------------------------------------------------------------
@@ -478,14 +478,14 @@ class Runner:
                 self._results.put(item)
             raise
         for request_id, _, _ in done:
-            self._inflight.pop(request_id, None)
+            self._held.pop(request_id, None)
         self._submit_claims(claims)
         return {batch_id for _, batch_id, _ in done}
 
     def _record(self, s: Session, done: list[Result]) -> None:
         """Write the results in the caller's transaction (recording.py), and pause the lanes
         whose engine was found down."""
-        down = record_done(s, done, self.worker_id, self._inflight)
+        down = record_done(s, done, self.worker_id, self._held)
         for lane in sorted(down):
             if self.pauses.pause(lane):
                 log.warning("lane=%s engine unavailable: its lines wait in the queue", lane)

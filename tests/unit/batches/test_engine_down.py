@@ -40,7 +40,7 @@ def test_lines_wait_for_a_down_engine_without_using_attempts(
     assert len(eng.submitted) == 4  # the paused lane claimed nothing more
     rows = request_rows(svc, bid)
     assert all(r.status == RequestStatus.PENDING and r.attempts == 0 for r in rows)
-    assert svc.runner.in_flight == 0
+    assert svc.runner.held == 0
 
     eng.down = False
     time.sleep(0.35)
