@@ -38,7 +38,7 @@ from app.files.uploads import UploadService
 from app.logs import logging_config
 from app.resources import static_dir, templates_dir
 from app.services import Services, build_services
-from app.web import routes as web_routes
+from app.web import routers as web_routers
 
 log = logging.getLogger("batchyard")
 
@@ -156,12 +156,12 @@ def create_app(settings: Settings, *, engine: Engine | None = None) -> Litestar:
             svc.db.close()
 
     route_handlers: list[Any] = [
-        *files_api.ROUTES,
-        *uploads_api.ROUTES,
-        *batches_api.ROUTES,
-        *inference_api.ROUTES,
-        *metrics_api.ROUTES,
-        *web_routes.ROUTERS,
+        *files_api.HANDLERS,
+        *uploads_api.HANDLERS,
+        *batches_api.HANDLERS,
+        *inference_api.HANDLERS,
+        *metrics_api.HANDLERS,
+        *web_routers.ROUTERS,
         create_static_files_router(path="/static", directories=[static_dir()]),
     ]
     return Litestar(

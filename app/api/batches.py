@@ -83,4 +83,4 @@ def cancel_batch(
     return batch_object(batches.cancel(batch_id, owner))
 
 
-ROUTES = [create_batch, list_batches, retrieve_batch, cancel_batch]
+HANDLERS = [create_batch, list_batches, retrieve_batch, cancel_batch]

@@ -91,4 +91,4 @@ def file_content(
     return file_download(files, owner, file_id)
 
 
-ROUTES = [create_file, list_files, retrieve_file, delete_file, file_content]
+HANDLERS = [create_file, list_files, retrieve_file, delete_file, file_content]

@@ -376,7 +376,7 @@ async def health(services: NamedDependency[Services]) -> Response[Health]:
     )
 
 
-ROUTES = [
+HANDLERS = [
     chat_completions,
     create_response,
     completions,

@@ -1,6 +1,6 @@
 """GET /metrics (Prometheus text format), and the timing and log line of every HTTP request.
 
-`create_app` adds `ROUTES` to its route handlers, `MIDDLEWARE` to its middleware and
+`create_app` adds `HANDLERS` to its route handlers, `MIDDLEWARE` to its middleware and
 `BEFORE_SEND` to its before_send hooks. The middleware times each request that matched a
 route, labelled by the route's template so ids never explode the label set; the
 before_send hook counts and logs the requests that matched none (404, 405).
@@ -114,6 +114,6 @@ def metrics(request: Request[Any, Any, Any], services: NamedDependency[Services]
     return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")
 
 
-ROUTES = [metrics]
+HANDLERS = [metrics]
 MIDDLEWARE = [RequestTiming()]
 BEFORE_SEND = [count_unmatched]

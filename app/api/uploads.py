@@ -141,4 +141,4 @@ def cancel_upload(
     return upload_object(uploads.cancel(upload_id, owner))
 
 
-ROUTES = [create_upload, add_upload_part, complete_upload, cancel_upload]
+HANDLERS = [create_upload, add_upload_part, complete_upload, cancel_upload]

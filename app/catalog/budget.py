@@ -1,7 +1,7 @@
 """The memory budget of the embedded models: how many bytes the models loaded at once may hold.
 
 `--models-memory` when given; else, measured, the free VRAM on a GPU build (the caller reads
-it with `app.toolchain.facts.free_vram_bytes`, as this room may not import the toolchain's)
+it with `app.toolchain.facts.free_vram_bytes`, as this package may not import the toolchain's)
 or the free RAM, each less MARGIN. Measure it before loading any model: memory the node's
 own models hold is not free, so a budget measured after their loads is theirs short.
 `gpu_layers()` resolves --n-gpu-layers auto for a load, and `gib()` writes sizes as the
@@ -17,7 +17,7 @@ from app.config import AUTO_GPU_LAYERS, Settings
 
 GIB = 1 << 30
 #: Left free of the measured memory: llama.cpp's own `--fit` leaves 1024 MiB on each device
-#: (`--fit-target`). It is room for what grows after the measure: the node's heap (the
+#: (`--fit-target`). It is headroom for what grows after the measure: the node's heap (the
 #: batches in flight, an output file being written), other programs, and the error of the
 #: estimate's compute-buffer term, which is a formula, not a measure.
 MARGIN = GIB
@@ -59,9 +59,9 @@ def gpu_layers(
         return 0
     if estimate is None or n_layer <= 0:
         return -1
-    room = free_vram - margin - estimate.compute
+    spare = free_vram - margin - estimate.compute
     per_layer = (estimate.weights + estimate.kv_cache) / (n_layer + 1)
-    fit = int(room // per_layer) if room > 0 else 0
+    fit = int(spare // per_layer) if spare > 0 else 0
     return -1 if fit > n_layer else fit
 
 

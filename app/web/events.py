@@ -151,4 +151,4 @@ async def engine_events(
     return ServerSentEvent(poll_until(look))
 
 
-ROUTES = [list_events, batch_events, engine_events]
+HANDLERS = [list_events, batch_events, engine_events]

@@ -190,7 +190,7 @@ def file_thumbnail(
     return Response(small, media_type=mime, headers={"cache-control": "private, max-age=86400"})
 
 
-#: The htmx fragments (app/web/routes.py renders their refusals inline).
+#: The htmx fragments (app/web/routers.py renders their refusals inline).
 FRAGMENTS = [explorer_lines, explorer_line, chart, retry]
 #: A link the browser downloads (or shows): its refusal is the API's JSON error.
 DOWNLOADS = [finished_output, file_thumbnail]

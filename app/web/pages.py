@@ -213,4 +213,4 @@ def download(
     return file_download(files, owner, file_id)
 
 
-ROUTES = [home, batch_page, files_page, engines_page, download]
+HANDLERS = [home, batch_page, files_page, engines_page, download]

@@ -225,7 +225,7 @@ def redeliver(
     )
 
 
-ROUTES = [
+HANDLERS = [
     upload_form,
     upload,
     create_batch,

@@ -9,7 +9,7 @@ changes the plan's memory (the models it drains, when each was fed).
 
 The rules (issue 32):
 - Models already loaded keep being fed.
-- A model with waiting lines loads at once where there is room: the count
+- A model with waiting lines loads at once where it fits: the count
   (`max_loaded`, 0 for none) and the memory (`budget`, less the bytes reserved).
 - Otherwise it displaces loaded models only when their queues are empty, or when its own
   oldest line has waited `switch_after` seconds. Idle queues go first, then the least
@@ -22,7 +22,7 @@ The rules (issue 32):
 - A model with lines in flight is never unloaded.
 - A loaded model idle (nothing waiting, nothing in flight) for `ttl` seconds is unloaded,
   unless pinned (the default model, which a one-model server keeps loaded as before).
-- Loads side by side where there is room (issue 39): when every model waiting on disk
+- Loads side by side where the budget holds them (issue 39): when every model waiting on disk
   fits beside those loaded and loading, all of them load at once, beside any load under
   way. Otherwise one load at a time: the next is planned once it is done.
 """
@@ -135,16 +135,16 @@ class Plan:
         reserved = sum(m.reserved for m in models)
         loading = [m for m in models if m.state == LOADING]
         staying = [m for m in loaded.values() if m.key not in unload]
-        if waiters and self._room(waiters, staying + loading, reserved, unload, models):
+        if waiters and self._fits(waiters, staying + loading, reserved, unload, models):
             return tuple(m.key for m in waiters), None  # all of them, side by side
         if loading:
             return (), None  # one at a time: the next is planned once this one is done
         for cand in waiters:
-            if self._room([cand], staying, reserved, unload, models):
+            if self._fits([cand], staying, reserved, unload, models):
                 return (cand.key,), _next_after(waiters, cand)
             going = set(self._draining)
             keep = [m for m in staying if m.key not in going]
-            if self._room([cand], keep, reserved, unload + list(going), models):
+            if self._fits([cand], keep, reserved, unload + list(going), models):
                 return (), cand.key  # the drained models' lines are finishing
             overdue = now - self._waited_since(cand, now) >= self.switch_after
             # Idle queues first, then the least recently used.
@@ -157,7 +157,7 @@ class Plan:
                 chosen.append(m)
                 rest = [s for s in keep if s not in chosen]
                 freed = unload + list(going) + [c.key for c in chosen]
-                if self._room([cand], rest, reserved, freed, models):
+                if self._fits([cand], rest, reserved, freed, models):
                     break
             else:
                 continue  # not enough to displace for this one; maybe for the next
@@ -182,7 +182,7 @@ class Plan:
         oldest = m.oldest if m.oldest is not None else now
         return max(oldest, self._last_fed.get(m.key, oldest))
 
-    def _room(
+    def _fits(
         self,
         cands: list[BerthState],
         staying: list[BerthState],

@@ -5,7 +5,7 @@ a berth (berth.py) keyed by the catalog entry's `key` (the file and its load pro
 a name). A request's `model` picks its entry (`Catalog.entry_for`: a name nothing knows means
 the default model). A request for a model that is loaded and fed goes to its engine at
 once; any other waits in its berth and is sent when its model is loaded: at once where
-there is room, else at the next switch. A swap never fails a request; a model whose file
+the budget holds it, else at the next switch. A swap never fails a request; a model whose file
 cannot be loaded fails its own requests with the reason, and the others go on.
 
 The pool's loop thread steps the plan (plan.py) over a snapshot of every berth and carries

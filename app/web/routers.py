@@ -1,4 +1,4 @@
-"""The dashboard's routes in two routers: the pages, and the htmx fragments.
+"""The dashboard's two routers: the pages, and the htmx fragments.
 
 Neither is part of the OpenAI API, so both leave the OpenAPI schema (once here, not on each
 handler). The fragments' router also holds the one answer to a refusal inside a fragment:
@@ -29,7 +29,7 @@ def inline_error(request: Request[Any, Any, Any], exc: APIError) -> Template:
 
 FRAGMENTS = Router(
     path="/",
-    route_handlers=[*partials.ROUTES, *explorer.FRAGMENTS, *models.FRAGMENTS, *sheets.FRAGMENTS],
+    route_handlers=[*partials.HANDLERS, *explorer.FRAGMENTS, *models.FRAGMENTS, *sheets.FRAGMENTS],
     include_in_schema=False,
     exception_handlers={APIError: inline_error},
 )
@@ -37,9 +37,9 @@ FRAGMENTS = Router(
 PAGES = Router(
     path="/",
     route_handlers=[
-        *pages.ROUTES,
+        *pages.HANDLERS,
         *models.PAGES,
-        *events.ROUTES,
+        *events.HANDLERS,
         *explorer.DOWNLOADS,
         *sheets.PAGES,
         *AUTH_ROUTES,
