@@ -22,7 +22,7 @@ class ModelView:
     entry: Entry
     state: str  # "loaded" | "loading" | "idle" | "on disk" | "failed"  (idle: loaded, nothing in flight)
     in_flight: int
-    waiting: int  # batch lines pending for it (from the runner's demand) + online waiting
+    waiting: int  # requests waiting: batch lines pending (the runner's demand) + online ones
     loads: int  # times loaded since start
     last_used: float | None  # unix time
     measured_bytes: int | None

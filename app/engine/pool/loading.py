@@ -247,7 +247,7 @@ class Loads:
         with self._cond:
             engine, berth.engine = berth.engine, None
             berth.state = ON_DISK
-            assert not berth.in_flight, "a model is never unloaded with lines in flight"
+            assert not berth.in_flight, "a model is never unloaded with requests in flight"
         if engine is not None:
             stats = engine.stats()
             engine.close()

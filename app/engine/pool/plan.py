@@ -1,10 +1,10 @@
 """The plan: which models the engine feeds, loads and unloads next. A pure state machine.
 
-Its input each step is what every model looks like now (`BerthState`: its lines waiting and
-the oldest one's time, its lines in flight, loaded or not, the bytes its reservation holds)
-and the clock; its output a `Decision`: the models whose lines may be claimed and fed
-(`active`), what to unload now, what to stop feeding (`drain`), what to load and whose
-file to read ahead. The pool (pool.py) carries the decisions out; nothing but `step`
+Its input each step is what every model looks like now (`BerthState`: its requests waiting
+(batch lines and online requests) and the oldest one's time, its requests running, loaded or
+not, the bytes its reservation holds) and the clock; its output a `Decision`: the models
+whose lines may be claimed and fed (`active`), what to unload now, what to stop feeding
+(`drain`), what to load and whose file to read ahead. The pool (pool.py) carries the decisions out; nothing but `step`
 changes the plan's memory (the models it drains, when each was fed).
 
 The rules (issue 32):
@@ -18,8 +18,8 @@ The rules (issue 32):
   just displaced does not swap back at once, a load slower than the bound does not swap
   models out before they run a line, and two big batches share the engine in turns of
   at least `switch_after`, not a swap per line. A displaced model is fed no more; its
-  lines in flight finish; then it is unloaded and the waiting model loaded.
-- A model with lines in flight is never unloaded.
+  requests in flight finish; then it is unloaded and the waiting model loaded.
+- A model with requests in flight is never unloaded.
 - A loaded model idle (nothing waiting, nothing in flight) for `ttl` seconds is unloaded,
   unless pinned (the default model, which a one-model server keeps loaded as before).
 - Loads side by side where the budget holds them (issue 39): when every model waiting on disk
@@ -42,9 +42,9 @@ class BerthState:
 
     key: Hashable  # the berth's key (pool.py: the catalog entry's `key`)
     need: int  # bytes it would take once loaded: measured at its last load, else estimated
-    waiting: int = 0  # lines waiting for it: batch lines pending, online requests queued
-    oldest: float | None = None  # when its oldest waiting line began to wait (plan clock)
-    in_flight: int = 0  # lines its engine runs now
+    waiting: int = 0  # requests waiting for it: batch lines pending, online requests queued
+    oldest: float | None = None  # when its oldest waiting request began to wait (plan clock)
+    in_flight: int = 0  # requests its engine runs now (batch lines and online requests)
     state: str = ON_DISK
     last_used: float = 0.0
     pinned: bool = False

@@ -360,7 +360,7 @@ class ModelPool:
             self._cond.notify_all()
 
     def unload(self, id: str) -> None:
-        """Unload a model now (the dashboard's button); refused while lines are in flight."""
+        """Unload a model now (the dashboard's button); refused while requests are in flight."""
         entry = self._entry(id)
         with self._cond:
             berth = self._berth(entry)
