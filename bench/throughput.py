@@ -624,7 +624,7 @@ def tiny_model() -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from app.config import default_model_path
+    from app.config import bundled_model_path
 
     raw = list(sys.argv[1:] if argv is None else argv)
     args = parse(raw)
@@ -632,7 +632,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.model:
         model = Path(args.model)
     else:
-        model = tiny_model() if spec.model == "tiny" else default_model_path()
+        model = tiny_model() if spec.model == "tiny" else bundled_model_path()
     bodies = bodies_for(args.workload, args.lines, args.max_tokens)
     if args.worker:  # one measurement, in this fresh process
         run = run_engine if args.worker == "engine" else run_sequential

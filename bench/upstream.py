@@ -31,7 +31,7 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from app.config import default_model_path  # noqa: E402
+from app.config import bundled_model_path  # noqa: E402
 from bench.fleet import cpu_seconds  # noqa: E402
 from bench.throughput import bodies_for, wait_up  # noqa: E402
 from harness.live import LiveServer, free_port, start_server, stop_server  # noqa: E402
@@ -118,7 +118,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-upstream-") as tmp:
         root = Path(tmp)
         model = root / f"{MODEL}.gguf"
-        model.symlink_to(default_model_path())
+        model.symlink_to(bundled_model_path())
         if args.llama_server:
             upstream = start_llama_server(
                 args.llama_server, model, args.concurrency, root / "llama-server.log"

@@ -43,9 +43,9 @@ def extract_tokenizer(out: Path) -> None:
     """The embedded model's tokenizer and chat template, as gzipped JSON (about 1 MB)."""
     import gguf
 
-    from app.config import default_model_path
+    from app.config import bundled_model_path
 
-    reader = gguf.GGUFReader(str(default_model_path()))
+    reader = gguf.GGUFReader(str(bundled_model_path()))
     data: dict[str, Any] = {}
     for key in TOKENIZER_KEYS:
         value = reader.fields[key].contents()

@@ -93,9 +93,9 @@ class Projector:
 
 
 def _source_model() -> Path:
-    from app.config import default_model_path
+    from app.config import bundled_model_path
 
-    return default_model_path()
+    return bundled_model_path()
 
 
 def write_text_model(

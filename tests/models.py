@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from app.config import default_model_path
+from app.config import bundled_model_path
 from harness.random_models import Shapes, extract_tokenizer, write_model
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -32,7 +32,7 @@ GEMMA_FILE = "gemma-3-270m-q4_k_m.gguf"
 
 
 def smollm2() -> Path:
-    return default_model_path()
+    return bundled_model_path()
 
 
 def _atomic(target: Path, write: Any) -> Path:

@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 from openai import OpenAI
 
-from app.config import default_model_path
+from app.config import bundled_model_path
 from tests.live import LiveServer, free_port
 
 #: The upstream serves the default model under this name (a link to the GGUF), so an
@@ -31,7 +31,7 @@ def upstream_model_args(folder: Path) -> list[str]:
     """`serve` arguments for a real upstream batchyard: the default model through a link
     named after UPSTREAM_MODEL, made in `folder`."""
     model = folder / f"{UPSTREAM_MODEL}.gguf"
-    model.symlink_to(default_model_path())
+    model.symlink_to(bundled_model_path())
     return ["--model", str(model)]
 
 

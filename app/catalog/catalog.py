@@ -22,7 +22,7 @@ from app.catalog.entry import Entry, LoadProfile, ProjectorFacts
 from app.catalog.estimate import estimate
 from app.catalog.header import FACTS, NotAModel, quantization
 from app.catalog.stores import FilesStore, FoldersStore, Found, Signature, Store, home_stores
-from app.config import Settings, default_model_path
+from app.config import Settings, bundled_model_path
 
 log = logging.getLogger("batchyard.catalog")
 T = TypeVar("T")
@@ -69,7 +69,7 @@ class Catalog:
         self._stores: list[Store] = []
         if settings.model:
             self._stores.append(FilesStore("model", [settings.model_path]))
-        self._stores.append(FilesStore("default", [default_model_path()]))
+        self._stores.append(FilesStore("default", [bundled_model_path()]))
         self._stores.append(FoldersStore(settings.models_dirs))
         if not settings.no_discover:
             self._stores += home_stores(home, environ)

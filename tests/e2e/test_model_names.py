@@ -24,7 +24,7 @@ import openai
 import pytest
 from openai import OpenAI
 
-from app.config import default_model_path
+from app.config import bundled_model_path
 from app.config.settings import default_cache_dir
 from tests.factories import batch_line, jsonl, jsonl_lines
 from tests.http_helpers import FINISHED, wait_for_status
@@ -102,7 +102,7 @@ def environ(home: Home) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def names(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Names]:
-    assert smollm2().resolve() == default_model_path().resolve()
+    assert smollm2().resolve() == bundled_model_path().resolve()
     root = tmp_path_factory.mktemp("model-names")
     far = Home(root / "far-home")
     far.ollama("far-smol", smollm2())

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 from litestar.testing import TestClient
 
-from app.config import Settings, default_model_path
+from app.config import Settings, bundled_model_path
 from app.engine.pool.pool import ModelPool
 from app.wire.endpoints import CHAT
 from tests.catalogs import DictCatalog
@@ -284,7 +284,7 @@ def test_metrics_without_a_model_pool_have_no_model_samples(client: TestClient) 
 def smollm2_pool() -> Iterator[ModelPool]:
     """The real pool over the real default model (SmolLM2), loaded on demand."""
     settings = Settings(parallel=1, ctx_size=256, model_ttl="0")
-    catalog = DictCatalog([file_entry(SMOL, default_model_path(), settings, default=True)])
+    catalog = DictCatalog([file_entry(SMOL, bundled_model_path(), settings, default=True)])
     pool = ModelPool(settings, catalog, budget=4 << 30)
     pool.start()
     yield pool

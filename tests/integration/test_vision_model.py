@@ -194,11 +194,11 @@ def test_text_lines_answer_as_the_embedded_model(projector: str) -> None:
     # qwen2vl's text model is SmolLM2 with its Q and K rows reordered for M-RoPE (left in
     # llama's order, it answers this with nothing). Its logits differ a little all the same:
     # llama.cpp's qwen2vl loader takes 0 for the RMS norm's epsilon.
-    from app.config import default_model_path
+    from app.config import bundled_model_path
 
     messages = [{"role": "user", "content": "What is 2 + 2? Answer with a number only."}]
     answers = []
-    for path in (default_model_path(), vision_model_dir(projector) / MODEL_FILE):
+    for path in (bundled_model_path(), vision_model_dir(projector) / MODEL_FILE):
         llm = llama_cpp.Llama(str(path), n_ctx=256, n_threads=2, verbose=False)
         try:
             answer = llm.create_chat_completion(messages, max_tokens=48, temperature=0)

@@ -16,7 +16,7 @@ import httpx
 from app.catalog import Catalog
 from app.catalog.estimate import human_size
 from app.cli import build_parser
-from app.config import Settings, default_model_path
+from app.config import Settings, bundled_model_path
 from tests.live import ROOT, batchyard, start_server, stop_process
 from tests.models import gemma, header_projector
 from tests.stores import Home
@@ -79,7 +79,7 @@ def test_serve_refuses_to_start_on_a_completion_window_too_short(tmp_path: Path)
 
 def test_libgomp_settings_come_before_llama_cpp_and_the_user_wins() -> None:
     probe = (
-        "import os, sys, app.config as c; c.default_model_path(); "
+        "import os, sys, app.config as c; c.bundled_model_path(); "
         "print(os.environ['GOMP_SPINCOUNT'], os.environ['OMP_WAIT_POLICY'], "
         "'llama_cpp' in sys.modules)"
     )
@@ -101,7 +101,7 @@ def test_models_lists_every_store_with_size_quantization_context_and_memory(
     data = tmp_path / "data"
     (data / "models").mkdir(parents=True)
     # A copy under another name: its quantisation must come from the header, not the name.
-    shutil.copyfile(default_model_path(), data / "models" / "tiny-chat-Q8_0.gguf")
+    shutil.copyfile(bundled_model_path(), data / "models" / "tiny-chat-Q8_0.gguf")
     other = tmp_path / "elsewhere-Q8_0.gguf"
     other.write_bytes(b"not a gguf file at all")
 

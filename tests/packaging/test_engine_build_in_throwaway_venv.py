@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from app.config import default_model_path
+from app.config import bundled_model_path
 from tests.live import ROOT, checkout_env
 from tests.packaging import early
 from tests.packaging.helpers import assert_llama_cpp_from
@@ -23,7 +23,7 @@ pytestmark = pytest.mark.slow
 def engine(python: Path, cache: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [str(python), "-m", "app.cli", "engine", *args,
-         "--model", str(default_model_path()), "--cache-dir", str(cache)],
+         "--model", str(bundled_model_path()), "--cache-dir", str(cache)],
         cwd=ROOT,
         env=checkout_env({"BATCHYARD_CPU_EXTRA_BUFFERS": "auto", **env}),
         capture_output=True,

@@ -11,7 +11,7 @@ import pytest
 
 from app.batches import runner as runner_module
 from app.catalog import Entry
-from app.config import Settings, default_model_path
+from app.config import Settings, bundled_model_path
 from app.engine.pool.pool import ModelPool
 from app.engine.registry import EngineRegistry
 from app.services import Services, build_services
@@ -99,7 +99,7 @@ def pool_node(
     monkeypatch.setattr(runner_module, "DEMAND_INTERVAL", 0.0)
     monkeypatch.setattr(runner_module, "DEMAND_SHARE", 0)
     settings = Settings(**MODEL_SETTINGS)
-    path = default_model_path()
+    path = bundled_model_path()
     # One file under two load profiles: two engines (a loaded engine is keyed by both).
     other = Settings(**MODEL_SETTINGS, ctx_size=1024)
     catalog = DictCatalog(

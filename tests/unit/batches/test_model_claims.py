@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from app.catalog import Entry
-from app.config import Settings, default_model_path
+from app.config import Settings, bundled_model_path
 from app.engine.pool import loading
 from app.engine.registry import EMBEDDED, lanes
 from app.services import Services
@@ -54,7 +54,7 @@ def test_lines_wait_for_their_model_and_the_pool_switches_when_a_queue_empties(
     until(lambda: svc.engine.pool.active() == [], 10, "a to be drained")  # type: ignore[union-attr]
     assert loads.ids() == ["a"]
     # b's file is read into the page cache before its turn.
-    until(lambda: default_model_path() in read, 5, "b's file read ahead")
+    until(lambda: bundled_model_path() in read, 5, "b's file read ahead")
     assert finish(first) == 2
 
     # Then b is loaded, and its lane claims.
@@ -143,7 +143,7 @@ def test_a_default_lines_model_is_its_id_not_a_name_read_again(
     assert batch(svc, unknown).route == ""
     catalog = svc.engine.pool.catalog  # type: ignore[union-attr]
     settings = Settings(**MODEL_SETTINGS, ctx_size=1024)
-    catalog.put(entry("b", default_model_path(), settings, "b-alias", "llama9"))
+    catalog.put(entry("b", bundled_model_path(), settings, "b-alias", "llama9"))
     first = loads.engines[0]
     assert finish(first) == 4
     svc.runner.step()

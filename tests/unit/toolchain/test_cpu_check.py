@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from app.config import Settings, default_model_path
+from app.config import Settings, bundled_model_path
 from app.engine.llama import selfcheck
 from app.toolchain import cpu_check, facts
 
@@ -40,24 +40,24 @@ def test_agree_accepts_close_logits_and_refuses_unrelated_ones() -> None:
     [(CRASH, "the check crashed (SIGSEGV)"), (MISMATCH, "row 0: logits correlate at 0.012")],
 )
 def test_a_crash_or_a_mismatch_is_a_verdict_for_plain_buffers(command: list[str], why: str) -> None:
-    assert cpu_check.probe(default_model_path(), 1, command) == (False, why, True)
+    assert cpu_check.probe(bundled_model_path(), 1, command) == (False, why, True)
 
 
 def test_an_interrupted_check_means_plain_buffers_this_time_only(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    ok, why, final = cpu_check.probe(default_model_path(), 1, INTERRUPTED)
+    ok, why, final = cpu_check.probe(bundled_model_path(), 1, INTERRUPTED)
     assert (ok, final) == (False, False)
     assert why == "the check ended without an answer (exit code -2)"  # SIGINT
     monkeypatch.setattr(cpu_check, "probe", lambda *a, **k: (False, why, False))
-    assert cpu_check.extra_buffers(default_model_path(), 2, "auto", tmp_path) == (False, why)
+    assert cpu_check.extra_buffers(bundled_model_path(), 2, "auto", tmp_path) == (False, why)
     assert not (tmp_path / "cpu-check.json").exists()  # the next start checks again
 
 
 def test_the_real_check_answers_and_is_cached(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    model = default_model_path()
+    model = bundled_model_path()
     ok, why = cpu_check.extra_buffers(model, 2, "auto", tmp_path)
     # Either answer is right for some build; what matters is that it is a verdict with a reason.
     assert why == "the check passed" if ok else why.startswith(("the check crashed", "row "))
@@ -87,7 +87,7 @@ def test_the_setting_overrides_the_check(
     assert settings.cache_path == tmp_path
     monkeypatch.setattr(cpu_check, "probe", lambda *a, **k: (_ for _ in ()).throw(AssertionError))
     assert cpu_check.extra_buffers(
-        default_model_path(), 2, settings.cpu_extra_buffers, settings.cache_path
+        bundled_model_path(), 2, settings.cpu_extra_buffers, settings.cache_path
     ) == (expected, f"cpu_extra_buffers={'on' if expected else 'off'}")
     assert not (tmp_path / "cpu-check.json").exists()
 

