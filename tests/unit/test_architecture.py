@@ -41,7 +41,11 @@ def test_every_import_contract_is_kept() -> None:
     ("module", "line", "contract"),
     [
         ("app/wire/files.py", "import app.engine.base", "app.wire imports nothing of the app"),
-        ("app/batches/output.py", "import app.api.files", "Only app.server imports app.api"),
+        (
+            "app/batches/lifecycle/output.py",
+            "import app.api.files",
+            "Only app.server imports app.api",
+        ),
         ("app/api/files.py", "import llama_cpp", "Only app.engine.llama imports llama_cpp"),
         ("app/toolchain/facts.py", "import app.engine.llama.native", "Each layer imports only"),
         (
