@@ -30,12 +30,12 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any, TextIO
 
 from app.batches import throughput
-from app.batches.projection import seconds_left
+from app.batches.claims.projection import seconds_left
+from app.batches.lifecycle.validate import first_endpoint
 from app.batches.throughput import duration
-from app.batches.validate import first_endpoint
 from app.config import Settings
 from app.errors import APIError
-from app.logs import LOG_FORMAT
+from app.runtime.logs import LOG_FORMAT
 from app.sheets.images import IMAGE_SUFFIXES, folder_images, write_folder_sheet
 from app.sheets.requests import SheetSpec
 from app.tables import Batch, BatchStatus
@@ -136,7 +136,7 @@ class Progress:
     ) -> str:
         elapsed = time.monotonic() - self.started
         finish = ""
-        # The runner's projection (batches/projection.py), as the dashboard shows it.
+        # The runner's projection (batches/claims/projection.py), as the dashboard shows it.
         eta = duration(seconds_left(finish_at, time.time(), total=total, done=done))
         if finish_at is not None and total > done:
             finish = f"  finishes {time.strftime('%H:%M:%S', time.localtime(finish_at))}"

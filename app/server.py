@@ -35,8 +35,8 @@ from app.engine.registry import EngineRegistry, load_engines
 from app.errors import APIError
 from app.files.service import FileService
 from app.files.uploads import UploadService
-from app.logs import logging_config
 from app.resources import static_dir, templates_dir
+from app.runtime.logs import logging_config
 from app.services import Services, build_services
 from app.web import routers as web_routers
 

@@ -93,7 +93,7 @@ class Batch(SQLModel, table=True):
     status: str = Field(default=BatchStatus.VALIDATING, index=True)
     #: The `model` its lines name, as written.
     model: str | None = None
-    #: Where its lines run, resolved once at validation (app/batches/validate.py): the id of
+    #: Where its lines run, resolved once at validation (app/batches/lifecycle/validate.py): the id of
     #: the catalog model or the upstream's model name that `model` means, or "" for a name
     #: nothing known means (the default model's lines). None: not resolved yet (a batch
     #: from before routes, or still validating).

@@ -18,9 +18,9 @@ from sqlalchemy import func
 from sqlmodel import col, select
 
 from app import __version__
-from app.batches.health import QueueHealth, queue_health
+from app.batches.claims.health import QueueHealth, queue_health
+from app.batches.claims.projection import Projection, ProjectionError, Projections
 from app.batches.nodes import unserved_lines
-from app.batches.projection import Projection, ProjectionError, Projections
 from app.db import Database
 from app.engine.pool import ModelView
 from app.engine.registry import EngineView, lanes, members, model_pool

@@ -15,7 +15,7 @@ import threading
 
 from app import __version__
 from app.config import Settings
-from app.logs import LOG_FORMAT
+from app.runtime.logs import LOG_FORMAT
 
 log = logging.getLogger("batchyard")
 
@@ -23,7 +23,7 @@ log = logging.getLogger("batchyard")
 def run_worker(settings: Settings) -> int:
     from app.db import DatabaseError
     from app.engine.registry import load_engines
-    from app.heap import freeze_startup
+    from app.runtime.heap import freeze_startup
     from app.services import build_services
 
     logging.basicConfig(level=settings.log_level.upper(), format=LOG_FORMAT)
@@ -47,7 +47,7 @@ def run_worker(settings: Settings) -> int:
         print(f"batchyard: the model could not be loaded: {failure}", file=sys.stderr, flush=True)
         services.db.close()
         return 1
-    freeze_startup()  # the services and engines, out of the collector's walks (app/heap.py)
+    freeze_startup()  # the services and engines, out of the collector's walks (app/runtime/heap.py)
     # Webhooks of batches that end here go out from here too (any node sends what is due).
     services.webhooks.start()
     try:

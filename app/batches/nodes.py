@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable, Mapping
 from sqlalchemy import delete, func, insert, update
 from sqlmodel import Session, col, select
 
-from app.batches.validate import ModelRules
+from app.batches.lifecycle.validate import ModelRules
 from app.catalog import DEFAULT_ROUTE, Catalog, Entry
 from app.config import Settings
 from app.db import Database

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from pathlib import PurePosixPath
 
-from app import jsoncodec
 from app.files.service import FileService, too_large
 from app.files.storage import TooLarge
+from app.runtime import jsoncodec
 from app.tables import File
 
 

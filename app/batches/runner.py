@@ -30,16 +30,14 @@ from typing import Any
 
 from sqlmodel import Session, select
 
-from app import jsoncodec
-from app.batches import lifecycle
-from app.batches.claims import Claim, claim, waiting_lines
-from app.batches.finalize import FINALIZE_RETRY_DELAYS, Finalizer
-from app.batches.leases import Leases
-from app.batches.nodes import NodeNames
-from app.batches.output import sweep_orphans
-from app.batches.pauses import LanePauses
-from app.batches.projection import Projections
-from app.batches.recording import (
+from app.batches.claims.claims import Claim, claim, waiting_lines
+from app.batches.claims.leases import Leases
+from app.batches.claims.pauses import LanePauses
+from app.batches.claims.projection import Projections
+from app.batches.lifecycle import lifecycle
+from app.batches.lifecycle.finalize import FINALIZE_RETRY_DELAYS, Finalizer
+from app.batches.lifecycle.output import sweep_orphans
+from app.batches.lifecycle.recording import (
     Held,
     Result,
     exhausted,
@@ -48,7 +46,8 @@ from app.batches.recording import (
     record_done,
     unreadable,
 )
-from app.batches.validate import ModelRules
+from app.batches.lifecycle.validate import ModelRules
+from app.batches.nodes import NodeNames
 from app.config import Settings
 from app.db import Database
 from app.engine.base import Engine, EngineError, EngineUnavailable, Priority
@@ -56,7 +55,8 @@ from app.engine.registry import demand, lanes, model_pool, run_as
 from app.files.service import FileService
 from app.files.storage import Storage
 from app.images import ImageResolver
-from app.polling import PollingThread
+from app.runtime import jsoncodec
+from app.runtime.polling import PollingThread
 from app.tables import Batch, BatchStatus
 
 log = logging.getLogger("batchyard.runner")

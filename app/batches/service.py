@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlmodel import col, func, select
 
-from app.batches.output import CHUNK, result_rows
+from app.batches.lifecycle.output import CHUNK, result_rows
 from app.config import Settings
 from app.db import Database
 from app.errors import APIError, invalid, missing, not_found

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from app.batches.projection import seconds_left
+from app.batches.claims.projection import seconds_left
 from app.tables import Batch, BatchStatus
 
 #: Points a chart has at most: long batches are bucketed into this many steps.

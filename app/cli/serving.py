@@ -27,13 +27,13 @@ def serve(settings: Settings) -> int:
         return 1
     import uvicorn
 
-    from app.heap import freeze_startup
-    from app.logs import LOG_FORMAT
+    from app.runtime.heap import freeze_startup
+    from app.runtime.logs import LOG_FORMAT
     from app.server import create_app
 
     logging.basicConfig(level=settings.log_level.upper(), format=LOG_FORMAT)
     app = create_app(settings)
-    freeze_startup()  # the app and its modules, out of the collector's walks (app/heap.py)
+    freeze_startup()  # the app and its modules, out of the collector's walks (app/runtime/heap.py)
     url = f"http://{'127.0.0.1' if settings.host in ('0.0.0.0', '::') else settings.host}:{settings.port}/"
     print(
         f"batchyard {__version__}: dashboard {url}  API {url}v1  data {settings.data_path}",

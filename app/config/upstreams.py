@@ -46,7 +46,7 @@ class UpstreamSpec:
     images: str = ""  # one of IMAGE_MODES; empty: the default for the server (image_mode)
     image_max_side: int = 0  # images larger than this many pixels a side are scaled down
     #: Send vLLM's and SGLang's `priority` on each batch line, from its batch's deadline
-    #: (app/batches/claims.py: line_priority); online requests send none.
+    #: (app/batches/claims/claims.py: line_priority); online requests send none.
     priority: bool = False
 
     @property

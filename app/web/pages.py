@@ -14,8 +14,8 @@ from litestar.params import FromPath, FromQuery
 from litestar.response import File as FileResponse
 from litestar.response import Template
 
-from app.batches.health import queue_health
-from app.batches.projection import Projection
+from app.batches.claims.health import queue_health
+from app.batches.claims.projection import Projection
 from app.batches.service import BatchService
 from app.engine.registry import lanes, members
 from app.errors import APIError

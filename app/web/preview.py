@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.batches.validate import first_endpoint, validate_jsonl
+from app.batches.lifecycle.validate import first_endpoint, validate_jsonl
 from app.files.service import FileService
 
 #: Line errors the preview lists on the page; the count says how many more there are.

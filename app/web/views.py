@@ -15,7 +15,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from app.batches import throughput
-from app.batches.projection import Projection, seconds_left
+from app.batches.claims.projection import Projection, seconds_left
 from app.batches.service import LineDetail
 from app.tables import Batch, BatchStatus, File, Request, RequestStatus, WebhookDelivery
 

@@ -27,7 +27,7 @@ from app.auth.keys import owner_id
 from app.config import Settings
 from app.db import Database
 from app.errors import not_found
-from app.polling import PollingThread
+from app.runtime.polling import PollingThread
 from app.tables import Batch, BatchStatus, DeliveryStatus, WebhookDelivery, new_id, now
 from app.webhooks import signing
 

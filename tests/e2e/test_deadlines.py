@@ -3,7 +3,7 @@ serve` with two API keys and the embedded model.
 
 Key A's 24-hour batch of 2,000 lines is running when key A creates a 1-hour batch: the
 1-hour batch takes key A's share and completes while the big one moves by little more than
-the lines it already held (app/batches/claims.py). With both keys doing the same, each
+the lines it already held (app/batches/claims/claims.py). With both keys doing the same, each
 key's 1-hour batch completes first, and both 24-hour batches keep moving afterwards.
 """
 

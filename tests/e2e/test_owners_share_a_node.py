@@ -1,7 +1,7 @@
 """Fair shares between owners: a real `batchyard serve` with two API keys and the embedded
 model. Key A's batch of a few hundred lines is running when key B creates a 10-line batch;
 B's batch completes while A's is less than half done (the claim takes turns between owners,
-app/batches/claims.py), where before it waited for all of A's lines.
+app/batches/claims/claims.py), where before it waited for all of A's lines.
 """
 
 from __future__ import annotations

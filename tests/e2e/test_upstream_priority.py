@@ -1,5 +1,5 @@
 """`priority=on` on an upstream lane: each batch line it sends carries vLLM's and SGLang's
-`priority`, from its batch's deadline (app/batches/claims.py: line_priority), and online
+`priority`, from its batch's deadline (app/batches/claims/claims.py: line_priority), and online
 requests carry none. The front (`batchyard serve --no-embedded`) feeds a recording HTTP
 server (tests/upstream_double.py) that forwards to the fixed-latency upstream
 (harness/upstream.py); the bodies it received are read back."""

@@ -1,6 +1,7 @@
 """The architecture as a test: the import contracts in pyproject.toml hold (layers, only
 engine/llama imports llama_cpp, wire is a leaf, only the server imports api/ and web/), they
-fail when someone breaks them, and no module of the app imports itself back through others."""
+fail when someone breaks them, no module of the app imports itself back through others, and
+no folder of the app holds more than 12 modules flat."""
 
 from __future__ import annotations
 
@@ -13,6 +14,13 @@ import grimp
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+#: The most modules (`*.py`, `__init__.py` too) one folder of app/ holds flat: past that,
+#: sub-packages show how its modules group.
+MAX_FLAT_MODULES = 12
+#: Folders let hold more, for now. engine/llama/ splits into the native binding, the contexts
+#: and the requests after the structured-output engine, which rewrites its sampling, lands:
+#: the change that splits it removes it here (a test below fails until it does).
+CROWDED_FOR_NOW = {"app/engine/llama"}
 LINT_IMPORTS = [
     sys.executable,
     "-c",
@@ -41,7 +49,11 @@ def test_every_import_contract_is_kept() -> None:
     ("module", "line", "contract"),
     [
         ("app/wire/files.py", "import app.engine.base", "app.wire imports nothing of the app"),
-        ("app/batches/output.py", "import app.api.files", "Only app.server imports app.api"),
+        (
+            "app/batches/lifecycle/output.py",
+            "import app.api.files",
+            "Only app.server imports app.api",
+        ),
         ("app/api/files.py", "import llama_cpp", "Only app.engine.llama imports llama_cpp"),
         ("app/toolchain/facts.py", "import app.engine.llama.native", "Each layer imports only"),
         (
@@ -116,3 +128,36 @@ def test_the_cycle_finder_finds_a_cycle(tmp_path: Path, monkeypatch: pytest.Monk
     monkeypatch.syspath_prepend(str(tmp_path))
     graph = grimp.build_graph("ring", cache_dir=None)
     assert import_cycles(graph) == [["ring.a", "ring.b", "ring.c"]]
+
+
+def crowded(app: Path) -> dict[str, int]:
+    """The folders of `app` (itself too) that hold more than MAX_FLAT_MODULES modules flat,
+    each with its count, named from app's parent."""
+    folders = [app, *(d for d in app.rglob("*") if d.is_dir() and "__pycache__" not in d.parts)]
+    counts = {d.relative_to(app.parent).as_posix(): len(list(d.glob("*.py"))) for d in folders}
+    return {d: n for d, n in sorted(counts.items()) if n > MAX_FLAT_MODULES}
+
+
+def test_no_folder_of_the_app_holds_more_than_12_modules_flat() -> None:
+    too_many = crowded(ROOT / "app")
+    assert {d: n for d, n in too_many.items() if d not in CROWDED_FOR_NOW} == {}
+
+
+def test_a_folder_let_hold_more_still_does() -> None:
+    # Once split, a folder leaves CROWDED_FOR_NOW, so the exception never outlives its reason.
+    assert CROWDED_FOR_NOW <= set(crowded(ROOT / "app"))
+
+
+def test_the_folder_count_sees_a_crowded_folder(tmp_path: Path) -> None:
+    """The check on a made-up tree: 13 modules flat are too many, in app/ or deeper, while
+    12, or 13 spread over a folder and its sub-package, are not; other files do not count."""
+    app = tmp_path / "app"
+    for folder, n in (("", 13), ("full", 12), ("deep/er", 13), ("split", 7), ("split/sub", 6)):
+        (app / folder).mkdir(parents=True, exist_ok=True)
+        for i in range(n):
+            (app / folder / f"m{i}.py").touch()
+    (app / "full" / "notes.md").touch()
+    (app / "full" / "__pycache__").mkdir()
+    for i in range(13):
+        (app / "full" / "__pycache__" / f"m{i}.py").touch()
+    assert crowded(app) == {"app": 13, "app/deep/er": 13}

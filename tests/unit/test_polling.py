@@ -7,7 +7,7 @@ import logging
 import threading
 import time
 
-from app.polling import PollingThread
+from app.runtime.polling import PollingThread
 from tests.waiting import until
 
 log = logging.getLogger("tests.polling")

@@ -22,7 +22,6 @@ from concurrent.futures import Future
 from functools import partial
 from typing import Any
 
-from app import jsoncodec
 from app.config.upstreams import UpstreamSpec
 from app.engine.base import EngineError, EngineUnavailable, Priority, RequestCancelled
 from app.engine.upstream.engine import UpstreamEngine
@@ -36,6 +35,7 @@ from app.engine.upstream.pipe import (
     widen,
     write_all,
 )
+from app.runtime import jsoncodec
 
 log = logging.getLogger("batchyard.upstream")
 

@@ -26,7 +26,6 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
-from app import jsoncodec
 from app.config.upstreams import UpstreamSpec
 from app.engine.base import (
     ChunkCallback,
@@ -56,6 +55,7 @@ from app.engine.upstream.pipe import (
     widen,
     write_all,
 )
+from app.runtime import jsoncodec
 from app.toolchain.facts import child_program
 from app.wire.endpoints import ENDPOINTS
 

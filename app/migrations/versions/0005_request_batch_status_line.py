@@ -1,6 +1,6 @@
 """The lines' (batch_id, status, line) index, in place of (batch_id, status).
 
-The fair claim (app/batches/claims.py) reads, for each batch in progress, its first pending
+The fair claim (app/batches/claims/claims.py) reads, for each batch in progress, its first pending
 line and the pending lines just after it: with `line` in the index both are a short range
 of it, instead of every pending line of the batch sorted. Every query that used the
 (batch_id, status) index uses this one's prefix.

@@ -1,7 +1,7 @@
 """`batch.route`: the id of the model a batch's lines run on, resolved once at validation.
 
 A batch validated before this revision has none (NULL): each node's runner resolves its
-`model` to an id at start (app/batches/lifecycle.py: route_unrouted), as validation now does, before any of
+`model` to an id at start (app/batches/lifecycle/lifecycle.py: route_unrouted), as validation now does, before any of
 its lines is claimed again. No line of it is claimed meanwhile by a node with several lanes.
 
 Revision ID: 0008

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from app.batches.claims import NO_DEADLINE_PRIORITY, line_priority, risk_room
-from app.batches.projection import Running
+from app.batches.claims.claims import NO_DEADLINE_PRIORITY, line_priority, risk_room
+from app.batches.claims.projection import Running
 from app.engine.registry import EMBEDDED, UNROUTED, EngineRegistry, Lane, lanes
 from app.tables import BatchStatus
 from app.wire.endpoints import CHAT

@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 from sqlalchemy import Engine, create_engine, insert
 from sqlmodel import SQLModel
 
-from app.batches.claims import _claim_query
-from app.batches.projection import play
+from app.batches.claims.claims import _claim_query
+from app.batches.claims.projection import play
 from app.tables import Batch, BatchStatus, Request, RequestStatus
 
 #: A queue: batches in the order they were made, each (owner, lines, deadline).

@@ -1,5 +1,5 @@
 """The one duration format (batches/throughput.py `duration`) and the one finish-time
-estimate (batches/projection.py `seconds_left`), as the batch list, the batch page's
+estimate (batches/claims/projection.py `seconds_left`), as the batch list, the batch page's
 summary and chart, and `batchyard run`'s progress all show them."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import io
 import time
 
 from app.batches import throughput
-from app.batches.projection import Projection, seconds_left
+from app.batches.claims.projection import Projection, seconds_left
 from app.batches.throughput import duration
 from app.offline import Progress
 from app.tables import Batch, BatchStatus

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from app.batches import pauses
+from app.batches.claims import pauses
 from app.engine.base import EngineUnavailable
 from app.tables import RequestStatus
 from tests.factories import batch_line

@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sqlalchemy import Engine, create_engine, insert, select
 
-from app.batches.claims import _routed, lane_takes
-from app.batches.health import lane_of
+from app.batches.claims.claims import _routed, lane_takes
+from app.batches.claims.health import lane_of
 from app.engine.registry import UNROUTED, Lane
 from app.tables import Batch
 

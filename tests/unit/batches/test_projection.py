@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from app.batches.projection import Projections, Running, play, share_of
+from app.batches.claims.projection import Projections, Running, play, share_of
 from app.db import Database
 from app.tables import Batch, BatchStatus
 

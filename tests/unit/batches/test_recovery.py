@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-import app.batches.lifecycle as lifecycle_module
-import app.batches.output as output_module
-from app.batches.claims import MAX_ATTEMPTS
+import app.batches.lifecycle.lifecycle as lifecycle_module
+import app.batches.lifecycle.output as output_module
+from app.batches.claims.claims import MAX_ATTEMPTS
 from app.tables import BatchStatus, RequestStatus
 from tests.factories import batch_line
 from tests.fakes import FakeEngine, HangingEngine

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from sqlmodel import select
 
-from app.batches.claims import MAX_ATTEMPTS
-from app.batches.pauses import LANE_PAUSE_MIN
+from app.batches.claims.claims import MAX_ATTEMPTS
+from app.batches.claims.pauses import LANE_PAUSE_MIN
 from app.files.bucket import StoreError
 from app.services import Services
 from app.tables import Request, RequestStatus

@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 import json
 
-from app.batches import validate as v
+from app.batches.lifecycle import validate as v
 from tests.factories import CHAT, batch_line
 
 

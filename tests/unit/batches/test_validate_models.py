@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from app.batches.validate import Line, ModelRules, Routed, same_model
+from app.batches.lifecycle.validate import Line, ModelRules, Routed, same_model
 from app.catalog import Catalog
 from app.catalog.budget import gib
 from app.config import Settings

@@ -8,7 +8,7 @@ import json
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from app.batches.validate import MAX_LINE_BYTES, raw_lines, validate_jsonl
+from app.batches.lifecycle.validate import MAX_LINE_BYTES, raw_lines, validate_jsonl
 from tests.factories import CHAT, batch_line
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from app.batches.claims import room
+from app.batches.claims.claims import room
 from app.config import Settings
 from app.config.upstreams import UpstreamSpec
 from app.engine.registry import EMBEDDED, EngineRegistry, load_engines

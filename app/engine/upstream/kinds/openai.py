@@ -16,9 +16,9 @@ from collections.abc import Mapping
 from email.utils import parsedate_to_datetime
 from typing import Any
 
-from app import jsoncodec
 from app.config.upstreams import UpstreamSpec
 from app.engine.base import EngineError
+from app.runtime import jsoncodec
 from app.wire.endpoints import CHAT, RESPONSES
 
 #: A longer Retry-After than this is cut to it, so a confused upstream cannot park lines for days.

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from app import jsoncodec
 from app.config.upstreams import UpstreamSpec
 from app.engine.upstream.kinds.openai import OpenAIKind
+from app.runtime import jsoncodec
 
 
 class GatewayKind(OpenAIKind):

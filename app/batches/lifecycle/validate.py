@@ -15,10 +15,10 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
-from app import jsoncodec
 from app.catalog import DEFAULT_ROUTE, Catalog, Entry, lookup
 from app.catalog.budget import gib
 from app.images import has_images
+from app.runtime import jsoncodec
 from app.wire.endpoints import CHAT, ENDPOINTS
 
 #: A line longer than this is refused on its own (OpenAI's per-request body limit is in MB).

@@ -33,7 +33,7 @@ An upstream lane with `priority=on` gives each line it claims vLLM's and SGLang'
 
 A line is routed by its batch's `route`: validation refuses a batch whose lines name
 different models (`mismatched_model`) and resolves the one they name, once, to the id of
-the model that runs them (app/batches/validate.py: ModelRules.route), so the batch row says where each of its
+the model that runs them (app/batches/lifecycle/validate.py: ModelRules.route), so the batch row says where each of its
 lines goes without reading the input file, and the query filters on it with the ids the
 lanes take at this moment. A line whose model is known but that no lane takes waits for
 its model: it is never given to another.

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from sqlalchemy import select
 from sqlmodel import Session, col
 
-from app.batches.claims import NO_DEADLINE
+from app.batches.claims.claims import NO_DEADLINE
 from app.db import Database
 from app.tables import Batch, BatchStatus
 

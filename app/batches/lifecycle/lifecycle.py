@@ -18,13 +18,13 @@ from typing import Any
 from sqlalchemy import bindparam, delete, func, update
 from sqlmodel import Session, col, select
 
-from app import jsoncodec
-from app.batches.validate import LineError, ModelRules, validate_jsonl
+from app.batches.lifecycle.validate import LineError, ModelRules, validate_jsonl
 from app.catalog import DEFAULT_ROUTE
 from app.config import Settings
 from app.db import Database
 from app.errors import APIError, error_body
 from app.files.storage import Storage
+from app.runtime import jsoncodec
 from app.tables import Batch, BatchStatus, Request, RequestStatus, new_ids, now
 
 log = logging.getLogger("batchyard.runner")

@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 from sqlalchemy import case, update
 from sqlmodel import Session, col, select
 
-from app.batches.lifecycle import failure, lock_batches, record
+from app.batches.lifecycle.lifecycle import failure, lock_batches, record
 from app.engine.base import EngineError, EngineUnavailable, RequestCancelled
 from app.tables import Request, RequestStatus
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from sqlalchemy import func
 from sqlmodel import col, select
 
-from app.batches.claims import lane_takes
+from app.batches.claims.claims import lane_takes
 from app.db import Database
 from app.engine.registry import UNROUTED, Lane
 from app.tables import Batch, BatchStatus, Request, RequestStatus

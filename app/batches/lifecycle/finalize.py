@@ -17,8 +17,8 @@ from collections.abc import Collection
 from sqlalchemy import update
 from sqlmodel import col, select
 
-from app.batches import output
-from app.batches.lifecycle import OPEN, Ended, end, locked_batch, no_hook
+from app.batches.lifecycle import output
+from app.batches.lifecycle.lifecycle import OPEN, Ended, end, locked_batch, no_hook
 from app.config import Settings
 from app.db import Database
 from app.files.service import FileService
