@@ -86,7 +86,7 @@ class ImageTarget:
 EMBEDDED = ImageTarget("png")
 
 
-def target_for(engine: Engine | None, model: Any) -> ImageTarget:
+def target_for(engine: Engine | None, model: str | None) -> ImageTarget:
     """The form the engine that `model` routes to takes (the Engine contract's
     `image_form`): an upstream's `images=` and `image_max_side=`, else the embedded
     engine's."""
