@@ -7,7 +7,7 @@ from __future__ import annotations
 import builtins
 import json
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -74,7 +74,7 @@ class NodeAtWork:
     this_node: bool
 
 
-def check_metadata(metadata: Any) -> dict[str, str] | None:
+def check_metadata(metadata: object) -> dict[str, str] | None:
     if metadata is None:
         return None
     if not isinstance(metadata, dict):
@@ -114,7 +114,7 @@ class BatchService:
         input_file_id: str,
         endpoint: str,
         completion_window: str = "24h",
-        metadata: Mapping[str, str] | None = None,
+        metadata: dict[str, str] | None = None,
         output_expires_after: OutputExpiresAfter | None = None,
     ) -> Batch:
         if not input_file_id or not isinstance(input_file_id, str):

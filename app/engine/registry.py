@@ -48,6 +48,9 @@ Upstream = UpstreamEngine | UpstreamProcess
 #: What a name means on this node: the engine that serves it, the id it knows the model by,
 #: and its catalog entry (None for an upstream's model or a lone engine's).
 Served = tuple[Engine, str, Entry | None]
+#: What the names table was built from: the identities of the catalog's entries, each
+#: upstream's listed names, and a lone engine's id.
+_TableKey = tuple[list[int], list[list[str]], str | None]
 
 
 @dataclass(frozen=True)
@@ -110,7 +113,7 @@ class EngineRegistry:
         self.embedded_failure = embedded_failure
         #: What `names()` was built from (the catalog's entries, the upstreams' names), the
         #: table, and its names casefolded.
-        self._names: tuple[Any, dict[str, Served], dict[str, Served]] | None = None
+        self._names: tuple[_TableKey, dict[str, Served], dict[str, Served]] | None = None
 
     @property
     def pool(self) -> ModelPool | None:
@@ -201,7 +204,7 @@ class EngineRegistry:
         # Entries are made anew when the catalog reads its stores again: their identity
         # says whether it did (the table holds them, so no id is reused meanwhile).
         lone = self.embedded.info.id if pool is None and self.embedded is not None else None
-        key = ([id(e) for e in catalog], listed, lone)
+        key: _TableKey = ([id(e) for e in catalog], listed, lone)
         if self._names is not None and self._names[0] == key:
             return self._names[1], self._names[2]
         table: dict[str, Served] = {}
