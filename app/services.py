@@ -20,6 +20,7 @@ from app.files.backend import open_storage
 from app.files.service import FileService
 from app.files.storage import UNFINISHED_MAX_AGE, Storage
 from app.files.uploads import UploadService
+from app.images import ImageResolver
 from app.sheets.service import SheetService
 from app.webhooks.service import WebhookService
 
@@ -38,6 +39,12 @@ class Services:
     engine: Engine | None = None
     #: Why the model could not be loaded ("Type: message"), for /health and the dashboard.
     engine_failure: str | None = None
+
+    @property
+    def images(self) -> ImageResolver:
+        """The image resolver the runner's lines and online requests share (one cache, one
+        set of fetches): images in the form of the engine their model routes to."""
+        return self.runner.images
 
     def attach_engine(self, engine: Engine, *, start: bool = True) -> None:
         """Use `engine` from now on; the runner starts unless a test steps it by hand."""

@@ -22,13 +22,12 @@ from app.batches.claims.health import QueueHealth, queue_health
 from app.batches.claims.projection import Projection, ProjectionError, Projections
 from app.batches.nodes import unserved_lines
 from app.db import Database
-from app.engine.pool import ModelView
-from app.engine.registry import EngineView, lanes, members, model_pool
+from app.engine.node import EngineView, ModelView, lanes, members, model_pool
 from app.tables import Batch, BatchStatus, Request, RequestStatus
 
 if TYPE_CHECKING:
     from app.engine.base import Engine, EngineStats
-    from app.engine.upstream.engine import UpstreamStatus
+    from app.engine.node import UpstreamStatus
 
 #: Upper bounds of the latency histogram's buckets, in seconds.
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)

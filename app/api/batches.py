@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Annotated
 
 import anyio.to_thread
-import msgspec
 from litestar import get, post
 from litestar.di import NamedDependency
 from litestar.params import FromPath, FromQuery, JSONBody, QueryParameter
@@ -30,7 +29,6 @@ async def create_batch(
     owner: NamedDependency[str],
 ) -> BatchObject:
     """Create a batch from an uploaded input file; it starts validating at once."""
-    expires = data.output_expires_after
     batch = await anyio.to_thread.run_sync(
         lambda: batches.create(
             owner,
@@ -38,7 +36,7 @@ async def create_batch(
             endpoint=data.endpoint,
             completion_window=data.completion_window,
             metadata=data.metadata,
-            output_expires_after=msgspec.structs.asdict(expires) if expires else None,
+            output_expires_after=data.output_expires_after,
         )
     )
     return batch_object(batch)

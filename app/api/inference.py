@@ -24,9 +24,9 @@ from litestar.types import Receive
 
 from app.api.errors import json_object_body
 from app.api.openapi import errors
-from app.engine.base import Engine, ModelInfo, Priority
-from app.engine.registry import EngineRegistry, members
-from app.engine.registry import model_id as resolved_id
+from app.engine.base import Engine, Priority
+from app.engine.node import members, model_cards
+from app.engine.node import model_id as resolved_id
 from app.engine.tiers import service_tier
 from app.errors import APIError, error_body
 from app.images import has_images, target_for
@@ -101,7 +101,7 @@ async def _with_images(
     if not has_images(endpoint, body):
         return body
     target = target_for(engine, body.get("model"))
-    resolver = services.runner.images
+    resolver = services.images
     resolved = await asyncio.to_thread(resolver.resolve, endpoint, body, target=target, owner=owner)
     return resolved.body
 
@@ -219,10 +219,6 @@ def _answers(body: type) -> dict[int, ResponseSpec]:
     return {200: ResponseSpec(body, description="The answer."), **errors(503)}
 
 
-def model_card(info: ModelInfo) -> Model:
-    return Model(id=info.id, created=info.created)
-
-
 @post(
     "/v1/chat/completions",
     operation_id="CreateChatCompletion",
@@ -301,13 +297,10 @@ async def embeddings(
 
 
 def _cards(engine: Engine) -> list[Model]:
-    if isinstance(engine, EngineRegistry):
-        # A catalog model's card says what loading it takes (its source, size, estimate).
-        return [
-            CatalogModel(**card) if "source" in card else Model(**card)
-            for card in engine.model_cards()
-        ]
-    return [model_card(engine.info)]
+    # A catalog model's card says what loading it takes (its source, size, estimate).
+    return [
+        CatalogModel(**card) if "source" in card else Model(**card) for card in model_cards(engine)
+    ]
 
 
 @get("/v1/models", operation_id="ListModels", responses=errors(503))

@@ -26,12 +26,11 @@ from sqlalchemy import delete, func, insert, update
 from sqlmodel import Session, col, select
 
 from app.batches.lifecycle.validate import ModelRules
-from app.catalog import DEFAULT_ROUTE, Catalog, Entry
+from app.catalog import DEFAULT_ROUTE, Entry
 from app.config import Settings
 from app.db import Database
 from app.engine.base import Engine
-from app.engine.pool.loading import node_budget
-from app.engine.registry import EngineRegistry
+from app.engine.node import ModelDirectory
 from app.tables import Batch, BatchStatus, Node, NodeModel, Request, RequestStatus, now
 
 log = logging.getLogger("batchyard.nodes")
@@ -103,59 +102,32 @@ def served_names(entries: Iterable[Entry], budget: int) -> dict[str, str]:
     return names
 
 
-def upstream_names(engine: Engine | None) -> frozenset[str]:
-    """The model names the upstream engines behind `engine` serve now."""
-    if not isinstance(engine, EngineRegistry):
-        return frozenset()
-    return frozenset(m for upstream in engine.upstreams for m in upstream.models())
-
-
 def node_models(
     settings: Settings, db: Database, node_id: str, engine: Engine
 ) -> tuple[NodeNames, ModelRules]:
-    """This node's published names and its validation's model rules, over its catalog and
-    memory budget and the upstreams of `engine`."""
-    pool = engine.pool if isinstance(engine, EngineRegistry) else None
-    # The pool's own catalog and budget (measured before its first load), where it has them.
-    catalog = pool.catalog if pool is not None and isinstance(pool.catalog, Catalog) else None
-    catalog = catalog or Catalog(settings)
-    measured: list[int] = [pool.budget()[1]] if pool is not None else []
-
-    def budget() -> int:
-        # Measured once, on first use: the budget is what the machine had free for models.
-        if not measured:
-            measured.append(node_budget(settings))
-        return measured[0]
+    """This node's published names and its validation's model rules, over the models its
+    engines serve (`app.engine.node.ModelDirectory`: its catalog, memory budget and
+    upstreams)."""
+    models = ModelDirectory(engine, settings)
 
     def served() -> dict[str, str]:
         # In the order this node's own engines take a name two give (`EngineRegistry.names`):
         # an upstream's configured names, then the catalog's, then the upstreams' listed ones.
-        names = {
-            name: name
-            for upstream in (engine.upstreams if isinstance(engine, EngineRegistry) else [])
-            for name in upstream.spec.models
-        }
-        for name, ident in served_names(catalog.entries(), budget()).items():
+        names = {name: name for name in models.configured()}
+        for name, ident in served_names(models.catalog.entries(), models.budget()).items():
             names.setdefault(name, ident)
-        for name in sorted(upstream_names(engine)):
+        for name in sorted(models.listed()):
             names.setdefault(name, name)
         return names
 
-    def serving(model: str) -> tuple[str, Entry | None] | None:
-        if not isinstance(engine, EngineRegistry):
-            entry = catalog.resolve(model)
-            return (entry.id, entry) if entry is not None else None
-        found = engine.serving(model)
-        return (found[1], found[2]) if found is not None else None
-
     nodes = NodeNames(db, node_id, served, lease_seconds=settings.lease_seconds)
     rules = ModelRules(
-        catalog,
+        models.catalog,
         elsewhere=nodes.read_elsewhere,
-        budget=budget,
+        budget=models.budget,
         strict=settings.strict_models,
-        serving=serving,
-        pooled=pool is not None,
+        serving=models.serving,
+        pooled=models.pooled,
     )
     return nodes, rules
 
@@ -272,5 +244,4 @@ __all__ = [
     "node_models",
     "served_names",
     "unserved_lines",
-    "upstream_names",
 ]

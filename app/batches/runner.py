@@ -51,7 +51,7 @@ from app.batches.nodes import NodeNames
 from app.config import Settings
 from app.db import Database
 from app.engine.base import Engine, EngineError, EngineUnavailable, Priority
-from app.engine.registry import demand, lanes, model_pool, run_as
+from app.engine.node import demand, lanes, pooled, run_as
 from app.files.service import FileService
 from app.files.storage import Storage
 from app.images import ImageResolver
@@ -326,7 +326,7 @@ class Runner:
         """Tell the engine's model pool which lines wait for which model (each second at
         most), so that it plans loads for models nothing asked for online. A node without
         a pool (upstreams only) counts nothing: the GROUP BY would only cost it."""
-        if model_pool(self._engine) is None:
+        if not pooled(self._engine):
             return
         start = time.monotonic()
         if start - self._last_demand < max(DEMAND_INTERVAL, DEMAND_SHARE * self._demand_cost):

@@ -19,7 +19,7 @@ from app.db import Database
 from app.errors import APIError, invalid, missing, not_found
 from app.files.service import parse_expires_after
 from app.tables import Batch, BatchStatus, File, Request, RequestStatus, new_id, now
-from app.wire.batches import batch_output_line, encode_line
+from app.wire.batches import OutputExpiresAfter, batch_output_line, encode_line
 from app.wire.endpoints import ENDPOINTS
 
 if TYPE_CHECKING:
@@ -74,7 +74,7 @@ class NodeAtWork:
     this_node: bool
 
 
-def check_metadata(metadata: Any) -> dict[str, str] | None:
+def check_metadata(metadata: object) -> dict[str, str] | None:
     if metadata is None:
         return None
     if not isinstance(metadata, dict):
@@ -111,11 +111,11 @@ class BatchService:
     def create(
         self,
         owner: str,
-        input_file_id: Any,
-        endpoint: Any,
-        completion_window: Any = "24h",
-        metadata: Any = None,
-        output_expires_after: Any = None,
+        input_file_id: str,
+        endpoint: str,
+        completion_window: str = "24h",
+        metadata: dict[str, str] | None = None,
+        output_expires_after: OutputExpiresAfter | None = None,
     ) -> Batch:
         if not input_file_id or not isinstance(input_file_id, str):
             raise missing("input_file_id")
@@ -134,14 +134,8 @@ class BatchService:
         meta = check_metadata(metadata)
         out_ttl = None
         if output_expires_after is not None:
-            if not isinstance(output_expires_after, dict):
-                raise invalid(
-                    "output_expires_after must be an object.", param="output_expires_after"
-                )
             out_ttl = parse_expires_after(
-                output_expires_after.get("anchor"),
-                output_expires_after.get("seconds"),
-                "output_expires_after",
+                output_expires_after.anchor, output_expires_after.seconds, "output_expires_after"
             )
         created = now()
         with self.db.write() as s:

@@ -167,30 +167,11 @@ class Engine(Protocol):
         model on disk). Counting never loads a model."""
         ...
 
-    def image_form(self, model: Any) -> tuple[str, int]:
-        """How images reach the engine that answers `model`: `png` (the embedded engine's:
+    def image_form(self, model: str | None) -> tuple[str, int]:
+        """How images reach the engine that answers `model` (a request's, None where it
+        names none): `png` (the embedded engine's:
         PNG and JPEG data URLs), an upstream's `images=` (`pass`, `inline` or `png`), and
         the longest side it takes (`image_max_side=`; 0: any). app/images puts them so."""
-        ...
-
-    # What the engine's model took and gave back, for the pool's budget and /metrics. Each
-    # is None where not known: an engine that loads no model here (an upstream's, a
-    # registry's, a pool's own) says None, and so does a model not yet loaded or closed.
-
-    @property
-    def measured_bytes(self) -> int | None:
-        """Bytes the model's load took in this process (the buffers llama.cpp allocated
-        for it)."""
-        ...
-
-    @property
-    def load_seconds(self) -> float | None:
-        """Seconds the model's load took."""
-        ...
-
-    @property
-    def freed_bytes(self) -> int | None:
-        """Bytes the process gave back when the engine closed (None until it has)."""
         ...
 
     def close(self) -> None:

@@ -10,9 +10,9 @@ before. The request reaches its engine as the id it was resolved to (the upstrea
 spelling, the catalog entry's id), so no engine reads a name again. With no embedded
 engine (`--no-embedded`, or the embedded model failed to load), an unknown model is the
 request's 404.
-The runner and the API see only the Engine contract; the dashboard and /metrics also ask
-`members()` for each engine's own figures, and the runner's claims ask `lanes()` which
-lines each engine takes, so that every engine gets its own share of the queue.
+The runner and the API see the Engine contract, and ask what only the node as a whole
+answers (its lanes, its pool's demand, its models and members) through engine/node.py,
+which asks the registry; nothing else of it.
 """
 
 from __future__ import annotations
@@ -48,6 +48,9 @@ Upstream = UpstreamEngine | UpstreamProcess
 #: What a name means on this node: the engine that serves it, the id it knows the model by,
 #: and its catalog entry (None for an upstream's model or a lone engine's).
 Served = tuple[Engine, str, Entry | None]
+#: What the names table was built from: the identities of the catalog's entries, each
+#: upstream's listed names, and a lone engine's id.
+_TableKey = tuple[list[int], list[list[str]], str | None]
 
 
 @dataclass(frozen=True)
@@ -91,11 +94,6 @@ class EngineView:
 class EngineRegistry:
     """Routes each request by its `model` to the engine that serves it."""
 
-    #: Its engines' figures are each member's (`members`), not the registry's: not known.
-    measured_bytes: int | None = None
-    load_seconds: float | None = None
-    freed_bytes: int | None = None
-
     def __init__(
         self,
         embedded: Engine | None,
@@ -115,7 +113,7 @@ class EngineRegistry:
         self.embedded_failure = embedded_failure
         #: What `names()` was built from (the catalog's entries, the upstreams' names), the
         #: table, and its names casefolded.
-        self._names: tuple[Any, dict[str, Served], dict[str, Served]] | None = None
+        self._names: tuple[_TableKey, dict[str, Served], dict[str, Served]] | None = None
 
     @property
     def pool(self) -> ModelPool | None:
@@ -206,7 +204,7 @@ class EngineRegistry:
         # Entries are made anew when the catalog reads its stores again: their identity
         # says whether it did (the table holds them, so no id is reused meanwhile).
         lone = self.embedded.info.id if pool is None and self.embedded is not None else None
-        key = ([id(e) for e in catalog], listed, lone)
+        key: _TableKey = ([id(e) for e in catalog], listed, lone)
         if self._names is not None and self._names[0] == key:
             return self._names[1], self._names[2]
         table: dict[str, Served] = {}
@@ -243,12 +241,12 @@ class EngineRegistry:
             return self.pool.catalog.default().id
         return self.embedded.info.id if self.embedded is not None else None
 
-    def route(self, model: Any) -> Engine | None:
+    def route(self, model: str | None) -> Engine | None:
         """The engine for a request's `model`: the one `serving` names, else the embedded
         engine."""
         return self._target(model)[0]
 
-    def _target(self, model: Any) -> tuple[Engine | None, str | None]:
+    def _target(self, model: str | None) -> tuple[Engine | None, str | None]:
         """The engine for a request's `model` and the id it runs as there."""
         found = self.serving(model) if isinstance(model, str) else None
         if found is not None:
@@ -261,7 +259,7 @@ class EngineRegistry:
         engine = self.route(body.get("model"))
         return engine.prompt_tokens(endpoint, body) if engine is not None else None
 
-    def image_form(self, model: Any) -> tuple[str, int]:
+    def image_form(self, model: str | None) -> tuple[str, int]:
         """The form of the engine `model` routes to."""
         engine = self.route(model)
         return engine.image_form(model) if engine is not None else ("png", 0)
@@ -305,7 +303,7 @@ class EngineRegistry:
             body = {**body, "model": model}
         return engine.submit(endpoint, body, priority=priority, on_chunk=on_chunk)
 
-    def unknown_model(self, model: Any) -> EngineError:
+    def unknown_model(self, model: object) -> EngineError:
         """The 404 of a model no engine here serves."""
         known = ", ".join(f"'{m}'" for m in self.model_names()) or "none"
         return EngineError(
@@ -454,77 +452,11 @@ def catalog_card(entry: Entry) -> dict[str, Any]:
     }
 
 
-def members(engine: Engine | None) -> list[EngineView]:
-    """Each engine behind `engine`: a registry's members, or a lone engine as `embedded`."""
-    if engine is None:
-        return []
-    if isinstance(engine, EngineRegistry):
-        return engine.members()
-    return [
-        EngineView(
-            name=EMBEDDED,
-            kind="embedded",
-            url=None,
-            models=[engine.info.id],
-            up=True,
-            info=engine.info,
-            stats=engine.stats(),
-        )
-    ]
-
-
-def model_pool(engine: Engine | None) -> ModelPool | None:
-    """The model pool behind `engine` (a registry's `pool`), for the dashboard's Models page
-    and /metrics; None without one (--no-embedded, a failed start, a test's lone engine)."""
-    return engine.pool if isinstance(engine, EngineRegistry) else None
-
-
-def lanes(engine: Engine) -> list[Lane]:
-    """The lanes behind `engine`: a registry's, or one lane with every line for a lone
-    engine."""
-    if isinstance(engine, EngineRegistry):
-        return engine.lanes()
-    return [Lane(EMBEDDED, engine.info.lane_slots)]
-
-
-def model_id(engine: Engine, name: str) -> str | None:
-    """The id `name` means to `engine` by `app.catalog.lookup`'s rule (a registry's
-    `serving`, a lone engine's own id), or None when it means no model there."""
-    if isinstance(engine, EngineRegistry):
-        found = engine.serving(name)
-        return found[1] if found is not None else None
-    return lookup({engine.info.id: engine.info.id}, name)
-
-
-def run_as(engine: Engine, route: str, named: Any) -> str | EngineError:
-    """The model id a batch line of `route` runs as (the id validation resolved): the route
-    itself, or for the default route (`DEFAULT_ROUTE`) this node's default model (the
-    pool's default entry, a lone engine's model). Where no engine here runs those lines (no
-    embedded engine), the 404 of a model nothing serves (`named`: the name the line gave)."""
-    if route != DEFAULT_ROUTE:
-        return route
-    if isinstance(engine, EngineRegistry):
-        default = engine.default_model()
-        return default if default is not None else engine.unknown_model(named)
-    return engine.info.id
-
-
-def demand(engine: Engine, lines: list[tuple[str | None, int, float]]) -> None:
-    """Tell the engine's pool, if it has one, which batch lines wait for which model."""
-    if isinstance(engine, EngineRegistry):
-        engine.demand(lines)
-
-
 __all__ = [
     "EMBEDDED",
     "UNROUTED",
     "EngineRegistry",
     "EngineView",
     "Lane",
-    "demand",
-    "lanes",
     "load_engines",
-    "members",
-    "model_id",
-    "run_as",
 ]

@@ -30,7 +30,7 @@ from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from sqlmodel import select
 
@@ -86,7 +86,7 @@ class ImageTarget:
 EMBEDDED_TARGET = ImageTarget("png")
 
 
-def target_for(engine: Engine | None, model: Any) -> ImageTarget:
+def target_for(engine: Engine | None, model: str | None) -> ImageTarget:
     """The form the engine that `model` routes to takes (the Engine contract's
     `image_form`): an upstream's `images=` and `image_max_side=`, else the embedded
     engine's."""
@@ -105,22 +105,26 @@ class Resolved:
     images: list[Image]
 
 
-class _Cache:
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+class _Cache(Generic[K, V]):
     """A least-recently-used map bounded by the bytes of what it holds."""
 
     def __init__(self, budget: int) -> None:
         self.budget = budget
         self.used = 0
-        self._items: OrderedDict[Any, tuple[Any, int]] = OrderedDict()
+        self._items: OrderedDict[K, tuple[V, int]] = OrderedDict()
 
-    def get(self, key: Any) -> Any:
+    def get(self, key: K) -> V | None:
         hit = self._items.get(key)
         if hit is None:
             return None
         self._items.move_to_end(key)
         return hit[0]
 
-    def put(self, key: Any, value: Any, size: int) -> None:
+    def put(self, key: K, value: V, size: int) -> None:
         if size > self.budget:
             return
         old = self._items.pop(key, None)
@@ -154,9 +158,11 @@ class ImageResolver:
         #: http(s) fetches made (each distinct URL once per batch while it stays cached).
         self.fetches = 0
         self._lock = threading.Lock()
-        self._fetched = _Cache(cache_bytes)  # (scope, url) -> bytes | ImageError
+        #: (scope, url) -> the body fetched, or why it could not be.
+        self._fetched: _Cache[tuple[str, str], bytes | ImageError] = _Cache(cache_bytes)
         self._fetching: dict[tuple[str, str], Future[bytes]] = {}
-        self._prepared = _Cache(cache_bytes)  # (sha256, to_png, max_side) -> Image | ImageError
+        #: (sha256, to_png, max_side) -> the image in that form, or why it cannot be.
+        self._prepared: _Cache[tuple[bytes, bool, int], Image | ImageError] = _Cache(cache_bytes)
         self._owners: OrderedDict[str, str] = OrderedDict()
         self._pool: ThreadPoolExecutor | None = None
         #: The runner's future of each line being resolved -> the engine's, once submitted.

@@ -23,8 +23,7 @@ from litestar.response import Template
 from app.batches.nodes import unserved_lines
 from app.catalog import DEFAULT_ROUTE
 from app.engine.base import EngineError
-from app.engine.pool import ModelView
-from app.engine.registry import EMBEDDED, members, model_pool
+from app.engine.node import EMBEDDED, ModelView, members, model_pool
 from app.services import Services
 from app.tables import Batch
 from app.web import views

@@ -17,7 +17,7 @@ from litestar.response import Template
 from app.batches.claims.health import queue_health
 from app.batches.claims.projection import Projection
 from app.batches.service import BatchService
-from app.engine.registry import lanes, members
+from app.engine.node import lanes, members
 from app.errors import APIError
 from app.files.download import file_download
 from app.files.service import FileService

@@ -20,7 +20,7 @@ from litestar.params import FromPath, FromQuery
 from litestar.response import File as FileResponse
 from litestar.response import Response, Template
 
-from app.engine.registry import members, model_pool
+from app.engine.node import members, model_pool
 from app.errors import invalid
 from app.services import Services
 from app.sheets.images import image_column

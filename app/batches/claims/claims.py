@@ -51,11 +51,22 @@ from collections.abc import Collection, Container, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, Float, Integer, Select, bindparam, case, func, union_all, update
+from sqlalchemy import (
+    ColumnElement,
+    Connection,
+    Float,
+    Integer,
+    Select,
+    bindparam,
+    case,
+    func,
+    union_all,
+    update,
+)
 from sqlalchemy import select as select_columns
 from sqlmodel import Session, col
 
-from app.engine.registry import Lane
+from app.engine.node import Lane
 from app.tables import Batch, BatchStatus, Request, RequestStatus
 
 #: A line whose claim ran out this many times (the server died while running it) fails
@@ -125,7 +136,7 @@ def lane_takes(routes: frozenset[str] | None, route: str | None) -> bool:
     return routes is None or (route is not None and route in routes)
 
 
-def _routed(routes: frozenset[str] | None) -> Any:
+def _routed(routes: frozenset[str] | None) -> ColumnElement[bool] | None:
     """The WHERE clause of a lane's lines (`Lane.models`), or None for every line: the SQL
     of `lane_takes`."""
     if routes is None:

@@ -18,7 +18,7 @@ from sqlmodel import col, select
 
 from app.batches.claims.claims import lane_takes
 from app.db import Database
-from app.engine.registry import UNROUTED, Lane
+from app.engine.node import UNROUTED, Lane
 from app.tables import Batch, BatchStatus, Request, RequestStatus
 
 

@@ -7,7 +7,7 @@ import dataclasses
 import logging
 import time
 
-from app.engine.registry import Lane
+from app.engine.node import Lane
 
 log = logging.getLogger("batchyard.runner")
 

@@ -23,7 +23,25 @@ Key = tuple[str, LoadProfile]
 class Loaded(Engine, Protocol):
     """An engine the pool loaded for a berth: the Engine contract, and answers under any id
     of its model (`model`: the catalog id a request was routed to; the berth's engine was
-    loaded under whichever id came first)."""
+    loaded under whichever id came first), and says what its model's load took and gave
+    back, for the pool's budget and /metrics (each None where not known: a model not yet
+    loaded, or not yet closed)."""
+
+    @property
+    def measured_bytes(self) -> int | None:
+        """Bytes the model's load took in this process (the buffers llama.cpp allocated
+        for it)."""
+        ...
+
+    @property
+    def load_seconds(self) -> float | None:
+        """Seconds the model's load took."""
+        ...
+
+    @property
+    def freed_bytes(self) -> int | None:
+        """Bytes the process gave back when the engine closed (None until it has)."""
+        ...
 
     def submit(
         self,

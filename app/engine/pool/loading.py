@@ -37,7 +37,7 @@ READ_AHEAD_CHUNK = 8 << 20
 
 #: Loads an entry and starts its engine: `app.engine.llama.loading.load_engine` (tests may
 #: give another). The engine it returns says `measured_bytes`, `load_seconds` and, once
-#: closed, `freed_bytes` where it knows them (the Engine contract; LlamaEngine does).
+#: closed, `freed_bytes` where it knows them (`berth.Loaded`; LlamaEngine does).
 Loader = Callable[[Settings, Entry], Loaded]
 
 

@@ -63,11 +63,6 @@ class Models(Protocol):
 class ModelPool:
     """The Engine contract over one llama.cpp engine per loaded model."""
 
-    #: Its models' figures are each berth's (`views`), not the pool's: not known here.
-    measured_bytes: int | None = None
-    load_seconds: float | None = None
-    freed_bytes: int | None = None
-
     def __init__(
         self,
         settings: Settings,
@@ -201,7 +196,7 @@ class ModelPool:
         except EngineError:  # closed meanwhile, or a request it would refuse: no count
             return None
 
-    def image_form(self, model: Any) -> tuple[str, int]:
+    def image_form(self, model: str | None) -> tuple[str, int]:
         """PNG and JPEG data URLs, any size: its projector scales them."""
         return ("png", 0)
 

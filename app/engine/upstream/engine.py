@@ -86,11 +86,6 @@ class UpstreamStatus:
 class UpstreamEngine:
     """The Engine protocol over HTTP to one upstream server, speaking its spec's kind."""
 
-    #: It loads no model in this process: what a load took is not known (the Engine contract).
-    measured_bytes: int | None = None
-    load_seconds: float | None = None
-    freed_bytes: int | None = None
-
     #: How many times its slots a node's claims may hand it (Lane.depth). bench/fleet.py,
     #: 10,000 lines to a 20 ms upstream at C=64 on 2 cores, medians of 2 rounds: 2 -> 4 took
     #: SQLite from 1,970 to 2,244 lines/s and PostgreSQL from 1,412 to 1,655; at 2 the
@@ -278,7 +273,7 @@ class UpstreamEngine:
         """The upstream's tokenizer is not here: no count."""
         return None
 
-    def image_form(self, model: Any) -> tuple[str, int]:
+    def image_form(self, model: str | None) -> tuple[str, int]:
         """What its `images=` and `image_max_side=` say."""
         return (self.spec.image_mode, self.spec.image_max_side)
 

@@ -87,11 +87,6 @@ def _child_env() -> dict[str, str]:
 class UpstreamProcess:
     """The Engine protocol over one upstream server, through a client process."""
 
-    #: It loads no model in this process: what a load took is not known (the Engine contract).
-    measured_bytes: int | None = None
-    load_seconds: float | None = None
-    freed_bytes: int | None = None
-
     #: The engine its child runs: the same queue to keep filled (UpstreamEngine.lane_depth).
     lane_depth = UpstreamEngine.lane_depth
 
@@ -227,7 +222,7 @@ class UpstreamProcess:
         """The upstream's tokenizer is not here: no count."""
         return None
 
-    def image_form(self, model: Any) -> tuple[str, int]:
+    def image_form(self, model: str | None) -> tuple[str, int]:
         """What its `images=` and `image_max_side=` say."""
         return (self.spec.image_mode, self.spec.image_max_side)
 

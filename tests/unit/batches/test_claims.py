@@ -16,7 +16,8 @@ import pytest
 
 from app.batches.claims.claims import NO_DEADLINE_PRIORITY, line_priority, risk_room
 from app.batches.claims.projection import Running
-from app.engine.registry import EMBEDDED, UNROUTED, EngineRegistry, Lane, lanes
+from app.engine.node import EMBEDDED, UNROUTED, Lane, lanes
+from app.engine.registry import EngineRegistry
 from app.tables import BatchStatus
 from app.wire.endpoints import CHAT
 from tests.fakes import FakeEngine, FakeUpstream, HangingEngine, finish

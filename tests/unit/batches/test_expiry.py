@@ -13,6 +13,7 @@ from app.files import bucket_writes
 from app.files.storage import UNFINISHED_MAX_AGE
 from app.services import Services, build_services
 from app.tables import BatchStatus, File, RequestStatus, now
+from app.wire.batches import OutputExpiresAfter
 from harness.seaweed import Seaweed, aws_env
 from tests.factories import CHAT, batch_line, jsonl_texts
 from tests.fakes import HangingEngine, finish
@@ -102,7 +103,7 @@ def test_output_expires_after_is_anchored_on_the_output_file(
         "",
         input_file,
         CHAT,
-        output_expires_after={"anchor": "created_at", "seconds": 3600},
+        output_expires_after=OutputExpiresAfter(anchor="created_at", seconds=3600),
     )
     b = drive(svc, b.id)
     assert b.status == BatchStatus.COMPLETED

@@ -13,7 +13,7 @@ from sqlalchemy import Engine, create_engine, insert, select
 
 from app.batches.claims.claims import _routed, lane_takes
 from app.batches.claims.health import lane_of
-from app.engine.registry import UNROUTED, Lane
+from app.engine.node import UNROUTED, Lane
 from app.tables import Batch
 
 ROUTES = st.sampled_from(["", "smollm2", "gemma3:270m", "Gemma3:270m", "llama3:latest"])

@@ -11,8 +11,8 @@ import pytest
 
 from app.catalog import Entry
 from app.config import Settings, bundled_model_path
+from app.engine.node import EMBEDDED, lanes
 from app.engine.pool import loading
-from app.engine.registry import EMBEDDED, lanes
 from app.services import Services
 from app.tables import BatchStatus
 from tests.catalogs import entry
