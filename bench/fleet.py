@@ -192,7 +192,7 @@ def pg_reachable(url: str) -> bool:
     try:
         PgDatabase(url).drop()
         return True
-    except Exception as exc:  # noqa: BLE001 - no PostgreSQL here: that front is skipped
+    except Exception as exc:  # no PostgreSQL here: that front is skipped
         print(f"pg: skipped ({type(exc).__name__}: {exc})", file=sys.stderr)
         return False
 

@@ -442,7 +442,7 @@ def run_llama_server(
     """(b): llama-server with the same slots; each line one request, the workload's
     in-flight count (2 x slots; slots for shared) at a time."""
     port = free_port()
-    cmd = server_command(binary_dir, model, workload, args) + ["--port", str(port)]
+    cmd = [*server_command(binary_dir, model, workload, args), "--port", str(port)]
     in_flight = WORKLOADS[workload].in_flight_per_slot * args.parallel
     return through_llama_server(cmd, port, endpoint, bodies, in_flight)
 

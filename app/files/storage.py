@@ -155,7 +155,7 @@ class Storage:
 
     def open_part(self, upload_id: str, part_id: str) -> BinaryIO:
         """An upload part's bytes as a stream from the start (the caller closes it)."""
-        return open(self.part_path(upload_id, part_id), "rb")  # noqa: SIM115
+        return open(self.part_path(upload_id, part_id), "rb")
 
     def upload_folders(self) -> list[str]:
         """The ids of the uploads that have parts stored (for the leftover sweep)."""
@@ -194,7 +194,7 @@ class Storage:
 
     def open_file(self, file_id: str) -> BinaryIO:
         """The file's bytes as a stream read from the start (the caller closes it)."""
-        return open(self.path(file_id), "rb")  # noqa: SIM115
+        return open(self.path(file_id), "rb")
 
     def read_range(self, file_id: str, offset: int, length: int) -> bytes:
         with open(self.path(file_id), "rb") as fh:

@@ -30,6 +30,7 @@ Retry-After, streams, its list of models) in its kind's module: kinds/openai.py 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import heapq
 import itertools
@@ -136,10 +137,9 @@ class UpstreamEngine:
         self._thread.start()
         asyncio.run_coroutine_threadsafe(self._open(), self._loop).result(10)
         first = asyncio.run_coroutine_threadsafe(self._watch.look(), self._loop)
-        try:
+        # A slow or down upstream is retried by the watcher.
+        with contextlib.suppress(Exception):
             first.result(discover_timeout)
-        except Exception:  # noqa: BLE001 - a slow or down upstream is retried by the watcher
-            pass
         if quiet:
             return
         log.info(
@@ -390,7 +390,7 @@ class UpstreamEngine:
         except EngineError as exc:
             if self._settle(job, error=exc):
                 self._count("failed")
-        except Exception as exc:  # noqa: BLE001 - a broken answer fails this request alone
+        except Exception as exc:  # a broken answer fails this request alone
             log.exception("engine=%s request failed", self.name)
             err = EngineError(
                 f"The upstream engine '{self.name}' gave an answer batchyard could not read: {exc}",

@@ -15,6 +15,7 @@ lines back in the queue without using an attempt) and is started again after a s
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import logging
@@ -218,10 +219,9 @@ class UpstreamProcess:
         if rid is None or future.done():
             return
         if self._finish(rid, error=RequestCancelled(), outcome="cancelled") and proc is not None:
-            try:
+            # An OSError: the child is gone, and with it the request.
+            with contextlib.suppress(OSError):
                 self._write(proc, frame(["c", rid]))
-            except OSError:
-                pass  # the child is gone, and with it the request
 
     def prompt_tokens(self, endpoint: str, body: dict[str, Any]) -> int | None:
         """The upstream's tokenizer is not here: no count."""
@@ -280,7 +280,7 @@ class UpstreamProcess:
                     break
                 for message in reader.feed(data):
                     self._dispatch(message)
-        except Exception:  # noqa: BLE001 - a broken frame: treat the child as gone
+        except Exception:  # a broken frame: treat the child as gone
             log.exception("engine=%s its client process sent what could not be read", self.name)
             proc.kill()
         code = proc.wait()
