@@ -221,7 +221,7 @@ class JoinedWrite(PartialWrite):
             self._closed = True
         return Path(key)
 
-    def commit_to(self, final: Path) -> Path:
+    def commit_to(self, final: Path) -> Path:  # noqa: ARG002 - PartialWrite's signature
         raise ValueError("a joined file is committed under a file id, not as a part")
 
     def discard(self) -> None:

@@ -172,7 +172,10 @@ class Storage:
         return PartialWrite(self, limit)
 
     def begin_join(
-        self, upload_id: str, parts: Sequence[tuple[str, int]], limit: int
+        self,
+        upload_id: str,  # noqa: ARG002 - the stores' interface: a bucket joins, a directory cannot
+        parts: Sequence[tuple[str, int]],  # noqa: ARG002
+        limit: int,  # noqa: ARG002
     ) -> PartialWrite | None:
         """A write that joins an upload's parts ((part id, bytes), in order) inside the store
         itself, or None where the store cannot (the caller then writes their bytes to a
@@ -180,7 +183,7 @@ class Storage:
         they are hashed and counted, not stored; `commit` has the store join the parts."""
         return None
 
-    def begin_part_write(self, limit: int, upload_id: str) -> PartialWrite:
+    def begin_part_write(self, limit: int, upload_id: str) -> PartialWrite:  # noqa: ARG002 - the stores' interface
         """A write of one part of upload `upload_id` (kept under the upload's folder by
         `commit_to`)."""
         return PartialWrite(self, limit)
@@ -232,7 +235,7 @@ class Storage:
             except FileNotFoundError:
                 continue
 
-    def sweep_unfinished(self, min_age: float) -> int:
+    def sweep_unfinished(self, min_age: float) -> int:  # noqa: ARG002 - the stores' interface
         """Remove writes left unfinished in a store shared by the nodes, begun more than
         `min_age` seconds ago; the runner calls it on its sweeps. A directory has none
         (its temporary files are each node's own, removed by `sweep_tmp` at start)."""

@@ -201,7 +201,7 @@ class ModelPool:
         except EngineError:  # closed meanwhile, or a request it would refuse: no count
             return None
 
-    def image_form(self, model: Any) -> tuple[str, int]:
+    def image_form(self, model: Any) -> tuple[str, int]:  # noqa: ARG002 - the Engine contract
         """PNG and JPEG data URLs, any size: its projector scales them."""
         return ("png", 0)
 

@@ -274,11 +274,11 @@ class UpstreamEngine:
         if not self._closing:
             self._loop.call_soon_threadsafe(self._abort, job)
 
-    def prompt_tokens(self, endpoint: str, body: dict[str, Any]) -> int | None:
+    def prompt_tokens(self, endpoint: str, body: dict[str, Any]) -> int | None:  # noqa: ARG002 - the Engine contract
         """The upstream's tokenizer is not here: no count."""
         return None
 
-    def image_form(self, model: Any) -> tuple[str, int]:
+    def image_form(self, model: Any) -> tuple[str, int]:  # noqa: ARG002 - the Engine contract
         """What its `images=` and `image_max_side=` say."""
         return (self.spec.image_mode, self.spec.image_max_side)
 

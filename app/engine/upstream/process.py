@@ -223,11 +223,11 @@ class UpstreamProcess:
             with contextlib.suppress(OSError):
                 self._write(proc, frame(["c", rid]))
 
-    def prompt_tokens(self, endpoint: str, body: dict[str, Any]) -> int | None:
+    def prompt_tokens(self, endpoint: str, body: dict[str, Any]) -> int | None:  # noqa: ARG002 - the Engine contract
         """The upstream's tokenizer is not here: no count."""
         return None
 
-    def image_form(self, model: Any) -> tuple[str, int]:
+    def image_form(self, model: Any) -> tuple[str, int]:  # noqa: ARG002 - the Engine contract
         """What its `images=` and `image_max_side=` say."""
         return (self.spec.image_mode, self.spec.image_max_side)
 
