@@ -209,9 +209,12 @@ class Database:
     @contextmanager
     def write(self) -> Iterator[Session]:
         """A short write transaction: committed on success, rolled back on error."""
-        with self._queued(), Session(self._writer, expire_on_commit=False) as session:
-            with session.begin():
-                yield session
+        with (
+            self._queued(),
+            Session(self._writer, expire_on_commit=False) as session,
+            session.begin(),
+        ):
+            yield session
 
     @contextmanager
     def _queued(self) -> Iterator[None]:

@@ -189,7 +189,7 @@ class _Interrupted(Exception):
     pass
 
 
-def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
+def _raise_interrupt(signum: int, frame: FrameType | None) -> None:  # noqa: ARG001 - signal's
     raise _Interrupted(signal.Signals(signum).name)
 
 

@@ -82,19 +82,19 @@ def _services(state: State) -> Services:
     return services
 
 
-def provide_services(state: State, owner: NamedDependency[str]) -> Services:
+def provide_services(state: State, owner: NamedDependency[str]) -> Services:  # noqa: ARG001 - see above
     return _services(state)
 
 
-def provide_files(state: State, owner: NamedDependency[str]) -> FileService:
+def provide_files(state: State, owner: NamedDependency[str]) -> FileService:  # noqa: ARG001 - see above
     return _services(state).files
 
 
-def provide_uploads(state: State, owner: NamedDependency[str]) -> UploadService:
+def provide_uploads(state: State, owner: NamedDependency[str]) -> UploadService:  # noqa: ARG001 - see above
     return _services(state).uploads
 
 
-def provide_batches(state: State, owner: NamedDependency[str]) -> BatchService:
+def provide_batches(state: State, owner: NamedDependency[str]) -> BatchService:  # noqa: ARG001 - see above
     return _services(state).batches
 
 

@@ -221,6 +221,7 @@ def client_loop(
     stop: threading.Event,
     tally: Tally,
     made: list[str],
+    *,
     n: int,
     clients: int,
     think: float,
@@ -307,7 +308,8 @@ def load_phase(
     threads = [
         threading.Thread(
             target=client_loop,
-            args=(api, batch_id, stop, tally, made, n, clients, think),
+            args=(api, batch_id, stop, tally, made),
+            kwargs={"n": n, "clients": clients, "think": think},
             daemon=True,
         )
         for n in range(clients)

@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.faults import main  # noqa: E402
+from bench.faults import main
 
 if __name__ == "__main__":
     raise SystemExit(main(faults="seaweed@13000"))

@@ -80,6 +80,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -192,23 +193,33 @@ def pg_reachable(url: str) -> bool:
     try:
         PgDatabase(url).drop()
         return True
-    except Exception as exc:  # noqa: BLE001 - no PostgreSQL here: that front is skipped
+    except Exception as exc:  # no PostgreSQL here: that front is skipped
         print(f"pg: skipped ({type(exc).__name__}: {exc})", file=sys.stderr)
         return False
+
+
+@dataclass(frozen=True)
+class Front:
+    """One front's nodes: their database ("" for a SQLite file), how many, the checkout they
+    run from, the label of their profiles, and the bucket of their files (None: the data
+    dir)."""
+
+    database_url: str
+    nodes: int
+    root: Path = ROOT
+    label: str = ""
+    bucket: Seaweed | None = None
 
 
 def through_batchyard(
     args: argparse.Namespace,
     upstream: str,
     data: bytes,
-    n: int,
-    database_url: str,
-    nodes: int,
-    root: Path = ROOT,
-    label: str = "",
+    front: Front,
     upstream_pid: int = 0,
-    bucket: Seaweed | None = None,
 ) -> dict[str, Any]:
+    n, database_url, nodes, root = args.lines, front.database_url, front.nodes, front.root
+    label, bucket = front.label, front.bucket
     tmp = Path(tempfile.mkdtemp(prefix="batchyard-fleet-"))
     engine = f"up=openai:{upstream},concurrency={args.concurrency}"
     extra = ["--no-embedded", "--engine", engine]
@@ -241,33 +252,7 @@ def through_batchyard(
             own0 = [cpu_seconds(s.process.pid, tree=False) for s in servers]
             up0 = cpu_seconds(upstream_pid) if upstream_pid else 0.0
             if args.profile:
-                for k, s in enumerate(servers):
-                    out = (
-                        Path(args.profile)
-                        / f"{label or args.label}-{'pg' if database_url else 'sqlite'}-{k}.txt"
-                    )
-                    out.parent.mkdir(parents=True, exist_ok=True)
-                    spies.append(
-                        subprocess.Popen(
-                            [
-                                sys.executable.replace("python", "py-spy"),
-                                "record",
-                                "--format",
-                                "raw",
-                                "--rate",
-                                str(args.profile_rate),
-                                "-o",
-                                str(out),
-                                "--pid",
-                                str(s.process.pid),
-                                "--threads",
-                                "--subprocesses",
-                                "--nonblocking",
-                            ],
-                            stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL,
-                        )
-                    )
+                spies += profilers(args, servers, f"{label or args.label}", database_url)
             started = time.perf_counter()
             b = c.post(
                 f"{api}/batches",
@@ -277,21 +262,7 @@ def through_batchyard(
                     "completion_window": "24h",
                 },
             ).json()
-            seen: dict[str, float] = {}
-            reads: list[float] = []  # the API's latency from create to completed
-            pushing: list[float] = []  # those while it was in progress: the node pushing
-            while b["status"] not in ("completed", "failed", "expired", "cancelled"):
-                time.sleep(args.poll_ms / 1000)
-                was = b["status"]
-                t0 = time.perf_counter()
-                c.get(f"{api}/batches", params={"limit": 20}).raise_for_status()
-                t1 = time.perf_counter()
-                b = c.get(f"{api}/batches/{b['id']}").json()
-                pair = [t1 - t0, time.perf_counter() - t1]
-                reads += pair
-                if was == b["status"] == "in_progress":
-                    pushing += pair
-                seen.setdefault(b["status"], time.perf_counter() - started)
+            b, seen, reads, pushing = poll_to_end(c, api, b, args.poll_ms, started)
             seconds = time.perf_counter() - started
             cpu = sum(cpu_seconds(s.process.pid) for s in servers) - sum(cpu0)
             own = sum(cpu_seconds(s.process.pid, tree=False) for s in servers) - sum(own0)
@@ -330,7 +301,63 @@ def through_batchyard(
             stop_server(s)
 
 
-def main(argv: list[str] | None = None) -> int:
+def profilers(
+    args: argparse.Namespace, servers: list[LiveServer], label: str, database_url: str
+) -> list[subprocess.Popen[bytes]]:
+    """A py-spy recording each node's process tree into --profile, until SIGINT."""
+    spies = []
+    for k, s in enumerate(servers):
+        out = Path(args.profile) / f"{label}-{'pg' if database_url else 'sqlite'}-{k}.txt"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        spies.append(
+            subprocess.Popen(
+                [
+                    sys.executable.replace("python", "py-spy"),
+                    "record",
+                    "--format",
+                    "raw",
+                    "--rate",
+                    str(args.profile_rate),
+                    "-o",
+                    str(out),
+                    "--pid",
+                    str(s.process.pid),
+                    "--threads",
+                    "--subprocesses",
+                    "--nonblocking",
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+        )
+    return spies
+
+
+def poll_to_end(
+    c: httpx.Client, api: str, b: dict[str, Any], poll_ms: float, started: float
+) -> tuple[dict[str, Any], dict[str, float], list[float], list[float]]:
+    """A client's list + retrieve pair every `poll_ms` until the batch ends: the batch, when
+    each status was first seen (seconds after `started`), and the API's latencies: every
+    read, and those while it was in progress (the node pushing)."""
+    seen: dict[str, float] = {}
+    reads: list[float] = []
+    pushing: list[float] = []
+    while b["status"] not in ("completed", "failed", "expired", "cancelled"):
+        time.sleep(poll_ms / 1000)
+        was = b["status"]
+        t0 = time.perf_counter()
+        c.get(f"{api}/batches", params={"limit": 20}).raise_for_status()
+        t1 = time.perf_counter()
+        b = c.get(f"{api}/batches/{b['id']}").json()
+        pair = [t1 - t0, time.perf_counter() - t1]
+        reads += pair
+        if was == b["status"] == "in_progress":
+            pushing += pair
+        seen.setdefault(b["status"], time.perf_counter() - started)
+    return b, seen, reads, pushing
+
+
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -363,16 +390,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--poll-ms", type=float, default=20.0, help="the bench's list + retrieve pair, every N ms"
     )
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
     only = set(args.only.split(","))
-    proc: subprocess.Popen[bytes] | None = None
-    if args.upstream_url:
-        upstream = args.upstream_url.rstrip("/")
-        model = args.model or first_model(upstream)
-        upstream_pid = args.upstream_pid
-    else:
-        proc, upstream = start_upstream(args.latency_ms)
-        model, upstream_pid = MODEL, proc.pid
+    proc, upstream, model, upstream_pid = upstream_of(args)
     items = bodies(args.lines, model)
     data = jsonl(items)
     results: dict[str, Any] = {
@@ -394,26 +418,10 @@ def main(argv: list[str] | None = None) -> int:
             if isinstance(seaweed, str):
                 raise SystemExit(f"--s3: {seaweed}")
             buckets.append(seaweed)
-        fronts: list[tuple[str, str, int]] = []
-        if "sqlite" in only:
-            fronts.append(("sqlite", "", 1))
-        if "pg" in only and pg_reachable(args.pg_server):
-            fronts.append(("pg", args.pg_server, 1))
-            if args.nodes > 1:
-                fronts.append((f"pg-{args.nodes}-nodes", args.pg_server, args.nodes))
+        fronts = fronts_of(args, only)
         for rnd in range(args.rounds):
             if "direct" in only:
-                own0 = os.times()
-                up0 = cpu_seconds(upstream_pid) if upstream_pid else 0.0
-                seconds = asyncio.run(direct(upstream, items, args.concurrency))
-                own1 = os.times()
-                up1 = cpu_seconds(upstream_pid) if upstream_pid else 0.0
-                own = own1.user + own1.system - own0.user - own0.system
-                d = {
-                    "lines_per_s": round(args.lines / seconds, 1),
-                    "client_cpu_ms_per_line": round(own / args.lines * 1000, 3),
-                    "upstream_cpu_ms_per_line": round((up1 - up0) / args.lines * 1000, 3),
-                }
+                d = through_direct(args, upstream, items, upstream_pid)
                 runs.setdefault("direct", []).append(d)
                 print("direct  " + "  ".join(f"{k}={v}" for k, v in d.items()), flush=True)
             for front, server_url, nodes, bucket in ((*f, b) for f in fronts for b in buckets):
@@ -426,13 +434,8 @@ def main(argv: list[str] | None = None) -> int:
                             args,
                             upstream,
                             data,
-                            args.lines,
-                            db.url if db else "",
-                            nodes,
-                            root,
-                            label,
+                            Front(db.url if db else "", nodes, root, label, bucket),
                             upstream_pid,
-                            bucket,
                         )
                     finally:
                         if db is not None:
@@ -443,22 +446,7 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"{name:<9} " + "  ".join(f"{k}={v}" for k, v in r.items()), flush=True)
         for name, rs in runs.items():
             results[name] = medians(rs)
-        if args.rounds > 1 or args.old:
-            print(f"medians of {args.rounds} round(s):")
-            for name in runs:
-                figures = "  ".join(f"{k}={v}" for k, v in results[name].items())
-                print(f"  {name:<16}{figures}", flush=True)
-        one, many = "pg", f"pg-{args.nodes}-nodes"
-        if one in results and many in results:
-            two = results[many]["lines_per_s"] / results[one]["lines_per_s"]
-            results["nodes_over_one"] = round(two, 2)
-            print(f"{args.nodes} nodes / 1 node on PostgreSQL: {two:.2f}x")
-        for front, _, _ in fronts:
-            if f"{front}-s3" in results:
-                s3, directory = results[f"{front}-s3"]["lines_per_s"], results[front]["lines_per_s"]
-                results[f"{front}_s3_over_directory"] = round(s3 / directory, 3)
-                print(f"{front}: files on S3 / on the directory: {s3} / {directory} lines/s")
-                print(f"  = {s3 / directory:.3f}x")
+        compare(args, results, runs, fronts)
     finally:
         stack.close()
         if proc is not None:
@@ -466,6 +454,72 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
     return 0
+
+
+def upstream_of(
+    args: argparse.Namespace,
+) -> tuple[subprocess.Popen[bytes] | None, str, str, int]:
+    """The upstream: --upstream-url's, or the stand-in started here (its process, to stop).
+    (process, URL, model, pid)."""
+    if args.upstream_url:
+        upstream = args.upstream_url.rstrip("/")
+        return None, upstream, args.model or first_model(upstream), args.upstream_pid
+    proc, upstream = start_upstream(args.latency_ms)
+    return proc, upstream, MODEL, proc.pid
+
+
+def fronts_of(args: argparse.Namespace, only: set[str]) -> list[tuple[str, str, int]]:
+    """The fronts to run: (name, database URL or "" for SQLite, nodes)."""
+    fronts: list[tuple[str, str, int]] = []
+    if "sqlite" in only:
+        fronts.append(("sqlite", "", 1))
+    if "pg" in only and pg_reachable(args.pg_server):
+        fronts.append(("pg", args.pg_server, 1))
+        if args.nodes > 1:
+            fronts.append((f"pg-{args.nodes}-nodes", args.pg_server, args.nodes))
+    return fronts
+
+
+def through_direct(
+    args: argparse.Namespace, upstream: str, items: list[dict[str, Any]], upstream_pid: int
+) -> dict[str, Any]:
+    """The lines straight to the upstream, --concurrency at a time: the ceiling."""
+    own0 = os.times()
+    up0 = cpu_seconds(upstream_pid) if upstream_pid else 0.0
+    seconds = asyncio.run(direct(upstream, items, args.concurrency))
+    own1 = os.times()
+    up1 = cpu_seconds(upstream_pid) if upstream_pid else 0.0
+    own = own1.user + own1.system - own0.user - own0.system
+    return {
+        "lines_per_s": round(args.lines / seconds, 1),
+        "client_cpu_ms_per_line": round(own / args.lines * 1000, 3),
+        "upstream_cpu_ms_per_line": round((up1 - up0) / args.lines * 1000, 3),
+    }
+
+
+def compare(
+    args: argparse.Namespace,
+    results: dict[str, Any],
+    runs: dict[str, list[dict[str, Any]]],
+    fronts: list[tuple[str, str, int]],
+) -> None:
+    """The medians, and the ratios side by side: nodes over one, S3 over the directory."""
+    if args.rounds > 1 or args.old:
+        print(f"medians of {args.rounds} round(s):")
+        for name in runs:
+            figures = "  ".join(f"{k}={v}" for k, v in results[name].items())
+            print(f"  {name:<16}{figures}", flush=True)
+    one, many = "pg", f"pg-{args.nodes}-nodes"
+    if one in results and many in results:
+        two = results[many]["lines_per_s"] / results[one]["lines_per_s"]
+        results["nodes_over_one"] = round(two, 2)
+        print(f"{args.nodes} nodes / 1 node on PostgreSQL: {two:.2f}x")
+    for front, _, _ in fronts:
+        if f"{front}-s3" in results:
+            s3, directory = results[f"{front}-s3"]["lines_per_s"], results[front]["lines_per_s"]
+            results[f"{front}_s3_over_directory"] = round(s3 / directory, 3)
+            print(f"{front}: files on S3 / on the directory: {s3} / {directory} lines/s")
+            print(f"  = {s3 / directory:.3f}x")
 
 
 def medians(runs: list[dict[str, Any]]) -> dict[str, Any]:

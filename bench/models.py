@@ -252,23 +252,7 @@ def run_batchyard(
             except RuntimeError:
                 raise RuntimeError(log.read_text(errors="replace")[-3000:]) from None
             client = OpenAI(base_url=f"{url}/v1", api_key="bench")
-            files = {}
-            for name, bodies in lines.items():
-                jsonl = "".join(
-                    json.dumps(
-                        {
-                            "custom_id": f"{name}-{i}",
-                            "method": "POST",
-                            "url": "/v1/chat/completions",
-                            "body": b,
-                        }
-                    )
-                    + "\n"
-                    for i, b in enumerate(bodies)
-                )
-                files[name] = client.files.create(
-                    file=(f"{name}.jsonl", io.BytesIO(jsonl.encode())), purpose="batch"
-                ).id
+            files = upload_inputs(client, lines)
             at_start = batchyard_loads(url, log)
             start, cpu = time.perf_counter(), cpu_seconds(server.pid)
             with ThreadPoolExecutor(len(files)) as pool:  # created at once
@@ -294,26 +278,55 @@ def run_batchyard(
             elapsed, cpu = time.perf_counter() - start, cpu_seconds(server.pid) - cpu
             time.sleep(0.5)  # the metrics of the last model's lines
             loads = batchyard_loads(url, log)
-            answers = wrong = failed = 0
-            notes = []
-            for name, b in done.items():
-                counts = b.request_counts
-                failed += counts.failed if counts else 0
-                if b.status != "completed":
-                    errors = b.errors.data[:2] if b.errors and b.errors.data else None
-                    notes.append(f"{name}: batch {b.status} {errors}")
-                if b.output_file_id:
-                    for line in client.files.content(b.output_file_id).text.splitlines():
-                        if line.strip():
-                            answers += 1
-                            body = json.loads(line)["response"]["body"]
-                            wrong += body.get("model") != name
-                if b.error_file_id:
-                    first = client.files.content(b.error_file_id).text.splitlines()[:1]
-                    notes.append(f"{name}: first error line {first}")
+            answers, wrong, failed, notes = tally(client, done)
             return Result(elapsed, loads, at_start, answers, wrong, failed, 0, cpu, notes)
         finally:
             stop(server, log, f"batchyard-max{max_loaded}", args)
+
+
+def upload_inputs(client: Any, lines: dict[str, list[dict[str, Any]]]) -> dict[str, str]:
+    """Each model's lines as a batch input file: model -> the file's id."""
+    files = {}
+    for name, bodies in lines.items():
+        jsonl = "".join(
+            json.dumps(
+                {
+                    "custom_id": f"{name}-{i}",
+                    "method": "POST",
+                    "url": "/v1/chat/completions",
+                    "body": b,
+                }
+            )
+            + "\n"
+            for i, b in enumerate(bodies)
+        )
+        files[name] = client.files.create(
+            file=(f"{name}.jsonl", io.BytesIO(jsonl.encode())), purpose="batch"
+        ).id
+    return files
+
+
+def tally(client: Any, done: dict[str, Any]) -> tuple[int, int, int, list[str]]:
+    """The finished batches (model -> batch): answers, answers by another model, failed
+    lines, and notes on what went wrong."""
+    answers = wrong = failed = 0
+    notes = []
+    for name, b in done.items():
+        counts = b.request_counts
+        failed += counts.failed if counts else 0
+        if b.status != "completed":
+            errors = b.errors.data[:2] if b.errors and b.errors.data else None
+            notes.append(f"{name}: batch {b.status} {errors}")
+        if b.output_file_id:
+            for line in client.files.content(b.output_file_id).text.splitlines():
+                if line.strip():
+                    answers += 1
+                    body = json.loads(line)["response"]["body"]
+                    wrong += body.get("model") != name
+        if b.error_file_id:
+            first = client.files.content(b.error_file_id).text.splitlines()[:1]
+            notes.append(f"{name}: first error line {first}")
+    return answers, wrong, failed, notes
 
 
 def stop(server: subprocess.Popen[bytes], log: Path, what: str, args: argparse.Namespace) -> None:
@@ -347,6 +360,7 @@ def run_router(
     folder: Path,
     lines: dict[str, list[dict[str, Any]]],
     max_loaded: int,
+    *,
     preload: list[str],
     concurrency: int,
     args: argparse.Namespace,
@@ -509,7 +523,15 @@ def main(argv: list[str] | None = None) -> int:
                     else:
                         assert bin_dir is not None
                         c = int(side.rsplit("=", 1)[1])
-                        res = run_router(bin_dir, folder, lines, max_loaded, preload, c, args)
+                        res = run_router(
+                            bin_dir,
+                            folder,
+                            lines,
+                            max_loaded,
+                            preload=preload,
+                            concurrency=c,
+                            args=args,
+                        )
                     results[side].append(res)
                     print(f"max {max_loaded} round {r + 1}: {side:<12} {describe(res)}", flush=True)
                     for note in res.notes:

@@ -256,7 +256,9 @@ def run_batchyard(
                       # the lowest (SCHED_IDLE), which any other load on the machine starves.
                       "--engine-priority", "normal"]  # fmt: skip
         key = os.environ.get("BATCHYARD_BENCH_KEY", "bench")
-        return through_batchyard(src, serve_args, Path(tmp) / "serve.log", endpoint, bodies, key)
+        return through_batchyard(
+            src, serve_args, Path(tmp) / "serve.log", endpoint, bodies, api_key=key
+        )
 
 
 def through_batchyard(
@@ -265,6 +267,7 @@ def through_batchyard(
     log: Path,
     endpoint: str,
     bodies: list[dict[str, Any]],
+    *,
     api_key: str = "bench",
 ) -> Result:
     """`batchyard serve SERVE_ARGS` from checkout `src` on a free port (its output in `log`),
@@ -437,12 +440,13 @@ def run_llama_server(
     workload: str,
     endpoint: str,
     bodies: list[dict[str, Any]],
+    *,
     args: argparse.Namespace,
 ) -> Result:
     """(b): llama-server with the same slots; each line one request, the workload's
     in-flight count (2 x slots; slots for shared) at a time."""
     port = free_port()
-    cmd = server_command(binary_dir, model, workload, args) + ["--port", str(port)]
+    cmd = [*server_command(binary_dir, model, workload, args), "--port", str(port)]
     in_flight = WORKLOADS[workload].in_flight_per_slot * args.parallel
     return through_llama_server(cmd, port, endpoint, bodies, in_flight)
 
@@ -658,7 +662,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_server:
         assert bin_dir is not None
         sides["llama-server"] = lambda: run_llama_server(
-            bin_dir, model, args.workload, spec.endpoint, bodies, args
+            bin_dir, model, args.workload, spec.endpoint, bodies, args=args
         )
     for old in args.old:
         src = Path(old).resolve()
@@ -684,21 +688,32 @@ def main(argv: list[str] | None = None) -> int:
     ceiling = ""
     if not args.no_ceiling:
         assert bin_dir is not None
-        first = results["batchyard"][0]
-        mean_prompt = max(1, round(first.prompt_tokens / args.lines))
-        row = batched_bench(bin_dir, model, mean_prompt, args.max_tokens, args)
-        pp, tg = float(row["speed_pp"]), float(row["speed_tg"])
-        # The prompt tokens batchyard took from its cache need no computing: the ceiling
-        # counts the rest (the shared workloads' blocks once, not once a line).
-        uncached = first.prompt_tokens - first.cached_tokens
-        ideal = uncached / pp + (first.completion_tokens / tg if spec.max_tokens else 0)
-        print(
-            f"\nllama-batched-bench B={args.parallel} PP={mean_prompt} TG={max(args.max_tokens, 1)}"
-            f": S_PP {pp:.0f} tok/s, S_TG {tg:.0f} tok/s -> ceiling {ideal:.1f} s for this workload"
-            f" ({uncached} uncached prompt tokens, {first.completion_tokens} out)"
-        )
-        ceiling = f"{ideal:.1f} s ({pp:.0f} pp / {tg:.0f} tg tok/s)"
+        ceiling = ceiling_of(bin_dir, model, results["batchyard"][0], args)
+    print_table(args, results, ceiling)
+    return 0
 
+
+def ceiling_of(bin_dir: Path, model: Path, first: Result, args: argparse.Namespace) -> str:
+    """llama-batched-bench's speeds at the same shape, as the time this workload needs at
+    least (printed, and returned for the table's last row)."""
+    spec = WORKLOADS[args.workload]
+    mean_prompt = max(1, round(first.prompt_tokens / args.lines))
+    row = batched_bench(bin_dir, model, mean_prompt, args.max_tokens, args)
+    pp, tg = float(row["speed_pp"]), float(row["speed_tg"])
+    # The prompt tokens batchyard took from its cache need no computing: the ceiling
+    # counts the rest (the shared workloads' blocks once, not once a line).
+    uncached = first.prompt_tokens - first.cached_tokens
+    ideal = uncached / pp + (first.completion_tokens / tg if spec.max_tokens else 0)
+    print(
+        f"\nllama-batched-bench B={args.parallel} PP={mean_prompt} TG={max(args.max_tokens, 1)}"
+        f": S_PP {pp:.0f} tok/s, S_TG {tg:.0f} tok/s -> ceiling {ideal:.1f} s for this workload"
+        f" ({uncached} uncached prompt tokens, {first.completion_tokens} out)"
+    )
+    return f"{ideal:.1f} s ({pp:.0f} pp / {tg:.0f} tg tok/s)"
+
+
+def print_table(args: argparse.Namespace, results: dict[str, list[Result]], ceiling: str) -> None:
+    """The sides' medians, and their ratios to batchyard's, as a Markdown table."""
     print(
         "\n| workload | side | median wall s | wall ratio | median CPU s | CPU ratio |"
         "\n|---|---|---|---|---|---|"
@@ -720,7 +735,6 @@ def main(argv: list[str] | None = None) -> int:
     if ceiling:
         print(f"| {args.workload} | ceiling (batched-bench) | {ceiling} | | | |")
     print("ratios: the other side's seconds over batchyard's, the median of the rounds' ratios")
-    return 0
 
 
 if __name__ == "__main__":

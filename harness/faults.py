@@ -165,20 +165,9 @@ def run(
                 raise SystemExit(f"the batch did not end within {timeout:.0f} s: {b}")
             time.sleep(poll)
         seconds = time.perf_counter() - started
-        out_ids: list[str] = []
-        errors: list[str] = []
-        if b.get("output_file_id"):
-            got = c.get(f"{api}/files/{b['output_file_id']}/content")
-            if got.status_code != 200:
-                raise SystemExit(f"the output file: {got.status_code} {got.text[:500]}")
-            text = got.text
-            out_ids = [json.loads(x)["custom_id"] for x in text.splitlines() if x.strip()]
-        if b.get("error_file_id"):
-            got = c.get(f"{api}/files/{b['error_file_id']}/content")
-            if got.status_code != 200:
-                raise SystemExit(f"the error file: {got.status_code} {got.text[:500]}")
-            text = got.text
-            errors = [x for x in text.splitlines() if x.strip()]
+        outputs = file_lines(c, api, b.get("output_file_id"), "the output file")
+        out_ids = [json.loads(x)["custom_id"] for x in outputs]
+        errors = file_lines(c, api, b.get("error_file_id"), "the error file")
     ended = Counter(out_ids) + Counter(json.loads(e)["custom_id"] for e in errors)
     for fault in faults:
         if fault.done_back == -1:
@@ -197,6 +186,16 @@ def run(
         errors=errors[:3],
         faults=faults,
     )
+
+
+def file_lines(c: httpx.Client, api: str, file_id: str | None, what: str) -> list[str]:
+    """The lines of a batch's output or error file (none when it has no such file)."""
+    if not file_id:
+        return []
+    got = c.get(f"{api}/files/{file_id}/content")
+    if got.status_code != 200:
+        raise SystemExit(f"{what}: {got.status_code} {got.text[:500]}")
+    return [x for x in got.text.splitlines() if x.strip()]
 
 
 def rates(faults: list[Fault], running_at: float, end: float, n: int) -> None:

@@ -18,7 +18,7 @@ import shutil
 import subprocess
 import tempfile
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -154,10 +154,8 @@ def private_postgres(log: Path) -> Iterator[Cluster | str]:
         yield cluster
     finally:
         if cluster.running():
-            try:
+            with suppress(RuntimeError, subprocess.TimeoutExpired):
                 cluster.stop("immediate")
-            except (RuntimeError, subprocess.TimeoutExpired):
-                pass
         if pg_log.exists():
             shutil.copyfile(pg_log, log)
         shutil.rmtree(folder, ignore_errors=True)

@@ -55,7 +55,7 @@ def serve_upstream(port: int, latency_ms: float) -> None:
         await asyncio.sleep(latency_ms / 1000)
         return web.Response(body=body, content_type="application/json")
 
-    async def list_models(request: web.Request) -> web.Response:
+    async def list_models(request: web.Request) -> web.Response:  # noqa: ARG001 - aiohttp's
         return web.Response(body=models, content_type="application/json")
 
     app = web.Application()

@@ -41,6 +41,7 @@ import hashlib
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -176,6 +177,11 @@ def _unpermute_rows(data: np.ndarray, n_head: int) -> np.ndarray:
     )
 
 
+#: write_projector's two writers: a tensor by name, and normal random numbers of a shape.
+Add = Callable[[str, np.ndarray], None]
+Normal = Callable[..., np.ndarray]
+
+
 def write_projector(
     out: Path, n_embd_text: int, out_std: float, rng: np.random.Generator, p: Projector
 ) -> int:
@@ -194,6 +200,31 @@ def write_projector(
     if p.kind not in PROJECTORS:
         raise ValueError(f"projector {p.kind!r}: one of {', '.join(PROJECTORS)}")
     w = gguf.GGUFWriter(str(out), "clip")
+    _projector_keys(w, n_embd_text, p)
+
+    params = 0
+
+    def add(name: str, array: np.ndarray) -> None:
+        nonlocal params
+        params += array.size
+        w.add_tensor(name, array.astype(np.float32))
+
+    def normal(std: float, *shape: int) -> np.ndarray:
+        return rng.normal(0.0, std, size=shape)
+
+    _encoder_tensors(add, normal, p)
+    _projection_tensors(add, normal, p, n_embd_text, out_std)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return params
+
+
+def _projector_keys(w: Any, n_embd_text: int, p: Projector) -> None:
+    """The projector's metadata: its kind, and the encoder's shapes."""
+    import gguf
+
     w.add_name(f"random {p.kind} projector (batchyard tests)")
     qwen = p.kind == "qwen2vl"
     style = "Qwen2-VL" if qwen else "SigLIP"
@@ -219,16 +250,10 @@ def write_projector(
     w.add_array("clip.vision.image_mean", [0.5, 0.5, 0.5])
     w.add_array("clip.vision.image_std", [0.5, 0.5, 0.5])
 
-    params = 0
 
-    def add(name: str, array: np.ndarray) -> None:
-        nonlocal params
-        params += array.size
-        w.add_tensor(name, array.astype(np.float32))
-
-    def normal(std: float, *shape: int) -> np.ndarray:
-        return rng.normal(0.0, std, size=shape)
-
+def _encoder_tensors(add: Add, normal: Normal, p: Projector) -> None:
+    """The encoder's weights: the patch embedding, the blocks, the post norm."""
+    qwen = p.kind == "qwen2vl"
     d, f = p.n_embd, p.n_ff
     n_patches = (p.image_size // p.patch_size) ** 2
     fan_in = 3 * p.patch_size * p.patch_size
@@ -253,9 +278,16 @@ def write_projector(
         add(f"v.blk.{i}.ffn_down.bias", np.zeros(d))
     add("v.post_ln.weight", np.ones(d))
     add("v.post_ln.bias", np.zeros(d))
+
+
+def _projection_tensors(
+    add: Add, normal: Normal, p: Projector, n_embd_text: int, out_std: float
+) -> None:
+    """The projection onto the text model's width, about `out_std` wide."""
+    d = p.n_embd
     # After the post norm (idefics3, qwen2vl) or the soft embedding norm (gemma3) each input
     # of the projection has about unit variance.
-    if qwen:  # GELU of a unit normal has a mean square of about 0.425
+    if p.kind == "qwen2vl":  # GELU of a unit normal has a mean square of about 0.425
         merged = d * p.scale_factor**2
         add("mm.0.weight", normal(merged**-0.5, merged, merged))
         add("mm.0.bias", np.zeros(merged))
@@ -267,11 +299,6 @@ def write_projector(
     else:
         add("mm.soft_emb_norm.weight", np.ones(d))
         add("mm.input_projection.weight", normal(out_std * d**-0.5, d, n_embd_text))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return params
 
 
 def write(directory: Path, src: Path | None = None, projector: Projector = Projector()) -> Path:

@@ -39,7 +39,7 @@ def webhook_receiver(statuses: list[int] | None = None) -> Iterator[Receiver]:
     receiver = Receiver(url="", statuses=list(statuses or []))
 
     class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+        def do_POST(self) -> None:  # (http.server's name)
             body = self.rfile.read(int(self.headers.get("content-length") or 0))
             with lock:
                 code = receiver.statuses.pop(0) if receiver.statuses else 200

@@ -36,6 +36,7 @@ async def create_file(
 def list_files(
     files: NamedDependency[FileService],
     owner: NamedDependency[str],
+    *,
     purpose: FromQuery[str | None] = None,
     limit: Annotated[int, QueryParameter(ge=1, le=10000)] = 10000,
     after: FromQuery[str | None] = None,

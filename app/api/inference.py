@@ -84,11 +84,12 @@ async def _run(
     endpoint: str,
     body: dict[str, Any],
     receive: Receive,
+    *,
     priority: Priority = Priority.ONLINE,
     tier: str | None = None,
 ) -> Any:
     if body.get("stream") and endpoint != EMBEDDINGS:
-        return await _stream(engine, endpoint, body, receive, priority, tier)
+        return await _stream(engine, endpoint, body, receive, priority=priority, tier=tier)
     fut = engine.submit(endpoint, body, priority=priority)
     return _named_tier(await _unless_gone(engine, fut, _settled(fut), receive), tier)
 
@@ -160,6 +161,7 @@ async def _stream(
     endpoint: str,
     body: dict[str, Any],
     receive: Receive,
+    *,
     priority: Priority = Priority.ONLINE,
     tier: str | None = None,
 ) -> Stream:
@@ -237,7 +239,7 @@ async def chat_completions(
     """Answer a chat (`messages`), whole or streamed; `service_tier: flex` at batch priority."""
     data, priority, tier = _service_tier(data)
     data = await _with_images(services, engine, CHAT, data, owner)
-    return await _run(engine, CHAT, data, request.receive, priority, tier)
+    return await _run(engine, CHAT, data, request.receive, priority=priority, tier=tier)
 
 
 @post(
@@ -260,7 +262,7 @@ async def create_response(
     """Answer a Responses request, whole or streamed; `service_tier: flex` at batch priority."""
     data, priority, tier = _service_tier(data)
     data = await _with_images(services, engine, RESPONSES, data, owner)
-    return await _run(engine, RESPONSES, data, request.receive, priority, tier)
+    return await _run(engine, RESPONSES, data, request.receive, priority=priority, tier=tier)
 
 
 @post(

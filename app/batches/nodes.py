@@ -84,8 +84,8 @@ def unserved_lines(
         .group_by(col(Batch.id), col(Batch.route))
     ).all()
     out: dict[str, dict[str, int]] = {}
-    for batch_id, route, n in rows:
-        out.setdefault(batch_id, {})[str(route)] = int(n)
+    for row_batch, route, n in rows:
+        out.setdefault(row_batch, {})[str(route)] = int(n)
     return out
 
 

@@ -108,7 +108,7 @@ class BatchService:
         self.db = db
         self.runner = runner
 
-    def create(
+    def create(  # noqa: PLR0917 - callers pass the wire's fields in order; typed in issue 47 part 4
         self,
         owner: str,
         input_file_id: str,

@@ -98,7 +98,7 @@ def duration(seconds: float | None) -> str:
     3725 -> '1 h 02 min', 95 -> '1 min 35 s', 4.2 -> '4 s', None (not known) -> '—'."""
     if seconds is None:
         return "—"
-    s = int(round(seconds))
+    s = round(seconds)
     if s < 60:
         return f"{s} s"
     if s < 3600:

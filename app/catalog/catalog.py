@@ -171,6 +171,21 @@ class Catalog:
                 self._build()
 
     def _build(self) -> None:
+        entries = self._found_entries()
+        by_name = {n: i for i, e in enumerate(entries) for n in e.names}
+        self._apply_config(entries, by_name)
+        default = self._default_index(entries, by_name)
+        if default is not None:
+            entries.insert(0, replace(entries.pop(default), is_default=True))
+        self._entries = entries
+        self._by_name = {n: e for e in entries for n in e.names}
+        self._by_folded = {}
+        for e in reversed(entries):  # the first entry wins a name that differs by case only
+            for n in e.names:
+                self._by_folded[n.casefold()] = e
+
+    def _found_entries(self) -> list[Entry]:
+        """The stores' models as entries, each with names no entry before it took."""
         base = self._config.every.apply(server_profile(self._settings))
         entries: list[Entry] = []
         by_path: dict[Path, int] = {}
@@ -195,8 +210,11 @@ class Catalog:
             if entry.source in _PLAIN:
                 by_path.setdefault(_real(entry.path), len(entries))
             entries.append(entry)
-        by_name = {n: i for i, e in enumerate(entries) for n in e.names}
-        # Aliases, then per-model sections, each found by the names they use.
+        return entries
+
+    def _apply_config(self, entries: list[Entry], by_name: dict[str, int]) -> None:
+        """models.toml's aliases, then its per-model sections, each found by the names they
+        use (`entries` and `by_name` are changed in place)."""
         for alias, target in self._config.aliases.items():
             i = lookup(by_name, target)
             if i is None:
@@ -214,15 +232,6 @@ class Catalog:
             entries[i] = _with_profile(entries[i], preset.apply(entries[i].profile))
             if preset.mmproj is not None:  # `mmproj` wins over the projector found beside
                 entries[i] = _with_projector(entries[i], preset.mmproj or None)
-        default = self._default_index(entries, by_name)
-        if default is not None:
-            entries.insert(0, replace(entries.pop(default), is_default=True))
-        self._entries = entries
-        self._by_name = {n: e for e in entries for n in e.names}
-        self._by_folded = {}
-        for e in reversed(entries):  # the first entry wins a name that differs by case only
-            for n in e.names:
-                self._by_folded[n.casefold()] = e
 
     def _default_index(self, entries: list[Entry], by_name: dict[str, int]) -> int | None:
         wanted = self._settings.default_model

@@ -82,23 +82,34 @@ def load(path: Path | None) -> ModelsConfig:
                 f'{path}: {section} = ... must be inside a section: ["MODEL"], ["*"] or [aliases]'
             )
         if section == ALIASES:
-            for alias, target in body.items():
-                if not isinstance(target, str) or not target.strip():
-                    raise ValueError(
-                        f"{path}: [aliases] {alias}: must be a model's name (a string)"
-                    )
-                aliases[alias] = target.strip()
+            aliases.update(_alias_section(path, body))
         elif section == ALL_MODELS:
-            every = _preset(path, section, body)
-            if every.aliases:
-                raise ValueError(f'{path}: ["*"] aliases: an alias names one model')
-            if every.mmproj is not None:
-                raise ValueError(f'{path}: ["*"] mmproj: a projector belongs to one model')
+            every = _every_section(path, body)
         else:
             models[section] = preset = _preset(path, section, body)
             for alias in preset.aliases:
                 aliases[alias] = section
     return ModelsConfig(path, every, models, aliases)
+
+
+def _alias_section(path: Path, body: dict[str, Any]) -> dict[str, str]:
+    """[aliases]: alias -> the name it means."""
+    aliases = {}
+    for alias, target in body.items():
+        if not isinstance(target, str) or not target.strip():
+            raise ValueError(f"{path}: [aliases] {alias}: must be a model's name (a string)")
+        aliases[alias] = target.strip()
+    return aliases
+
+
+def _every_section(path: Path, body: dict[str, Any]) -> Preset:
+    """["*"]: the settings of every model; aliases and a projector belong to one model."""
+    every = _preset(path, ALL_MODELS, body)
+    if every.aliases:
+        raise ValueError(f'{path}: ["*"] aliases: an alias names one model')
+    if every.mmproj is not None:
+        raise ValueError(f'{path}: ["*"] mmproj: a projector belongs to one model')
+    return every
 
 
 def _preset(path: Path, section: str, body: dict[str, Any]) -> Preset:

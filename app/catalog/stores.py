@@ -348,7 +348,7 @@ class HubStore(Store):
         projectors = {folder: projectors_among(files) for folder, files in by_dir.items()}
         models = [m for files in by_dir.values() for m in models_among(files)]
         models.sort(key=lambda m: m.paths[0].relative_to(snapshot).as_posix())
-        picked = self._pick(models, snapshot)
+        picked = self._pick(models)
         found = []
         for model in models:
             rel = model.paths[0].relative_to(snapshot).as_posix()
@@ -363,7 +363,7 @@ class HubStore(Store):
             )
         return found
 
-    def _pick(self, models: list[ModelFiles], snapshot: Path) -> ModelFiles | None:
+    def _pick(self, models: list[ModelFiles]) -> ModelFiles | None:
         for tag in self.PICK:
             for model in models:
                 if quant_tag(model.paths[0].name) == tag:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
+from collections.abc import Callable
 
 from app import __version__
 from app.cli.commands import engine_command, models, retry
@@ -35,20 +37,25 @@ def main(argv: list[str] | None = None) -> int:
         return child.main()
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.command == "serve":
-        return serve(settings_of(args))
-    if args.command == "worker":
-        return worker(settings_of(args))
-    if args.command == "run":
-        return run(args, argv)
-    if args.command == "engine":
-        return engine_command(args)
-    if args.command == "retry":
-        return retry(settings_of(args), args.batch_id)
-    if args.command == "models":
-        return models(settings_of(args), as_json=args.json)
-    if args.command == "version":
-        print(f"batchyard {__version__}")
-        return 0
-    parser.print_help()
-    return 2
+    command = _COMMANDS.get(args.command)
+    if command is None:
+        parser.print_help()
+        return 2
+    return command(args, argv)
+
+
+def _version(_args: argparse.Namespace, _argv: list[str]) -> int:
+    print(f"batchyard {__version__}")
+    return 0
+
+
+#: Each subcommand -> what runs it, given the parsed arguments and the command line.
+_COMMANDS: dict[str, Callable[[argparse.Namespace, list[str]], int]] = {
+    "serve": lambda args, _argv: serve(settings_of(args)),
+    "worker": lambda args, _argv: worker(settings_of(args)),
+    "run": run,
+    "engine": lambda args, _argv: engine_command(args),
+    "retry": lambda args, _argv: retry(settings_of(args), args.batch_id),
+    "models": lambda args, _argv: models(settings_of(args), as_json=args.json),
+    "version": _version,
+}

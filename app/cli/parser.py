@@ -28,6 +28,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"batchyard {__version__}")
     sub = parser.add_subparsers(dest="command")
 
+    _add_serve(sub)
+    _add_worker(sub)
+    _add_run(sub)
+    _add_retry(sub)
+    _add_engine(sub)
+    _add_models(sub)
+    sub.add_parser("version", help="print the version")
+    return parser
+
+
+def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """`batchyard serve`: the server, its engines, keys and catalog."""
     serve = sub.add_parser("serve", help="run the server and open the dashboard")
     add_engine_flags(serve, tuple(name for _, name, _, _ in SERVE_FLAGS))
     serve.add_argument(
@@ -57,6 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"do not open the browser [env {Settings.env_name('no_browser')}=1; default: open it]",
     )
 
+
+def _add_worker(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """`batchyard worker`: a node with no HTTP API."""
     worker = sub.add_parser(
         "worker",
         help="run batch lines from a shared PostgreSQL queue, with no HTTP API",
@@ -69,6 +84,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_image_flags(worker)
     add_catalog_flags(worker)
 
+
+def _add_run(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """`batchyard run`: one input file (a JSONL, a sheet or a folder) with no server."""
     run = sub.add_parser(
         "run",
         help="run one batch input file (or a sheet, or a folder of images, and a prompt) to an "
@@ -95,30 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
         required=True,
         help="where to write the output .jsonl (for a sheet or a folder: a .csv or .xlsx)",
     )
-    sheet = run.add_argument_group(
-        "a sheet's rows (or a folder's images) as requests (when the input is one)"
-    )
-    sheet.add_argument(
-        "--prompt",
-        default=None,
-        help="the prompt template over the columns: '… {{ review }} …', '{{ image(photo) }}'; "
-        "for a folder, the prompt each image follows (its name is {{ file }})",
-    )
-    sheet.add_argument("--system", default="", help="a system prompt (a template too)")
-    sheet.add_argument(
-        "--columns",
-        action="append",
-        default=[],
-        metavar="NAME:TYPE",
-        help="output columns, answered as JSON, comma-separated or repeated: NAME (text), "
-        "NAME:number, NAME:boolean, NAME:list (strings; its cell holds them as a JSON array) "
-        "or 'NAME:one of a,b,c' (last in its list); without any, the answer is one column",
-    )
-    sheet.add_argument("--sheet", default=None, help="the workbook's sheet (default: the first)")
-    sheet.add_argument("--max-tokens", type=int, default=None, help="max_tokens of each request")
-    sheet.add_argument(
-        "--temperature", type=float, default=None, help="temperature of each request"
-    )
+    _add_sheet_flags(run)
     run.add_argument(
         "--errors",
         type=Path,
@@ -163,6 +158,37 @@ def build_parser() -> argparse.ArgumentParser:
     add_catalog_flags(run)
     add_image_flags(run)
 
+
+def _add_sheet_flags(run: argparse.ArgumentParser) -> None:
+    """`batchyard run`'s flags for a sheet's rows, or a folder's images, as requests."""
+    sheet = run.add_argument_group(
+        "a sheet's rows (or a folder's images) as requests (when the input is one)"
+    )
+    sheet.add_argument(
+        "--prompt",
+        default=None,
+        help="the prompt template over the columns: '… {{ review }} …', '{{ image(photo) }}'; "
+        "for a folder, the prompt each image follows (its name is {{ file }})",
+    )
+    sheet.add_argument("--system", default="", help="a system prompt (a template too)")
+    sheet.add_argument(
+        "--columns",
+        action="append",
+        default=[],
+        metavar="NAME:TYPE",
+        help="output columns, answered as JSON, comma-separated or repeated: NAME (text), "
+        "NAME:number, NAME:boolean, NAME:list (strings; its cell holds them as a JSON array) "
+        "or 'NAME:one of a,b,c' (last in its list); without any, the answer is one column",
+    )
+    sheet.add_argument("--sheet", default=None, help="the workbook's sheet (default: the first)")
+    sheet.add_argument("--max-tokens", type=int, default=None, help="max_tokens of each request")
+    sheet.add_argument(
+        "--temperature", type=float, default=None, help="temperature of each request"
+    )
+
+
+def _add_retry(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """`batchyard retry`: a new batch of a finished batch's failed lines."""
     retry = sub.add_parser(
         "retry",
         help="make a new batch of a finished batch's failed lines",
@@ -173,6 +199,9 @@ def build_parser() -> argparse.ArgumentParser:
     retry.add_argument("batch_id", help="the batch whose failed lines to run again")
     add_engine_flags(retry, ("data_dir", "database_url"))
 
+
+def _add_engine(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """`batchyard engine build | status`: llama-cpp-python's build."""
     engine = sub.add_parser(
         "engine", help="build llama-cpp-python for this machine, or say how it is built"
     )
@@ -217,9 +246,10 @@ def build_parser() -> argparse.ArgumentParser:
     for p in (build, engine_status):
         add_engine_flags(p, ("model", "threads", "cpu_extra_buffers", "cache_dir"))
 
+
+def _add_models(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """`batchyard models`: the models this install can serve."""
     listing = sub.add_parser("models", help="list the models this install can serve")
     add_engine_flags(listing, CATALOG_FLAGS)
     add_catalog_flags(listing)
     listing.add_argument("--json", action="store_true", help="print the list as JSON")
-    sub.add_parser("version", help="print the version")
-    return parser

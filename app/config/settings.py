@@ -180,6 +180,24 @@ class Settings:
         return self.shared_prefix_cells if self.shared_prefix_cells > 0 else 4 * self.ctx_size
 
     def __post_init__(self) -> None:
+        self._check_engine_options()
+        self._check_webhooks_and_files()
+        self.upstreams  # noqa: B018 - a bad --engine is refused at start-up, with its reason
+        self.allowed_windows  # noqa: B018 - so is a window outside 1 hour to 7 days
+        self.model_ttl_seconds  # noqa: B018 - a bad duration or size is refused at start-up
+        self.model_switch_after_seconds  # noqa: B018
+        self.models_memory_bytes  # noqa: B018
+        if self.max_loaded_models < 0:
+            raise ValueError("--max-loaded-models must be 0 (no count) or more")
+        if self.max_image_bytes <= 0:
+            raise ValueError("--max-image-bytes must be a number of bytes above 0")
+        if self.image_fetch_timeout <= 0:
+            raise ValueError("--image-fetch-timeout must be a number of seconds above 0")
+        if self.no_embedded and not self.engine:
+            raise ValueError("--no-embedded needs at least one --engine to serve requests")
+
+    def _check_engine_options(self) -> None:
+        """The embedded engine's choices, in their canonical spelling, or a ValueError."""
         self.kv_cache_type = self.kv_cache_type.strip().lower()
         if self.kv_cache_type not in KV_CACHE_TYPES:
             raise ValueError(
@@ -204,6 +222,9 @@ class Settings:
                 "choose one of auto, on, off"
             )
         self.cpu_extra_buffers = CPU_EXTRA_BUFFERS[setting]
+
+    def _check_webhooks_and_files(self) -> None:
+        """Webhooks are signed; an object store is named by its bucket."""
         if self.webhook_secret and (
             problem := secret_problem(self.webhook_secret, "--webhook-secret")
         ):
@@ -220,19 +241,6 @@ class Settings:
             )
         if self.files_url.startswith("s3://") and not self.files_url[5:].split("/")[0]:
             raise ValueError("--files-url s3:// needs a bucket: s3://BUCKET/PREFIX")
-        self.upstreams  # noqa: B018 - a bad --engine is refused at start-up, with its reason
-        self.allowed_windows  # noqa: B018 - so is a window outside 1 hour to 7 days
-        self.model_ttl_seconds  # noqa: B018 - a bad duration or size is refused at start-up
-        self.model_switch_after_seconds  # noqa: B018
-        self.models_memory_bytes  # noqa: B018
-        if self.max_loaded_models < 0:
-            raise ValueError("--max-loaded-models must be 0 (no count) or more")
-        if self.max_image_bytes <= 0:
-            raise ValueError("--max-image-bytes must be a number of bytes above 0")
-        if self.image_fetch_timeout <= 0:
-            raise ValueError("--image-fetch-timeout must be a number of seconds above 0")
-        if self.no_embedded and not self.engine:
-            raise ValueError("--no-embedded needs at least one --engine to serve requests")
 
     @property
     def upstreams(self) -> list[UpstreamSpec]:

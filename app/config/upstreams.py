@@ -8,7 +8,9 @@ accepts the kinds it names; the engine loads the module of its spec's kind.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -73,6 +75,28 @@ def parse_engine_spec(text: str) -> UpstreamSpec:
     """`NAME=KIND:URL[,key=...,models=a|b,concurrency=N]` -> UpstreamSpec; ValueError says
     what is wrong with it. KIND is a name in KINDS."""
     where = f"--engine {text!r}"
+    name, kind, url, options = _spec_head(where, text)
+    values: dict[str, Any] = {"name": name, "url": url.rstrip("/"), "kind": kind}
+    for option in options:
+        key, eq, value = option.partition("=")
+        key = key.strip()
+        if not eq:
+            raise ValueError(f"{where}: option {option!r} must be key=value ({SPEC_HELP})")
+        read = _OPTIONS.get(key)
+        if read is None:
+            raise ValueError(
+                f"{where}: unknown option {key!r}; the options are key, models, concurrency, "
+                "retries, timeout, images, image_max_side and priority"
+            )
+        try:
+            values[key] = read(value)
+        except ValueError as exc:
+            raise ValueError(f"{where}: {exc}") from None
+    return UpstreamSpec(**values)
+
+
+def _spec_head(where: str, text: str) -> tuple[str, str, str, list[str]]:
+    """`NAME=KIND:URL,options...` -> (name, kind, url, the options as written)."""
     name, eq, rest = text.strip().partition("=")
     name = name.strip()
     if not eq or not rest:
@@ -92,59 +116,71 @@ def parse_engine_spec(text: str) -> UpstreamSpec:
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.netloc:
         raise ValueError(f"{where}: {url!r} is not an http(s) URL, e.g. http://127.0.0.1:8000/v1")
-    values: dict[str, Any] = {"name": name, "url": url.rstrip("/"), "kind": kind}
-    for option in options:
-        key, eq, value = option.partition("=")
-        key = key.strip()
-        if not eq:
-            raise ValueError(f"{where}: option {option!r} must be key=value ({SPEC_HELP})")
-        if key == "key":
-            values["key"] = value
-        elif key == "models":
-            models = tuple(m.strip() for m in value.split("|") if m.strip())
-            if not models:
-                raise ValueError(f"{where}: models= names no model (separate names with '|')")
-            values["models"] = models
-        elif key in ("concurrency", "retries"):
-            low, high = (1, 4096) if key == "concurrency" else (0, 100)
-            try:
-                number = int(value)
-            except ValueError:
-                number = low - 1
-            if not low <= number <= high:
-                raise ValueError(f"{where}: {key} must be a whole number from {low} to {high}")
-            values[key] = number
-        elif key == "timeout":
-            try:
-                seconds = float(value)
-            except ValueError:
-                seconds = 0.0
-            if seconds <= 0:
-                raise ValueError(f"{where}: timeout must be a number of seconds above 0")
-            values["timeout"] = seconds
-        elif key == "images":
-            mode = value.strip().lower()
-            if mode not in IMAGE_MODES:
-                raise ValueError(f"{where}: images must be one of {', '.join(IMAGE_MODES)}")
-            values["images"] = mode
-        elif key == "image_max_side":
-            try:
-                side = int(value)
-            except ValueError:
-                side = 0
-            if not 16 <= side <= 65535:
-                raise ValueError(f"{where}: image_max_side must be a number of pixels, 16 or more")
-            values["image_max_side"] = side
-        elif key == "priority":
-            if value.strip().lower() not in ("on", "off"):
-                raise ValueError(f"{where}: priority must be on or off")
-            values["priority"] = value.strip().lower() == "on"
-        else:
-            raise ValueError(
-                f"{where}: unknown option {key!r}; the options are key, models, concurrency, "
-                "retries, timeout, images, image_max_side and priority"
-            )
-    return UpstreamSpec(**values)
+    return name, kind, url, options
+
+
+def _models_option(value: str) -> tuple[str, ...]:
+    models = tuple(m.strip() for m in value.split("|") if m.strip())
+    if not models:
+        raise ValueError("models= names no model (separate names with '|')")
+    return models
+
+
+def _count_option(key: str, low: int, high: int, value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        number = low - 1
+    if not low <= number <= high:
+        raise ValueError(f"{key} must be a whole number from {low} to {high}")
+    return number
+
+
+def _timeout_option(value: str) -> float:
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = 0.0
+    if seconds <= 0:
+        raise ValueError("timeout must be a number of seconds above 0")
+    return seconds
+
+
+def _images_option(value: str) -> str:
+    mode = value.strip().lower()
+    if mode not in IMAGE_MODES:
+        raise ValueError(f"images must be one of {', '.join(IMAGE_MODES)}")
+    return mode
+
+
+def _image_max_side_option(value: str) -> int:
+    try:
+        side = int(value)
+    except ValueError:
+        side = 0
+    if not 16 <= side <= 65535:
+        raise ValueError("image_max_side must be a number of pixels, 16 or more")
+    return side
+
+
+def _priority_option(value: str) -> bool:
+    if value.strip().lower() not in ("on", "off"):
+        raise ValueError("priority must be on or off")
+    return value.strip().lower() == "on"
+
+
+#: Each option of an --engine spec -> its reader: the value as written -> the field's value,
+#: or a ValueError that says what is wrong with it.
+_OPTIONS: dict[str, Callable[[str], Any]] = {
+    "key": str,
+    "models": _models_option,
+    "concurrency": partial(_count_option, "concurrency", 1, 4096),
+    "retries": partial(_count_option, "retries", 0, 100),
+    "timeout": _timeout_option,
+    "images": _images_option,
+    "image_max_side": _image_max_side_option,
+    "priority": _priority_option,
+}
 
 
 def parse_engine_specs(texts: list[str]) -> list[UpstreamSpec]:

@@ -110,7 +110,13 @@ class ObjectWrite(PartialWrite):
         number = len(self._sends) + 1
         self._sends.append(
             PART_SENDERS.submit(
-                send_part, client, bucket, self.tmp_key, self._upload_id, number, path
+                send_part,
+                client,
+                bucket,
+                self.tmp_key,
+                upload_id=self._upload_id,
+                number=number,
+                spool=path,
             )
         )
 
@@ -221,7 +227,7 @@ class JoinedWrite(PartialWrite):
             self._closed = True
         return Path(key)
 
-    def commit_to(self, final: Path) -> Path:
+    def commit_to(self, final: Path) -> Path:  # noqa: ARG002 - PartialWrite's signature
         raise ValueError("a joined file is committed under a file id, not as a part")
 
     def discard(self) -> None:
@@ -229,7 +235,7 @@ class JoinedWrite(PartialWrite):
 
 
 def send_part(
-    client: Minio, bucket: str, key: str, upload_id: str, number: int, spool: Path
+    client: Minio, bucket: str, key: str, *, upload_id: str, number: int, spool: Path
 ) -> str:
     """Send one part from its spool file and remove the file; returns the part's ETag.
 

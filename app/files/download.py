@@ -73,5 +73,5 @@ class StoredFile:
     def info(self, path: PathType, **kwargs: Any) -> FileInfo:
         raise NotImplementedError("the file's info is given with the response")
 
-    def open(self, file: PathType, mode: str, buffering: int = -1) -> IO[bytes]:
+    def open(self, file: PathType, mode: str, buffering: int = -1) -> IO[bytes]:  # noqa: ARG002 - Litestar's protocol
         return self.storage.open_file(self.file_id)

@@ -99,7 +99,7 @@ class S3Storage(Storage):
             if obj.object_name and not obj.is_dir:
                 self.client.remove_object(bucket, obj.object_name)
 
-    def local_path(self, file_id: str) -> Path | None:
+    def local_path(self, file_id: str) -> Path | None:  # noqa: ARG002 - Storage's signature
         return None
 
     def exists(self, file_id: str) -> bool:

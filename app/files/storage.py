@@ -155,7 +155,7 @@ class Storage:
 
     def open_part(self, upload_id: str, part_id: str) -> BinaryIO:
         """An upload part's bytes as a stream from the start (the caller closes it)."""
-        return open(self.part_path(upload_id, part_id), "rb")  # noqa: SIM115
+        return open(self.part_path(upload_id, part_id), "rb")
 
     def upload_folders(self) -> list[str]:
         """The ids of the uploads that have parts stored (for the leftover sweep)."""
@@ -172,7 +172,10 @@ class Storage:
         return PartialWrite(self, limit)
 
     def begin_join(
-        self, upload_id: str, parts: Sequence[tuple[str, int]], limit: int
+        self,
+        upload_id: str,  # noqa: ARG002 - the stores' interface: a bucket joins, a directory cannot
+        parts: Sequence[tuple[str, int]],  # noqa: ARG002
+        limit: int,  # noqa: ARG002
     ) -> PartialWrite | None:
         """A write that joins an upload's parts ((part id, bytes), in order) inside the store
         itself, or None where the store cannot (the caller then writes their bytes to a
@@ -180,7 +183,7 @@ class Storage:
         they are hashed and counted, not stored; `commit` has the store join the parts."""
         return None
 
-    def begin_part_write(self, limit: int, upload_id: str) -> PartialWrite:
+    def begin_part_write(self, limit: int, upload_id: str) -> PartialWrite:  # noqa: ARG002 - the stores' interface
         """A write of one part of upload `upload_id` (kept under the upload's folder by
         `commit_to`)."""
         return PartialWrite(self, limit)
@@ -194,7 +197,7 @@ class Storage:
 
     def open_file(self, file_id: str) -> BinaryIO:
         """The file's bytes as a stream read from the start (the caller closes it)."""
-        return open(self.path(file_id), "rb")  # noqa: SIM115
+        return open(self.path(file_id), "rb")
 
     def read_range(self, file_id: str, offset: int, length: int) -> bytes:
         with open(self.path(file_id), "rb") as fh:
@@ -232,7 +235,7 @@ class Storage:
             except FileNotFoundError:
                 continue
 
-    def sweep_unfinished(self, min_age: float) -> int:
+    def sweep_unfinished(self, min_age: float) -> int:  # noqa: ARG002 - the stores' interface
         """Remove writes left unfinished in a store shared by the nodes, begun more than
         `min_age` seconds ago; the runner calls it on its sweeps. A directory has none
         (its temporary files are each node's own, removed by `sweep_tmp` at start)."""

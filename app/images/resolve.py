@@ -323,7 +323,7 @@ class ImageResolver:
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="images")
             pool = self._pool
-        pool.submit(self._run, line, engine, endpoint, body, priority, batch_id)
+        pool.submit(self._run, line, engine, endpoint, body, priority=priority, batch_id=batch_id)
         return line
 
     def _run(
@@ -332,6 +332,7 @@ class ImageResolver:
         engine: Engine,
         endpoint: str,
         body: dict[str, Any],
+        *,
         priority: Priority,
         batch_id: str | None,
     ) -> None:

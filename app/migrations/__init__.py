@@ -6,7 +6,11 @@ from typing import Any
 
 
 def compare_type(
-    context: Any, inspected: Any, metadata: Any, inspected_type: Any, metadata_type: Any
+    context: Any,
+    inspected: Any,  # noqa: ARG001 - Alembic's signature
+    metadata: Any,  # noqa: ARG001
+    inspected_type: Any,
+    metadata_type: Any,
 ) -> bool | None:
     """Alembic's type comparison, except that SQLite's INTEGER is BIGINT (both are 64-bit
     there, and revision 0002 leaves SQLite's columns alone)."""

@@ -142,14 +142,7 @@ def _csv(fh: Any, *, tab: bool) -> SheetRows:
     head = fh.read(SNIFF_BYTES)
     fh.seek(0)
     bom = head.startswith(codecs.BOM_UTF8)
-    if tab:
-        delimiter = "\t"
-    else:
-        sample = head.decode("utf-8", "ignore").lstrip("\ufeff")
-        try:
-            delimiter = csv.Sniffer().sniff(sample, delimiters=",;\t|").delimiter
-        except csv.Error:  # one column, or too little to tell
-            delimiter = ","
+    delimiter = "\t" if tab else _sniffed_delimiter(head)
     state = {"row": 1}
 
     def lines() -> Iterator[str]:
@@ -189,6 +182,15 @@ def _csv(fh: Any, *, tab: bool) -> SheetRows:
     return SheetRows(column_names(header), rows(), [], None)
 
 
+def _sniffed_delimiter(head: bytes) -> str:
+    """The delimiter a CSV's first bytes use: comma, semicolon, tab or bar."""
+    sample = head.decode("utf-8", "ignore").lstrip("\ufeff")
+    try:
+        return csv.Sniffer().sniff(sample, delimiters=",;\t|").delimiter
+    except csv.Error:  # one column, or too little to tell
+        return ","
+
+
 # -- XLSX -------------------------------------------------------------------------------
 
 _DECIMALS = re.compile(r"^[#,]*0(?:\.(0+))?(%?)$")
@@ -211,18 +213,22 @@ def shown(value: Any, number_format: str = "General") -> str:
     if isinstance(value, dt.timedelta):
         return str(value)
     if isinstance(value, (int, float)):
-        fmt = (number_format or "General").split(";")[0]
-        m = _DECIMALS.match(fmt)
-        if m:
-            places = len(m.group(1) or "")
-            grouping = "," if "," in fmt else ""
-            if m.group(2):
-                return f"{value * 100:{grouping}.{places}f}%"
-            return f"{value:{grouping}.{places}f}"
-        if isinstance(value, float) and value.is_integer() and abs(value) < 1e15:
-            return str(int(value))
-        return f"{value:.15g}" if isinstance(value, float) else str(value)
+        return _shown_number(value, number_format)
     return str(value)
+
+
+def _shown_number(value: float, number_format: str) -> str:
+    fmt = (number_format or "General").split(";")[0]
+    m = _DECIMALS.match(fmt)
+    if m:
+        places = len(m.group(1) or "")
+        grouping = "," if "," in fmt else ""
+        if m.group(2):
+            return f"{value * 100:{grouping}.{places}f}%"
+        return f"{value:{grouping}.{places}f}"
+    if isinstance(value, float) and value.is_integer() and abs(value) < 1e15:
+        return str(int(value))
+    return f"{value:.15g}" if isinstance(value, float) else str(value)
 
 
 def _has_time(number_format: str) -> bool:

@@ -13,6 +13,7 @@ packaging/llama_wheel.sh and bench/gpu.sh; `batchyard engine build --cuda` uses 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -235,10 +236,8 @@ def runtime_lib_dirs() -> list[Path]:
         found = find_cublas(sub)
         if found:
             dirs.append(found.cublas.parent)
-    try:
+    with contextlib.suppress(CudaError):
         dirs += [d for d in _toolkit_dirs("lib64") if d.is_dir()]
-    except CudaError:
-        pass
     return list(dict.fromkeys(dirs))
 
 

@@ -38,6 +38,7 @@ def explorer_context(
     batches: BatchService,
     batch_id: str,
     owner: str,
+    *,
     status: str = "all",
     q: str = "",
     after: int = 0,
@@ -93,11 +94,12 @@ def explorer_lines(
     batches: NamedDependency[BatchService],
     owner: NamedDependency[str],
     batch_id: FromPath[str],
+    *,
     status: FromQuery[str] = "all",
     q: FromQuery[str] = "",
     after: FromQuery[int] = 0,
 ) -> Template:
-    context = explorer_context(batches, batch_id, owner, status, q.strip(), after)
+    context = explorer_context(batches, batch_id, owner, status=status, q=q.strip(), after=after)
     return Template(
         template_name="partials/explorer_lines.html", context={"explorer": context, "oob": True}
     )

@@ -103,7 +103,9 @@ def batch_page_context(
     if services.engine is not None and batch.status not in BatchStatus.FINISHED:
         tracker.add(batch, engine_tps=services.engine.stats().tokens_per_second)
     try:
-        explorer = explorer_context(services.batches, batch_id, owner, status, q, after)
+        explorer = explorer_context(
+            services.batches, batch_id, owner, status=status, q=q, after=after
+        )
     except APIError:  # a hand-edited query: show the first page unfiltered
         explorer = explorer_context(services.batches, batch_id, owner)
     opened = None
@@ -143,6 +145,7 @@ def batch_page(
     services: NamedDependency[Services],
     owner: NamedDependency[str],
     batch_id: FromPath[str],
+    *,
     status: FromQuery[str] = "all",
     q: FromQuery[str] = "",
     after: FromQuery[int] = 0,

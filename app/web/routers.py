@@ -20,7 +20,7 @@ from app.web import events, explorer, models, pages, partials, sheets
 from app.web.login import AUTH_ROUTES
 
 
-def inline_error(request: Request[Any, Any, Any], exc: APIError) -> Template:
+def inline_error(request: Request[Any, Any, Any], exc: APIError) -> Template:  # noqa: ARG001 - Litestar's
     """A fragment's refusal, as a sentence in place of the fragment."""
     return Template(
         template_name="partials/inline_error.html", context={"error": exc}, status_code=200

@@ -84,7 +84,7 @@ class ImageHost:
         host = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            def do_GET(self) -> None:  # (http.server's name)
                 host.gets += 1
                 self.send_response(200)
                 self.send_header("Content-Type", "image/jpeg")

@@ -132,7 +132,7 @@ def serve(data: Path, home: Home, models_dir: Path) -> LiveServer:
             BUDGET,
             "--parallel",
             "2",
-        ],  # fmt: skip
+        ],
     )
 
 
@@ -183,7 +183,7 @@ def batch_for(client: OpenAI, model: str, n: int, max_tokens: int = 2, tag: str 
             model=model,
             max_tokens=max_tokens,
             temperature=0,
-        )  # fmt: skip
+        )
         for i in range(n)
     ]
     upload = client.files.create(file=("in.jsonl", jsonl(*lines)), purpose="batch")

@@ -264,7 +264,7 @@ def test_startup_notes(tmp_path: Path) -> None:
         r.levelno == logging.WARNING and "anyone who can reach" in r.getMessage() for r in seen
     )
     missing = Settings(data_dir=str(tmp_path), api_keys_file=str(tmp_path / "nope.txt"))
-    with pytest.raises(ValueError, match="nope.txt"):
+    with pytest.raises(ValueError, match=r"nope\.txt"):
         create_app(missing)
 
 

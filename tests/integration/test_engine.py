@@ -7,6 +7,7 @@ tests/unit/engine/llama/test_slots.py and oai/test_answers_match_openai_types.py
 from __future__ import annotations
 
 import base64
+import itertools
 import json
 import math
 import struct
@@ -630,7 +631,7 @@ def test_an_online_request_answers_while_a_wave_runs_in_the_shared_context(
     finally:
         del shared.decode
     # Each step while the online request decoded: after a pause since the step before.
-    during = [(before, step) for before, step in zip(steps, steps[1:], strict=False) if step[3]]
+    during = [(before, step) for before, step in itertools.pairwise(steps) if step[3]]
     assert during, steps
     assert all(step[2] <= ONLINE_SHARED_PROMPT for _, step in during), during
     assert all(step[0] - before[1] >= ONLINE_SHARED_GAP for before, step in during), during

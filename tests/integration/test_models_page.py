@@ -268,7 +268,7 @@ def test_metrics_report_each_model_and_the_memory_budget(make_client: MakeClient
         n == "batchyard_model_load_seconds" and labels.get("model") == "broken"
         for n, labels, _ in samples
     )
-    reserved, budget = models.budget()
+    reserved, _budget = models.budget()
     assert reserved == (150 + 140) * MiB
     assert value(samples, "batchyard_models_memory_bytes") == reserved
     assert value(samples, "batchyard_models_memory_budget_bytes") == 2048 * MiB

@@ -77,7 +77,7 @@ def test_sqlite_writes_from_many_threads_all_land(tmp_path: Path) -> None:
             for i in range(20):
                 with db.write() as s:
                     s.add(a_file(n * 100 + i))
-        except BaseException as exc:  # noqa: BLE001 - reported below
+        except BaseException as exc:  # reported below
             errors.append(exc)
 
     threads = [threading.Thread(target=writer, args=(n,)) for n in range(16)]

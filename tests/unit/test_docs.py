@@ -259,9 +259,9 @@ def broken_links(page: Path, text: str) -> list[str]:
             continue
         path, _, anchor = target.partition("#")
         dest = (page.parent / path).resolve() if path else page
-        if not dest.exists():
-            broken.append(target)
-        elif anchor and dest.suffix == ".md" and anchor not in anchors(dest.read_text()):
+        if not dest.exists() or (
+            anchor and dest.suffix == ".md" and anchor not in anchors(dest.read_text())
+        ):
             broken.append(target)
     return broken
 

@@ -64,6 +64,7 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy import select as select_columns
+from sqlalchemy.sql.selectable import CTE, Subquery
 from sqlmodel import Session, col
 
 from app.engine.node import Lane
@@ -198,7 +199,9 @@ def claim(
     for lane, n in rooms:
         ahead = min(n, risk_room(lane, (held_at_risk or {}).get(lane.name, 0)))
         if risky and ahead > 0:
-            first = _claim_lane(conn, lane, ahead, held.get(lane.name, 0), inflight, t, risky)
+            first = _claim_lane(
+                conn, lane, ahead, held.get(lane.name, 0), inflight=inflight, t=t, only=risky
+            )
             if first:
                 # Taken before the fair shares' turns are counted, so that these lines are
                 # no longer pending there: the at-risk batches' turns start after them.
@@ -206,7 +209,7 @@ def claim(
                 claims += first
                 n -= len(first)
         if n > 0:
-            fair += _claim_lane(conn, lane, n, held.get(lane.name, 0), inflight, t)
+            fair += _claim_lane(conn, lane, n, held.get(lane.name, 0), inflight=inflight, t=t)
     if fair:
         conn.execute(_TAKE, {"ids": [c.request_id for c in fair], **take})
     return claims + fair
@@ -234,6 +237,7 @@ def _claim_lane(
     lane: Lane,
     n: int,
     held: int,
+    *,
     inflight: Container[str],
     t: float,
     only: list[str] | None = None,
@@ -281,6 +285,34 @@ def _claim_query(
     than in the database (bench/fleet.py). Its parameters: `look`, how far into each batch
     it looks; `lapsed`, the time before which a lease has run out; `wanted`, its LIMIT;
     with `some`, `only`: the ids of the batches it takes lines of."""
+    turns = _turns(_candidates(_lane_batches(routes, some)))
+    return (
+        select_columns(
+            col(Request.id),
+            col(Request.batch_id),
+            col(Request.offset),
+            col(Request.length),
+            col(Request.attempts),
+            col(Batch.endpoint),
+            col(Batch.input_file_id),
+            col(Batch.route),
+            col(Batch.expires_at),
+        )
+        .select_from(Request)
+        .join(turns, turns.c.id == col(Request.id))
+        .join(Batch, col(Batch.id) == col(Request.batch_id))
+        .order_by(turns.c.turn, turns.c.created_ns, turns.c.line)
+        .limit(bindparam("wanted", type_=Integer))
+        # Several nodes on one PostgreSQL queue never claim the same line; only the request
+        # rows are locked, so recording results for the batch goes on (SQLite has one
+        # writer at a time and leaves the clause out).
+        .with_for_update(skip_locked=True, of=Request)
+    )
+
+
+def _lane_batches(routes: frozenset[str] | None, some: bool) -> CTE:
+    """The claim's first part, `b`: the lane's batches in progress (with `some`, those of
+    `only`), each with its owner, age, deadline and first pending line."""
     where = _routed(routes)
     # The lane's batches in progress, each with its first pending line (one short look
     # into the (batch_id, status, line) index per batch).
@@ -307,7 +339,11 @@ def _claim_query(
     # A CTE, not a subquery: PostgreSQL inlined the subquery and ran the first-pending look
     # again for every candidate row (EXPLAIN: 512 loops a claim); read twice below, the
     # CTE is computed once.
-    b = batches.cte("b")
+    return batches.cte("b")
+
+
+def _candidates(b: CTE) -> Subquery:
+    """The claim's second part: the lines it may take of the batches `b`."""
     # Each batch's candidates: its pending lines from the first on, no further than a few
     # times the lane's room (no batch gives one claim more, and on PostgreSQL other nodes
     # may hold the first ones: SKIP LOCKED then takes the next), and any line whose lease
@@ -342,11 +378,16 @@ def _claim_query(
             col(Request.lease_until) < bindparam("lapsed", type_=Float),
         )
     )
-    candidates = union_all(pending, lapsed).subquery("candidates")
+    return union_all(pending, lapsed).subquery("candidates")
+
+
+def _turns(candidates: Subquery) -> Subquery:
+    """The claim's third part: each candidate line's turn (the deadline and fair-share
+    order)."""
     # A line's turn: its rank among its owner's lines, by its batch's deadline, then how far
     # into its batch it is, then the batch's age. Owners take turns; within an owner the
     # batch whose deadline is nearest goes first, and batches of one deadline take turns.
-    turns = select_columns(
+    return select_columns(
         candidates.c.id,
         candidates.c.created_ns,
         candidates.c.line,
@@ -362,25 +403,3 @@ def _claim_query(
         )
         .label("turn"),
     ).subquery("turns")
-    return (
-        select_columns(
-            col(Request.id),
-            col(Request.batch_id),
-            col(Request.offset),
-            col(Request.length),
-            col(Request.attempts),
-            col(Batch.endpoint),
-            col(Batch.input_file_id),
-            col(Batch.route),
-            col(Batch.expires_at),
-        )
-        .select_from(Request)
-        .join(turns, turns.c.id == col(Request.id))
-        .join(Batch, col(Batch.id) == col(Request.batch_id))
-        .order_by(turns.c.turn, turns.c.created_ns, turns.c.line)
-        .limit(bindparam("wanted", type_=Integer))
-        # Several nodes on one PostgreSQL queue never claim the same line; only the request
-        # rows are locked, so recording results for the batch goes on (SQLite has one
-        # writer at a time and leaves the clause out).
-        .with_for_update(skip_locked=True, of=Request)
-    )

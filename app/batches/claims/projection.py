@@ -279,7 +279,7 @@ class Projections:
         if h.half is None and b.total and b.done * 2 >= b.total:
             h.half = (p.made_at, p.finish_at)
 
-    def ended(self, s: Session, batch: Batch) -> None:
+    def ended(self, s: Session, batch: Batch) -> None:  # noqa: ARG002 - an end hook's signature
         """The runner's end hook: a completed batch's projection errors, logged and kept."""
         with self._lock:
             h = self._history.pop(batch.id, None)

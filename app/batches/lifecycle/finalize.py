@@ -39,6 +39,7 @@ class Finalizer:
         db: Database,
         storage: Storage,
         files: FileService,
+        *,
         retry_delays: tuple[float, ...] = FINALIZE_RETRY_DELAYS,
         ended: Ended = no_hook,
     ) -> None:

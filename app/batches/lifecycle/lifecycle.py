@@ -178,7 +178,7 @@ def validate_next(
     for batch_id in waiting:
         with db.exclusive(f"validate {batch_id}") as mine:
             if mine:
-                return _validate(settings, db, storage, batch_id, ended, models)
+                return _validate(settings, db, storage, batch_id, ended=ended, models=models)
     return False
 
 
@@ -187,6 +187,7 @@ def _validate(
     db: Database,
     storage: Storage,
     batch_id: str,
+    *,
     ended: Ended,
     models: ModelRules | None,
 ) -> bool:

@@ -180,7 +180,9 @@ class ModelPool:
             # Counted before it reaches the engine: the plan never unloads it meanwhile.
             berth.in_flight += 1
             berth.last_used = self._clock()
-        return self._send(berth, engine, entry.id, endpoint, body, priority, on_chunk)
+        return self._send(
+            berth, engine, entry.id, endpoint, body, priority=priority, on_chunk=on_chunk
+        )
 
     def prompt_tokens(self, endpoint: str, body: dict[str, Any]) -> int | None:
         """The prompt tokens of a request by its model's own tokenizer, where that model is
@@ -196,7 +198,7 @@ class ModelPool:
         except EngineError:  # closed meanwhile, or a request it would refuse: no count
             return None
 
-    def image_form(self, model: str | None) -> tuple[str, int]:
+    def image_form(self, model: str | None) -> tuple[str, int]:  # noqa: ARG002 - the Engine contract
         """PNG and JPEG data URLs, any size: its projector scales them."""
         return ("png", 0)
 
@@ -207,6 +209,7 @@ class ModelPool:
         model: str,
         endpoint: str,
         body: dict[str, Any],
+        *,
         priority: Priority,
         on_chunk: ChunkCallback | None,
     ) -> Future[dict[str, Any]]:
@@ -468,7 +471,9 @@ class ModelPool:
         for berth, engine, w in sends:
             # The caller holds the waiting request's future: the engine's resolves it, and
             # cancelling it (pool.cancel) withdraws the engine's.
-            inner = self._send(berth, engine, w.model, w.endpoint, w.body, w.priority, w.on_chunk)
+            inner = self._send(
+                berth, engine, w.model, w.endpoint, w.body, priority=w.priority, on_chunk=w.on_chunk
+            )
             _chain(inner, w.future, engine)
 
 

@@ -147,7 +147,7 @@ __all__ = [
     "DOWN_STATUSES",
     "RETRY_STATUSES",
     "THROTTLE_STATUSES",
-    "UpstreamJob",
     "Retry",
+    "UpstreamJob",
     "attempt",
 ]

@@ -66,7 +66,7 @@ class Bridge:
                 if future is not None:
                     self.engine.cancel(future)
 
-    def _submit(
+    def _submit(  # noqa: PLR0917 - its arguments are a submit frame's fields, in order
         self,
         rid: int,
         endpoint: str,

@@ -30,6 +30,7 @@ Retry-After, streams, its list of models) in its kind's module: kinds/openai.py 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import heapq
 import itertools
@@ -131,10 +132,9 @@ class UpstreamEngine:
         self._thread.start()
         asyncio.run_coroutine_threadsafe(self._open(), self._loop).result(10)
         first = asyncio.run_coroutine_threadsafe(self._watch.look(), self._loop)
-        try:
+        # A slow or down upstream is retried by the watcher.
+        with contextlib.suppress(Exception):
             first.result(discover_timeout)
-        except Exception:  # noqa: BLE001 - a slow or down upstream is retried by the watcher
-            pass
         if quiet:
             return
         log.info(
@@ -269,11 +269,11 @@ class UpstreamEngine:
         if not self._closing:
             self._loop.call_soon_threadsafe(self._abort, job)
 
-    def prompt_tokens(self, endpoint: str, body: dict[str, Any]) -> int | None:
+    def prompt_tokens(self, endpoint: str, body: dict[str, Any]) -> int | None:  # noqa: ARG002 - the Engine contract
         """The upstream's tokenizer is not here: no count."""
         return None
 
-    def image_form(self, model: str | None) -> tuple[str, int]:
+    def image_form(self, model: str | None) -> tuple[str, int]:  # noqa: ARG002 - the Engine contract
         """What its `images=` and `image_max_side=` say."""
         return (self.spec.image_mode, self.spec.image_max_side)
 
@@ -385,7 +385,7 @@ class UpstreamEngine:
         except EngineError as exc:
             if self._settle(job, error=exc):
                 self._count("failed")
-        except Exception as exc:  # noqa: BLE001 - a broken answer fails this request alone
+        except Exception as exc:  # a broken answer fails this request alone
             log.exception("engine=%s request failed", self.name)
             err = EngineError(
                 f"The upstream engine '{self.name}' gave an answer batchyard could not read: {exc}",

@@ -35,7 +35,7 @@ class ResponseError(OSError):
 class Answer:
     """One HTTP answer: its status, headers (lower-case names) and whole body."""
 
-    __slots__ = ("status", "headers", "body")
+    __slots__ = ("body", "headers", "status")
 
     def __init__(self, status: int, headers: dict[str, str], body: bytes) -> None:
         self.status = status

@@ -15,6 +15,7 @@ lines back in the queue without using an attempt) and is started again after a s
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import logging
@@ -213,16 +214,15 @@ class UpstreamProcess:
         if rid is None or future.done():
             return
         if self._finish(rid, error=RequestCancelled(), outcome="cancelled") and proc is not None:
-            try:
+            # An OSError: the child is gone, and with it the request.
+            with contextlib.suppress(OSError):
                 self._write(proc, frame(["c", rid]))
-            except OSError:
-                pass  # the child is gone, and with it the request
 
-    def prompt_tokens(self, endpoint: str, body: dict[str, Any]) -> int | None:
+    def prompt_tokens(self, endpoint: str, body: dict[str, Any]) -> int | None:  # noqa: ARG002 - the Engine contract
         """The upstream's tokenizer is not here: no count."""
         return None
 
-    def image_form(self, model: str | None) -> tuple[str, int]:
+    def image_form(self, model: str | None) -> tuple[str, int]:  # noqa: ARG002 - the Engine contract
         """What its `images=` and `image_max_side=` say."""
         return (self.spec.image_mode, self.spec.image_max_side)
 
@@ -275,7 +275,7 @@ class UpstreamProcess:
                     break
                 for message in reader.feed(data):
                     self._dispatch(message)
-        except Exception:  # noqa: BLE001 - a broken frame: treat the child as gone
+        except Exception:  # a broken frame: treat the child as gone
             log.exception("engine=%s its client process sent what could not be read", self.name)
             proc.kill()
         code = proc.wait()

@@ -87,7 +87,7 @@ class DownWatch:
             ) as r:
                 r.raise_for_status()
                 models = self._kind.models(await r.read())
-        except Exception as exc:  # noqa: BLE001 - any failure means "not up"; say why
+        except Exception as exc:  # any failure means "not up"; say why
             self._down(f"{type(exc).__name__}: {exc}")
             return
         with self._lock:

@@ -79,7 +79,7 @@ def test_disk_freed_before_the_retries_run_out_completes_once(
     batch_id = make_batch(
         svc, [batch_line("a", "hi"), batch_line("b", "FAIL"), batch_line("c", "yo")]
     )
-    write, calls = full_disk(2)
+    write, _calls = full_disk(2)
     monkeypatch.setattr(PartialWrite, "write", write)
     b = drive(svc, batch_id)
     assert b.status == BatchStatus.COMPLETED and b.errors_json is None

@@ -20,8 +20,11 @@ def test_nodes_at_work_lists_this_node_its_running_lines_and_the_viewers_batches
     try:
         mine = make_batch(
             svc,
-            [batch_line("a", "HANG a", max_tokens=4), batch_line("b", "HANG b", max_tokens=4)]
-            + [batch_line("c", "quick", max_tokens=4)],
+            [
+                batch_line("a", "HANG a", max_tokens=4),
+                batch_line("b", "HANG b", max_tokens=4),
+                batch_line("c", "quick", max_tokens=4),
+            ],
             owner="alice",
         )
         theirs = make_batch(svc, [batch_line("x", "HANG x", max_tokens=4)], owner="bob")

@@ -80,7 +80,7 @@ def test_the_rate_is_measured_over_the_samples_and_shared(tmp_path: Path) -> Non
 def test_a_completed_batch_records_how_far_its_projection_was_off(tmp_path: Path) -> None:
     p = Projections(Database(f"sqlite:///{tmp_path / 'p.db'}"))
     t0 = 2_000_000.0
-    for i in range(0, 6):
+    for i in range(6):
         p.project([row("a", "A", 100, 10 * i, int(t0))], t0 + i)
     made = p.get("a")
     assert made is not None and made.finish_at == pytest.approx(t0 + 5 + 50 / 10)

@@ -54,7 +54,7 @@ def check(data: bytes, chunk_size: int = 1 << 20) -> None:
     assert len(ids) == len(set(ids))
     for accepted in result.lines:
         assert 1 <= accepted.number <= n_lines
-        assert 0 <= accepted.offset and accepted.offset + accepted.length <= len(data)
+        assert accepted.offset >= 0 and accepted.offset + accepted.length <= len(data)
         obj = json.loads(data[accepted.offset : accepted.offset + accepted.length].decode("utf-8"))
         assert isinstance(obj, dict) and obj["custom_id"] == accepted.custom_id
         assert obj["url"] == CHAT and isinstance(obj["body"], dict)

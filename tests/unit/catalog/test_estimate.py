@@ -47,7 +47,7 @@ def test_gemma_3_at_ctx_4096_by_one_in_f16() -> None:
 
 
 def test_the_estimate_uses_the_engines_parallel() -> None:
-    assert DEFAULT_PARALLEL == native.default_parallel(0)
+    assert native.default_parallel(0) == DEFAULT_PARALLEL
 
 
 def test_a_context_holds_the_online_sequence_besides_several_slots() -> None:

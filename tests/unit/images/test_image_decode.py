@@ -35,7 +35,7 @@ def test_the_embedded_form_is_png_or_jpeg(fmt: str) -> None:
 def test_a_gif_gives_its_first_frame() -> None:
     image = prepare(image_bytes("GIF"), to_png=True)
     out = PIL.open(io.BytesIO(image.data)).convert("RGB")
-    r, g, b = out.getpixel((0, 0))  # type: ignore[misc]
+    r, _g, b = out.getpixel((0, 0))  # type: ignore[misc]
     assert r > 150 and b < 100  # the red first frame, not the blue second
 
 

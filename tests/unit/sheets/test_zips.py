@@ -104,7 +104,7 @@ def test_a_path_not_in_the_zip_refuses_it_with_its_row_and_column(tmp_path: Path
     )
     # A column of image paths none of which is in the zip is still an image column.
     sheet.write_bytes(csv_bytes([["photo"], ["pics/a.png"]]))
-    with pytest.raises(SheetError, match="Row 2, column 'photo': the image 'pics/a.png'"):
+    with pytest.raises(SheetError, match=r"Row 2, column 'photo': the image 'pics/a\.png'"):
         image_cells(sheet, "s.csv", {"photos/a.png"}, max_rows=100)
 
 

@@ -47,7 +47,7 @@ def test_choose_archs_prefers_the_flag_then_the_visible_gpus_then_supported_defa
     monkeypatch.setattr(cuda, "nvcc_archs", lambda: ["80", "86", "89", "90", "100"])
     assert cuda.choose_archs("80;90") == (["80", "90"], "--cuda-arch")
     assert cuda.choose_archs(None)[0] == ["90"]
-    monkeypatch.setattr(cuda, "visible_archs", lambda: [])
+    monkeypatch.setattr(cuda, "visible_archs", list)
     archs, why = cuda.choose_archs(None)
     assert archs == ["80", "86", "89", "90"]  # CUDA 13's nvcc has no 75 in this case
     assert "no GPU in sight" in why

@@ -164,10 +164,10 @@ class OpenAIKind:
     def path(self, endpoint: str) -> str:
         return endpoint  # batchyard's endpoints are OpenAI's paths
 
-    def encode(self, endpoint: str, body: dict[str, Any]) -> bytes:
+    def encode(self, endpoint: str, body: dict[str, Any]) -> bytes:  # noqa: ARG002 - the kind interface
         return jsoncodec.dumps_bytes(body)
 
-    def answer(self, endpoint: str, content: bytes) -> dict[str, Any]:
+    def answer(self, endpoint: str, content: bytes) -> dict[str, Any]:  # noqa: ARG002 - the kind interface
         data = jsoncodec.loads(content)
         if not isinstance(data, dict):
             raise ValueError("the answer is not a JSON object")

@@ -22,7 +22,7 @@ BLOCK_B = list(range(5000, 5000 + 300))
 
 def line(block: list[int], i: int, *, max_tokens: int = 4, **kw: object) -> object:
     """A batch line: the block, then a few tokens of its own."""
-    j = job(block + [70_000 + i, 70_100 + i, 70_200 + i], **kw)  # type: ignore[arg-type]
+    j = job([*block, 70000 + i, 70100 + i, 70200 + i], **kw)  # type: ignore[arg-type]
     j.params.max_tokens = max_tokens
     return task(j)
 
@@ -83,7 +83,7 @@ def test_a_prompt_the_main_context_holds_counts_as_company() -> None:
     say) opens a block here rather than recompute it beside the slot."""
     shared, lines = setup()
     t = line(BLOCK_A, 1)
-    plan = shared.plan([t], lines, [BLOCK_A + [9, 9, 9]])
+    plan = shared.plan([t], lines, [[*BLOCK_A, 9, 9, 9]])
     assert [b.tokens for b in plan.new_blocks] == [BLOCK_A]
     assert plan.held == {id(t)}
 
@@ -156,7 +156,7 @@ def test_lines_wait_for_room_and_no_new_block_opens_meanwhile() -> None:
     shared, lines = setup(n_cells=CELL_MARGIN + 300 + 2 * 103 + 50)
     a = [line(BLOCK_A, i, max_tokens=100) for i in range(4)]
     carry_out(shared, lines, shared.plan(a, lines, []))
-    plan = shared.plan(a + [line(BLOCK_B, 0), line(BLOCK_B, 1)], lines, [])
+    plan = shared.plan([*a, line(BLOCK_B, 0), line(BLOCK_B, 1)], lines, [])
     assert [s.task for s in plan.starts] == a[:2]
     assert id(a[2]) in plan.held and id(a[3]) in plan.held
     assert plan.new_blocks == []

@@ -163,7 +163,7 @@ def test_few_batch_lines_beside_an_online_request_all_decode() -> None:
 def test_prefix_source_keeps_its_own_cache_unless_another_holds_enough_more() -> None:
     prompt = list(range(40))
     slot, other = Slot(0), Slot(1)
-    slot.cached = prompt[:10] + [99]
+    slot.cached = [*prompt[:10], 99]
     scheduler = Scheduler(2)
     assert scheduler.prefix_source(slot, prompt, [slot, other], set()) == (None, 10)
     other.cached = prompt[: 10 + MIN_COPY_TOKENS - 1]
@@ -180,7 +180,7 @@ def test_prefix_source_keeps_its_own_cache_unless_another_holds_enough_more() ->
 def test_prefix_source_leaves_the_last_prompt_token_and_obeys_prefix_cache_off() -> None:
     prompt = [1, 2, 3, 4, 5]
     slot = Slot(0)
-    slot.cached = prompt + [6, 7]
+    slot.cached = [*prompt, 6, 7]
     # The first sampled token needs the last prompt token's logits.
     assert Scheduler(1).prefix_source(slot, prompt, [slot], set()) == (None, 4)
     other = Slot(1)
@@ -213,8 +213,8 @@ def test_common_prefix() -> None:
     assert common_prefix([], [1]) == 0
     assert common_prefix([1, 2], [1, 2]) == 2
     long = list(range(200))
-    assert common_prefix(long, long[:150] + [-1] + long[151:]) == 150
-    assert common_prefix(long, long + [7]) == 200
+    assert common_prefix(long, [*long[:150], -1, *long[151:]]) == 150
+    assert common_prefix(long, [*long, 7]) == 200
 
 
 def test_chunk_keys_stand_for_whole_prefixes() -> None:
@@ -232,7 +232,7 @@ BLOCK_B = [5000 + i for i in range(8 * PREFIX_CHUNK)]
 
 
 def line(block: list[int], i: int) -> Task:
-    return task(job(block + [i, i + 1, i + 2]))
+    return task(job([*block, i, i + 1, i + 2]))
 
 
 def test_batch_lines_wait_for_the_block_being_computed_and_others_go_ahead() -> None:
@@ -294,7 +294,7 @@ def test_batch_lines_whose_block_is_cached_start_first() -> None:
     # Longest-prefix-match order: with room for two lines, the two that fork from the cached
     # block start before the older line whose prompt shares nothing cached.
     slots = [Slot(i) for i in range(4)]
-    slots[3].cached = BLOCK_A + [9]
+    slots[3].cached = [*BLOCK_A, 9]
     occupy(slots[0])
     other, a1, a2 = line(BLOCK_B, 1), line(BLOCK_A, 2), line(BLOCK_A, 3)
     q = queue_of(other, a1, a2)

@@ -40,13 +40,14 @@ class Gateway:
             def log_message(self, *args: object) -> None:
                 pass
 
-            def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            def do_GET(self) -> None:  # http.server's name
                 self._note(b"")
                 if self.path != "/gw/models":
                     return self._send(404, {"fault": "no such path"})
                 self._send(200, {"models": [{"name": "gw-smol", "created_at": 1700000000}]})
+                return None
 
-            def do_POST(self) -> None:  # noqa: N802 - http.server's name
+            def do_POST(self) -> None:  # http.server's name
                 raw = self.rfile.read(int(self.headers["Content-Length"]))
                 self._note(raw)
                 if self.path != "/gw/openai/chat/completions" or self.headers["api-key"] != "k":
@@ -56,6 +57,7 @@ class Gateway:
                 if wrapped["request"].get("stream"):
                     return self._events(wrapped["deployment"], said)
                 self._send(200, {"result": completion(wrapped["deployment"], said)})
+                return None
 
             def _note(self, raw: bytes) -> None:
                 gateway.seen.append((self.command, self.path, dict(self.headers), raw))
@@ -155,4 +157,4 @@ def test_an_engine_speaks_the_wire_its_kind_names(gateway: Gateway) -> None:
         assert gateway.seen[-1][:2] == ("POST", "/gw/openai/chat/completions")
     finally:
         engine.close()
-    assert [(m, p) for m, p, _, _ in gateway.seen if m == "GET"][0] == ("GET", "/gw/models")
+    assert next((m, p) for m, p, _, _ in gateway.seen if m == "GET") == ("GET", "/gw/models")
