@@ -46,6 +46,12 @@ class Template(Protocol):
     def stop_strings(self) -> list[str]: ...
 
 
+class Constraints(Protocol):
+    """What preparing needs of the model's grammars (grammars.py's Grammars)."""
+
+    def ready(self) -> None: ...
+
+
 class Vision(Protocol):
     """What preparing needs of a projector (vision.py's Projector)."""
 
@@ -95,8 +101,10 @@ class Preparer:
         n_slots: int,
         embedding_dim: int,
         vision: Vision | None = None,
+        grammars: Constraints | None = None,
     ) -> None:
         self.vision = vision
+        self.grammars = grammars
         self.tokenizer = tokenizer
         self.template = template
         self.ctx_per_slot = ctx_per_slot
@@ -151,6 +159,10 @@ class Preparer:
                         cls=EngineError,
                     )
                 job.params.grammar = call_grammar
+            if job.params.grammar is not None and self.grammars is not None:
+                # The model's grammar tokenizer, built here once (seconds for a large
+                # vocabulary) rather than in the loop that decodes every sequence.
+                self.grammars.ready()
             if job.tools is not None and job.tools.active and job.params.n > 1:
                 raise invalid(
                     "'n' above 1 together with tools is not supported.", param="n", cls=EngineError
