@@ -35,12 +35,38 @@ JSON_OPTIONS: dict[str, Any] = {
 _CALL_OR_TEXT = "start: call | text\ncall: %json {schema}\ntext: /[^{{ \\t\\r\\n](?s:.*)/\n"
 
 
+#: Keywords whose values are data, not schemas: left as they are.
+_DATA_KEYWORDS = frozenset({"enum", "const", "default", "examples"})
+#: Keywords whose values map names to schemas.
+_MAP_KEYWORDS = frozenset({"properties", "patternProperties", "$defs", "definitions"})
+
+
+def closed(schema: Any) -> Any:
+    """The schema with `additionalProperties: false` on every object that lists its
+    `properties` and says nothing of others: the answer holds the named properties only, as
+    llama.cpp's grammar made it and OpenAI's strict mode requires (JSON Schema's own default,
+    any other property, lets a small model ramble on in keys it invents)."""
+    if isinstance(schema, list):
+        return [closed(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out: dict[str, Any] = {}
+    for key, value in schema.items():
+        if key in _MAP_KEYWORDS and isinstance(value, dict):
+            out[key] = {name: closed(sub) for name, sub in value.items()}
+        else:
+            out[key] = value if key in _DATA_KEYWORDS else closed(value)
+    if isinstance(schema.get("properties"), dict) and "additionalProperties" not in schema:
+        out["additionalProperties"] = False
+    return out
+
+
 def _compile(schema: dict[str, Any], *, strict: bool, param: str, what: str) -> str:
     from llguidance import LLMatcher
 
     options: Any = dict(JSON_OPTIONS, lenient=not strict)
     try:
-        grammar: str = LLMatcher.grammar_from_json_schema(schema, overrides=options)
+        grammar: str = LLMatcher.grammar_from_json_schema(closed(schema), overrides=options)
     except ValueError as exc:
         raise invalid(f"{what} is not a JSON schema: {exc}", param=param, cls=EngineError) from None
     error = LLMatcher.validate_grammar(grammar)
@@ -80,7 +106,7 @@ def call_grammar(call_schema: dict[str, Any], *, strict: bool, or_text: bool) ->
         return grammar
     from llguidance import LLMatcher
 
-    embedded = dict(call_schema, **{"x-guidance": dict(JSON_OPTIONS, lenient=not strict)})
+    embedded = dict(closed(call_schema), **{"x-guidance": dict(JSON_OPTIONS, lenient=not strict)})
     lark = _CALL_OR_TEXT.format(schema=json.dumps(embedded))
     text: str = LLMatcher.grammar_from_lark(lark)
     return text
