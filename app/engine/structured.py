@@ -19,6 +19,7 @@ key and its punctuation are then the only continuation, fed as forced tokens (no
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from app.engine.base import EngineError
@@ -98,6 +99,28 @@ def json_object_grammar() -> str:
     return _compile({"type": "object"}, strict=True, param="response_format", what="JSON")
 
 
+def _embedded(schema: dict[str, Any], strict: bool) -> str:
+    """A schema as a Lark grammar's `%json {...}` part, with the answers' JSON options."""
+    options = dict(JSON_OPTIONS, lenient=not strict)
+    return json.dumps(dict(closed(schema), **{"x-guidance": options}))
+
+
+def after_free_text(schema: dict[str, Any], end: str, *, strict: bool = True) -> str:
+    """The grammar of a free text up to and including `end` (a thought's closing tag), then
+    JSON that holds `schema`: the model thinks freely, and only its answer is constrained."""
+    from llguidance import LLMatcher
+
+    _compile(schema, strict=strict, param="response_format", what="The schema")
+    # Lark's regex ends at a slash: the closing tag's own is escaped.
+    closing = re.escape(end).replace("/", "\\/")
+    lark = (
+        f"start: thought answer\nthought[lazy]: /(?s:.*){closing}/\n"
+        f"answer: %json {_embedded(schema, strict)}\n"
+    )
+    text: str = LLMatcher.grammar_from_lark(lark)
+    return text
+
+
 def call_grammar(call_schema: dict[str, Any], *, strict: bool, or_text: bool) -> str:
     """A tool call's grammar: the call object (required, named) or, with `or_text` (auto),
     the call or plain text."""
@@ -106,8 +129,7 @@ def call_grammar(call_schema: dict[str, Any], *, strict: bool, or_text: bool) ->
         return grammar
     from llguidance import LLMatcher
 
-    embedded = dict(closed(call_schema), **{"x-guidance": dict(JSON_OPTIONS, lenient=not strict)})
-    lark = _CALL_OR_TEXT.format(schema=json.dumps(embedded))
+    lark = _CALL_OR_TEXT.format(schema=_embedded(call_schema, strict))
     text: str = LLMatcher.grammar_from_lark(lark)
     return text
 
