@@ -268,7 +268,7 @@ def replay(model: Path, workload: str, texts: list[str]) -> tuple[int, int, floa
             start = time.process_time()
             matcher.unsafe_compute_mask_ptr(mask.ctypes.data, words * 4)
             bits = np.unpackbits(mask.view(np.uint8), bitorder="little")[:n_vocab]
-            np.copyto(logits, -np.inf, where=bits == 0)
+            np.putmask(logits, bits == 0, -np.inf)
             ok = matcher.consume_token(ids[i])
             i += 1
             ahead = matcher.compute_ff_tokens() if ok else []

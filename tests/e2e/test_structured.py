@@ -111,3 +111,27 @@ def test_in_a_batch_the_refused_schema_is_the_lines_error(client: OpenAI) -> Non
         "unsupported_schema",
         "body.response_format",
     )
+
+
+def test_logprobs_of_a_schema_answer_are_numbers(client: OpenAI) -> None:
+    question, schema = SCHEMAS[2]
+    reply = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": question}],
+        temperature=0,
+        max_tokens=48,
+        logprobs=True,
+        top_logprobs=5,
+        response_format={
+            "type": "json_schema",
+            "json_schema": {"name": "answer", "schema": schema, "strict": True},
+        },
+    )
+    choice = reply.choices[0]
+    jsonschema.validate(json.loads(choice.message.content or ""), schema)
+    assert choice.logprobs is not None and choice.logprobs.content
+    # Each token of the answer (none fed ahead without logits), and where the grammar left one
+    # choice, the others at OpenAI's -9999.
+    assert "".join(t.token for t in choice.logprobs.content) == choice.message.content
+    shown = [a.logprob for t in choice.logprobs.content for a in t.top_logprobs]
+    assert all(-9999.0 <= x <= 0.0 for x in shown) and -9999.0 in shown

@@ -38,7 +38,7 @@ class Grammars:
         self._executor: Any = None
 
     def ready(self) -> None:
-        """Build the tokenizer, in the preparing thread, so the loop never waits for it."""
+        """Build the tokenizer (in the preparing thread: check), so the loop never waits."""
         if self._tokenizer is not None:
             return
         with self._lock:
@@ -56,6 +56,10 @@ class Grammars:
                 # It reads each token's attributes by llama.cpp's older name.
                 warnings.simplefilter("ignore", DeprecationWarning)
                 self._tokenizer = lltokenizer_from_vocab(ptr, eos_token=eog or None)
+
+    def check(self, grammar: str) -> None:
+        """Raise the 400 of a grammar the model's vocabulary cannot run (prepare.py)."""
+        self.matcher(grammar)
 
     def matcher(self, grammar: str) -> Any:
         """A fresh matcher for one sequence (compiling is lazy: about a millisecond)."""
@@ -81,10 +85,11 @@ class Grammars:
             [(m, i) for i, (m, _, _) in enumerate(rows)], bitmask.ctypes.data, words * 4, len(rows)
         )
         bits = np.unpackbits(bitmask.view(np.uint8), axis=1, bitorder="little")
-        banned = bits[:, : self.n_vocab] == 0
         for i, (_, ctx, row) in enumerate(rows):
+            # putmask: the fastest of numpy's ways here (a mask mostly of zeros, as in JSON's
+            # punctuation, or mostly of ones, inside a string).
             logits = native.logits_row(ctx, row, self.n_vocab)
-            np.copyto(logits, -np.inf, where=banned[i])
+            np.putmask(logits, bits[i, : self.n_vocab] == 0, -np.inf)
 
 
 #: Feed forced tokens as a chunk (False: each is sampled in a step of its own, the mask

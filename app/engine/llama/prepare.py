@@ -49,7 +49,7 @@ class Template(Protocol):
 class Constraints(Protocol):
     """What preparing needs of the model's grammars (grammars.py's Grammars)."""
 
-    def ready(self) -> None: ...
+    def check(self, grammar: str) -> None: ...
 
 
 class Vision(Protocol):
@@ -159,10 +159,6 @@ class Preparer:
                         cls=EngineError,
                     )
                 job.params.grammar = call_grammar
-            if job.params.grammar is not None and self.grammars is not None:
-                # The model's grammar tokenizer, built here once (seconds for a large
-                # vocabulary) rather than in the loop that decodes every sequence.
-                self.grammars.ready()
             if job.tools is not None and job.tools.active and job.params.n > 1:
                 raise invalid(
                     "'n' above 1 together with tools is not supported.", param="n", cls=EngineError
@@ -193,6 +189,11 @@ class Preparer:
             job.prompt_texts, job.prompts = self._completion_prompts(body.get("prompt"))
             job.stop_strings = job.params.stop
             param = "prompt"
+        if job.params.grammar is not None and self.grammars is not None:
+            # A matcher against the model's vocabulary, once, here: the grammar tokenizer is
+            # built on the first (seconds for a large vocabulary) rather than in the loop
+            # that decodes every sequence, and what the grammar cannot do is this job's 400.
+            self.grammars.check(job.params.grammar)
         for tokens in job.prompts:
             self._check_fits(len(tokens), job.params.max_tokens, param)
         n = job.params.n

@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 # libgomp's spin settings come from app/__init__.py, which runs before llama_cpp loads.
 import llama_cpp as lc
+import numpy as np
 
 from app.engine.base import EngineError
 from app.engine.counters import Counters
@@ -26,6 +27,9 @@ from app.engine.llama.sampler import build_sampler, free_sampler, top_logprobs_o
 from app.engine.llama.slots import Slot
 
 log = logging.getLogger("batchyard.engine")
+
+#: The log-probability OpenAI gives a token its structured output's grammar rules out.
+MASKED_LOGPROB = -9999.0
 
 
 class Settle(Protocol):
@@ -198,6 +202,9 @@ class Sequences:
         logp, top = top_logprobs_of(
             lc.llama_get_logits_ith(slot.ctx, slot.i_batch), self.n_vocab, job.params.top_logprobs
         )
+        # A token the grammar masked has no probability: OpenAI shows it as -9999.0 (JSON
+        # has no -Infinity).
+        logp = np.maximum(logp, MASKED_LOGPROB)
         alternatives = [(self.vocab.piece(t), float(logp[t])) for t in top]
         choice.logprobs.append(answers.token_logprob(piece, float(logp[token]), alternatives))
 
