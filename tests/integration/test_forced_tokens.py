@@ -4,15 +4,16 @@ step each, and usage counts every one of them."""
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import pytest
 
 from app.config import Settings
-from app.engine.llama import grammars, sequences
+from app.engine.llama import grammars, sequences, slots_context
 from app.engine.llama.engine import LlamaEngine
 from app.engine.llama.loading import load_engine
-from app.engine.llama.sequences import Sequences
+from app.engine.llama.sequences import Sequences, fill_rows
 from app.engine.llama.slots import Slot
 from app.wire.endpoints import CHAT
 from tests.schemas import SCHEMAS
@@ -72,10 +73,14 @@ def test_forced_tokens_leave_every_answer_as_it_was(
     chunks: list[int] = []
     fed = answers(engine, monkeypatch, chunks)
     assert sum(chunks) > len(SCHEMAS)  # keys and punctuation went in as chunks
+    # As chunks in one decode (the shared-prefix context's way; the slots' feed them one
+    # a step, without a mask or a sample).
+    monkeypatch.setattr(slots_context, "fill_rows", functools.partial(fill_rows, chunks=True))
+    chunked = answers(engine, monkeypatch, [])
     monkeypatch.setattr(grammars, "FEED_FORCED", False)
     none: list[int] = []
     stepped = answers(engine, monkeypatch, none)
     assert not none
-    assert fed == stepped
+    assert fed == chunked == stepped
     for ids, completion_tokens in fed:
         assert completion_tokens == len(ids) > 0

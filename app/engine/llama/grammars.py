@@ -2,17 +2,20 @@
 vocabulary, a matcher per constrained sequence, and each step's masks on the logits.
 
 Each step the masks of all constrained rows are computed together, in llguidance's own
-threads with the GIL released (`LLExecutor`), and put on their rows of logits before any
-sampler reads them; a sequence without a grammar pays nothing. The sampled token goes into
-its matcher; where the grammar then allows one continuation only (a key, punctuation, the
-rest of an enum value), `forced` gives its canonical tokens, which the sequence feeds in its
-next decode as a chunk instead of a step each (sequences.py). The compiled grammars come from
+threads with the GIL released (`LLExecutor`, on a machine with cores to spare), and put on
+their rows of logits before any sampler reads them; a sequence without a grammar pays
+nothing. The sampled token goes into its matcher; where the grammar then allows one
+continuation only (a key, punctuation, the rest of an enum value), `forced` gives its
+canonical tokens, which the answer takes at once and the sequence feeds without a mask or a
+sample: as a chunk in its next decode in the shared-prefix context (one KV stream), one a
+step in the slots' (sequences.fill_rows). The compiled grammars come from
 engine/structured.py.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import warnings
 from typing import Any
@@ -24,6 +27,12 @@ from app.engine.base import EngineError
 from app.engine.llama import native
 
 log = logging.getLogger("batchyard.engine")
+
+#: CPUs from which a step's masks are computed in llguidance's own threads (LLExecutor, the
+#: GIL released); below, the loop's thread computes them one after another (each call still
+#: releases the GIL). On 2 cores the executor's idle threads took cycles from llama.cpp's:
+#: extraction, 64 lines, 32 slots, decode 195 against 158-172 ms a step (bench/README.md).
+PARALLEL_MASK_CPUS = 8
 
 
 class Grammars:
@@ -51,7 +60,8 @@ class Grammars:
             # Every end-of-generation token ends an answer the grammar accepts (Gemma's
             # <end_of_turn> as well as <eos>), so none is masked away at the end.
             eog = [t for t in range(self.n_vocab) if lc.llama_vocab_is_eog(ptr, t)]
-            self._executor = LLExecutor()
+            if len(os.sched_getaffinity(0)) >= PARALLEL_MASK_CPUS:
+                self._executor = LLExecutor()
             with warnings.catch_warnings():
                 # It reads each token's attributes by llama.cpp's older name.
                 warnings.simplefilter("ignore", DeprecationWarning)
@@ -81,9 +91,16 @@ class Grammars:
         every token the grammar does not allow next becomes -inf."""
         words = (self.n_vocab + 31) // 32
         bitmask = np.zeros((len(rows), words), dtype=np.int32)
-        self._executor.unsafe_compute_mask_ptr(
-            [(m, i) for i, (m, _, _) in enumerate(rows)], bitmask.ctypes.data, words * 4, len(rows)
-        )
+        if self._executor is not None and len(rows) > 1:
+            self._executor.unsafe_compute_mask_ptr(
+                [(m, i) for i, (m, _, _) in enumerate(rows)],
+                bitmask.ctypes.data,
+                words * 4,
+                len(rows),
+            )
+        else:
+            for i, (m, _, _) in enumerate(rows):
+                m.unsafe_compute_mask_ptr(bitmask[i].ctypes.data, words * 4)
         bits = np.unpackbits(bitmask.view(np.uint8), axis=1, bitorder="little")
         for i, (_, ctx, row) in enumerate(rows):
             # putmask: the fastest of numpy's ways here (a mask mostly of zeros, as in JSON's

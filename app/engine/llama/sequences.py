@@ -47,9 +47,12 @@ def decode_failed(rc: int) -> EngineError:
     )
 
 
-def fill_rows(slots: list[Slot], batch: Any, n: int, budget: int, held: set[int]) -> int:
-    """Rows of `batch` from row `n` on: a token per generating slot, then prompt chunks up
-    to `budget` tokens; returns the count."""
+def fill_rows(
+    slots: list[Slot], batch: Any, n: int, budget: int, held: set[int], *, chunks: bool = True
+) -> int:
+    """Rows of `batch` from row `n` on: a token per generating slot (with `chunks`, the
+    tokens its grammar forced after it too), then prompt chunks up to `budget` tokens;
+    returns the count."""
     add = native.batch_add
     # Sequences go in seq_id order: llama.cpp splits a multi-stream batch into ubatches of
     # consecutive sequence ids, so order keeps a step to as few ubatches as possible.
@@ -60,7 +63,7 @@ def fill_rows(slots: list[Slot], batch: Any, n: int, budget: int, held: set[int]
         if slot.generating:
             # The sampled token, then the tokens its grammar forced after it (as far as the
             # budget goes: the rest wait for the next step, with no row of logits now).
-            ahead = slot.forced[: max(budget, 0)]
+            ahead = slot.forced[: max(budget, 0)] if chunks else []
             chunk = [slot.token, *ahead]
             rest = slot.forced[len(ahead) :]
             budget -= len(ahead)
