@@ -1,4 +1,5 @@
-"""Crash and resume: `kill -9` a live server mid-batch, start it again, lose no line.
+"""Crash and resume: `kill -9` a live server mid-batch, start it again, lose no line (half
+of them structured: a JSON schema's grammar).
 
 A real `batchyard serve` on the real default model, killed with SIGKILL while the batch is
 in progress, then started again on the same data dir. The SQLite file is read directly
@@ -8,12 +9,14 @@ before the kill were not run again (attempts stay 1, same request id).
 
 from __future__ import annotations
 
+import json
 import signal
 import sqlite3
 from pathlib import Path
 from typing import Any
 
 import httpx
+import jsonschema
 import pytest
 
 from tests.factories import batch_line, jsonl, jsonl_lines
@@ -23,6 +26,27 @@ from tests.live import OUTPUT, LiveServer, start_server, stop_server
 pytestmark = pytest.mark.slow
 
 LINES = 24
+#: The structured lines' answer: three numbers, each below 100.
+COUNTING: dict[str, Any] = {
+    "type": "json_schema",
+    "json_schema": {
+        "name": "numbers",
+        "strict": True,
+        "schema": {
+            "type": "object",
+            "properties": {
+                "numbers": {
+                    "type": "array",
+                    "items": {"type": "integer", "minimum": 0, "maximum": 99},
+                    "minItems": 3,
+                    "maxItems": 3,
+                }
+            },
+            "required": ["numbers"],
+            "additionalProperties": False,
+        },
+    },
+}
 ENV = {"BATCHYARD_LEASE_SECONDS": "3"}
 
 
@@ -58,8 +82,17 @@ def test_kill_during_in_progress_resumes_without_running_lines_twice(tmp_path: P
     log = OUTPUT / "crash-in-progress.log"
     server = start_server(data, log, env=ENV)
     try:
+        # Every other line structured (a grammar, forced tokens): those resume as well.
         lines = [
             batch_line(f"line-{i:02d}", f"Count from {i} to {i + 9}.", max_tokens=16, temperature=0)
+            if i % 2
+            else batch_line(
+                f"line-{i:02d}",
+                f"Give the numbers from {i} to {i + 2}.",
+                max_tokens=24,
+                temperature=0,
+                response_format=COUNTING,
+            )
             for i in range(LINES)
         ]
         with server.http() as http:
@@ -95,6 +128,7 @@ def test_kill_during_in_progress_resumes_without_running_lines_twice(tmp_path: P
 
     after = rows(data, batch_id)
     seen = [o["custom_id"] for o in output + errors]
+    structured = {x["custom_id"] for x in lines if "response_format" in x["body"]}
     duplicates = len(seen) - len(set(seen))
     rerun = [c for c in done_at_kill if after[c]["attempts"] != 1]
     print(
@@ -122,6 +156,10 @@ def test_kill_during_in_progress_resumes_without_running_lines_twice(tmp_path: P
         assert after[cid]["attempts"] == 2, (cid, after[cid])
     # The engine ran each unfinished line once more and no finished one.
     assert sum(r["attempts"] for r in after.values()) == LINES + len(running_at_kill)
+    for o in output:
+        if o["custom_id"] in structured:
+            content = o["response"]["body"]["choices"][0]["message"]["content"]
+            jsonschema.validate(json.loads(content), COUNTING["json_schema"]["schema"])
     usage = final["usage"]
     assert usage["output_tokens"] == sum(
         o["response"]["body"]["usage"]["completion_tokens"] for o in output

@@ -17,6 +17,7 @@ from typing import Any, BinaryIO
 
 from app.catalog import DEFAULT_ROUTE, Catalog, Entry, lookup
 from app.catalog.budget import gib
+from app.engine.structured import body_schema_error
 from app.images import has_images
 from app.runtime import jsoncodec
 from app.wire.endpoints import CHAT, ENDPOINTS
@@ -256,6 +257,7 @@ class _LineRules:
             or _target_error(obj, number, self.endpoint)
             or self._model_error(obj["body"], number)
             or _stream_error(obj["body"], number)
+            or _schema_error(obj["body"], number)
         )
         if error is not None:
             return error
@@ -378,6 +380,16 @@ def _stream_error(body: dict[str, Any], number: int) -> LineError | None:
             param="body.stream",
         )
     return None
+
+
+def _schema_error(body: dict[str, Any], number: int) -> LineError | None:
+    """A schema (response_format, text.format, a tool's parameters) whose keywords the
+    grammar cannot hold under `strict` (engine/structured.py): refused here, not at run time."""
+    error = body_schema_error(body)
+    if error is None:
+        return None
+    param = f"body.{error.param}" if error.param else "body"
+    return LineError(error.code or "invalid_value", error.message, line=number, param=param)
 
 
 # -- the batch's model ------------------------------------------------------------------

@@ -41,6 +41,7 @@ from app.engine.base import (
 from app.engine.counters import Counters
 from app.engine.llama import native, vision
 from app.engine.llama.embed import EMBED_SEQS, Embedder
+from app.engine.llama.grammars import Grammars
 from app.engine.llama.jobs import Job, Task
 from app.engine.llama.oai import answers
 from app.engine.llama.oai.chat_template import ChatTemplate
@@ -114,6 +115,7 @@ class LlamaEngine:
             "fp_"
             + hashlib.sha256(f"{self.info.id}/{model.library_version}".encode()).hexdigest()[:10]
         )
+        grammars = Grammars(model.vocab)
         self._preparer = Preparer(
             model.vocab,
             self.chat_template,
@@ -121,6 +123,7 @@ class LlamaEngine:
             n_slots=self.n_slots,
             embedding_dim=model.n_embd,
             vision=projector,
+            grammars=grammars,
         )
         self._embedder = Embedder(
             model.model, ctx_size=self.ctx_per_slot, threads=model.threads, dim=model.n_embd
@@ -145,6 +148,7 @@ class LlamaEngine:
             fingerprint=self._fingerprint,
             settle=self._settle,
             shared_mem=shared.mem if shared is not None else None,
+            grammars=grammars,
         )
         # The shared-prefix context (shared_context.py): its lines run in branches, the
         # sequences of a context of their own.

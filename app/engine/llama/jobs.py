@@ -36,17 +36,19 @@ class SamplingParams:
     n: int = 1
     logprobs: bool = False
     top_logprobs: int = 0
-    grammar: str | None = None  # GBNF text for response_format
+    #: The answer's grammar (engine/structured.py: a JSON schema, json_object or a tool
+    #: call, compiled by llguidance); None: free text.
+    grammar: str | None = None
 
     @property
     def plain_greedy(self) -> bool:
-        """Temperature 0 with nothing that reshapes the logits: the token is their argmax."""
+        """Temperature 0 with nothing that reshapes the logits: the token is their argmax (a
+        grammar's mask is already on them: grammars.py)."""
         return (
             self.temperature == 0.0
             and not self.logit_bias
             and not self.presence_penalty
             and not self.frequency_penalty
-            and self.grammar is None
         )
 
     def choice_seed(self, index: int) -> int:
@@ -61,6 +63,7 @@ class Function:
     name: str
     description: str | None = None
     parameters: dict[str, Any] | None = None
+    strict: bool = False  # a keyword the grammar cannot hold is refused, not left out
 
 
 @dataclass
@@ -100,6 +103,7 @@ class Choice:
     index: int
     text: str = ""
     completion_tokens: int = 0
+    tokens: list[int] = field(default_factory=list)  # the answer's ids, sampled or forced
     finish_reason: str | None = None
     logprobs: list[dict[str, Any]] = field(default_factory=list)
     started: bool = False  # the streamed role chunk went out

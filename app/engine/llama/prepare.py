@@ -47,6 +47,12 @@ class Template(Protocol):
     def stop_strings(self) -> list[str]: ...
 
 
+class Constraints(Protocol):
+    """What preparing needs of the model's grammars (grammars.py's Grammars)."""
+
+    def check(self, grammar: str) -> None: ...
+
+
 class Vision(Protocol):
     """What preparing needs of a projector (vision.py's Projector)."""
 
@@ -96,8 +102,10 @@ class Preparer:
         n_slots: int,
         embedding_dim: int,
         vision: Vision | None = None,
+        grammars: Constraints | None = None,
     ) -> None:
         self.vision = vision
+        self.grammars = grammars
         self.tokenizer = tokenizer
         self.template = template
         self.ctx_per_slot = ctx_per_slot
@@ -185,6 +193,11 @@ class Preparer:
             job.prompt_texts, job.prompts = self._completion_prompts(body.get("prompt"))
             job.stop_strings = job.params.stop
             param = "prompt"
+        if job.params.grammar is not None and self.grammars is not None:
+            # A matcher against the model's vocabulary, once, here: the grammar tokenizer is
+            # built on the first (seconds for a large vocabulary) rather than in the loop
+            # that decodes every sequence, and what the grammar cannot do is this job's 400.
+            self.grammars.check(job.params.grammar)
         for tokens in job.prompts:
             self._check_fits(len(tokens), job.params.max_tokens, param)
         n = job.params.n

@@ -8,15 +8,12 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from app.engine.base import EngineError
 from app.engine.llama.jobs import SamplingParams
-from app.errors import invalid
 
 
-def build_sampler(
-    params: SamplingParams, vocab: Any, n_vocab: int, seed: int, penalty_window: int
-) -> Any:
-    """A sampler chain for one sequence: bias, penalties, grammar, then greedy or temp/top_p/dist."""
+def build_sampler(params: SamplingParams, n_vocab: int, seed: int, penalty_window: int) -> Any:
+    """A sampler chain for one sequence: bias, penalties, then greedy or temp/top_p/dist (a
+    grammar's mask is already on the logits it reads: grammars.py)."""
     import llama_cpp as lc
 
     chain = lc.llama_sampler_chain_init(lc.llama_sampler_chain_default_params())
@@ -34,16 +31,6 @@ def build_sampler(
                 penalty_window, 1.0, params.frequency_penalty, params.presence_penalty
             ),
         )
-    if params.grammar:
-        grammar = lc.llama_sampler_init_grammar(vocab, params.grammar.encode(), b"root")
-        if not grammar:
-            lc.llama_sampler_free(chain)
-            raise invalid(
-                "llama.cpp could not parse the grammar for response_format.",
-                param="response_format",
-                cls=EngineError,
-            )
-        lc.llama_sampler_chain_add(chain, grammar)
     if params.temperature == 0.0:
         lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_greedy())
     else:

@@ -15,16 +15,21 @@ from typing import Any, Protocol
 
 # libgomp's spin settings come from app/__init__.py, which runs before llama_cpp loads.
 import llama_cpp as lc
+import numpy as np
 
 from app.engine.base import EngineError
 from app.engine.counters import Counters
 from app.engine.llama import native
+from app.engine.llama.grammars import Grammars, accept, forced
 from app.engine.llama.jobs import Choice, Job, Task
 from app.engine.llama.oai import answers, media
 from app.engine.llama.sampler import build_sampler, free_sampler, top_logprobs_of
 from app.engine.llama.slots import Slot
 
 log = logging.getLogger("batchyard.engine")
+
+#: The log-probability OpenAI gives a token its structured output's grammar rules out.
+MASKED_LOGPROB = -9999.0
 
 
 class Settle(Protocol):
@@ -42,9 +47,12 @@ def decode_failed(rc: int) -> EngineError:
     )
 
 
-def fill_rows(slots: list[Slot], batch: Any, n: int, budget: int, held: set[int]) -> int:
-    """Rows of `batch` from row `n` on: a token per generating slot, then prompt chunks up
-    to `budget` tokens; returns the count."""
+def fill_rows(
+    slots: list[Slot], batch: Any, n: int, budget: int, held: set[int], *, chunks: bool = True
+) -> int:
+    """Rows of `batch` from row `n` on: a token per generating slot (with `chunks`, the
+    tokens its grammar forced after it too), then prompt chunks up to `budget` tokens;
+    returns the count."""
     add = native.batch_add
     # Sequences go in seq_id order: llama.cpp splits a multi-stream batch into ubatches of
     # consecutive sequence ids, so order keeps a step to as few ubatches as possible.
@@ -53,10 +61,22 @@ def fill_rows(slots: list[Slot], batch: Any, n: int, budget: int, held: set[int]
         if slot.seq_id in held:
             continue  # a batch line sits this step out; its next token waits in slot.token
         if slot.generating:
-            n = add(batch, n, slot.token, slot.pos, slot.seq_id, True)
-            slot.cached.append(slot.token)
-            slot.pos += 1
-            slot.i_batch = n - 1
+            # The sampled token, then the tokens its grammar forced after it (as far as the
+            # budget goes: the rest wait for the next step, with no row of logits now).
+            ahead = slot.forced[: max(budget, 0)] if chunks else []
+            chunk = [slot.token, *ahead]
+            rest = slot.forced[len(ahead) :]
+            budget -= len(ahead)
+            for j, token in enumerate(chunk):
+                last = not rest and j == len(chunk) - 1
+                n = add(batch, n, token, slot.pos, slot.seq_id, last)
+                slot.pos += 1
+            slot.cached.extend(chunk)
+            if rest:
+                slot.token, slot.forced = rest[0], rest[1:]
+            else:
+                slot.forced = []
+                slot.i_batch = n - 1
         elif slot.pending and budget > 0:
             take = min(len(slot.pending), budget)
             if slot.job is not None and slot.job.images:
@@ -87,8 +107,12 @@ class Sequences:
         fingerprint: str,
         settle: Settle,
         shared_mem: Any = None,
+        grammars: Grammars | None = None,
     ) -> None:
         self.vocab = vocab
+        # Constrained sequences' matchers and masks (grammars.py); its tokenizer is built
+        # when a job with a grammar is prepared (prepare.py).
+        self.grammars = grammars or Grammars(vocab)
         self.n_vocab = vocab.n_vocab
         self.ctx_per_slot = ctx_per_slot
         self.counters = counters
@@ -103,26 +127,29 @@ class Sequences:
         job = task.job
         prompt_len = len(job.prompts[task.prompt_index])
         slot.take(job, job.choices[index], prompt_len, leader, ctx_per_slot=self.ctx_per_slot)
+        if job.params.grammar is not None:
+            slot.matcher = self.grammars.matcher(job.params.grammar)
         # Plain greedy takes the argmax itself (sample) and needs no sampler chain.
         if not job.params.plain_greedy:
             slot.sampler = build_sampler(
                 job.params,
-                self.vocab.ptr,
                 self.n_vocab,
                 job.params.choice_seed(index),
                 self.ctx_per_slot,
             )
 
     def sample_rows(self, slots: list[Slot]) -> None:
-        """Sample every slot that has a row of logits this step; count the tokens."""
-        sampled = 0
-        for slot in slots:
-            if slot.i_batch >= 0 and slot.job is not None:
-                self.sample(slot)
-                sampled += 1
-        self.counters.tokens(completion=sampled)
+        """Sample every slot that has a row of logits this step, the constrained ones'
+        logits masked first, all together; count the tokens (forced ones too)."""
+        rows = [s for s in slots if s.i_batch >= 0 and s.job is not None]
+        constrained = [(s.matcher, s.ctx, s.i_batch) for s in rows if s.matcher is not None]
+        if constrained:
+            self.grammars.mask(constrained)
+        self.counters.tokens(completion=sum(self.sample(slot) for slot in rows))
 
-    def sample(self, slot: Slot) -> None:
+    def sample(self, slot: Slot) -> int:
+        """Sample the slot's row and take the token (and those its grammar forces after
+        it) into the answer; returns how many tokens the answer gained."""
         job, choice = slot.job, slot.choice
         assert job is not None and choice is not None
         if job.params.plain_greedy:
@@ -131,26 +158,46 @@ class Sequences:
             token = int(native.logits_row(slot.ctx, slot.i_batch, self.n_vocab).argmax())
         else:
             token = lc.llama_sampler_sample(slot.sampler, slot.ctx, slot.i_batch)
-        if self.vocab.is_eog(token):
+        matcher = slot.matcher
+        if self.vocab.is_eog(token) or (matcher is not None and not accept(matcher, token)):
             self.finish(slot, "stop")
-            return
-        choice.completion_tokens += 1
-        piece = self.vocab.piece(token)
+            return 0
         if job.params.logprobs:
-            self._record_logprob(slot, token, piece)
-        text = slot.stops.feed(slot.decoder.decode(piece))
-        if text:
-            choice.text += text
-            self.emit(job, choice, text)
-        if slot.stops.stopped:
+            self._record_logprob(slot, token, self.vocab.piece(token))
+        ahead: list[int] = []
+        if matcher is not None and not job.params.logprobs and not matcher.is_stopped():
+            # Forced tokens have no row of logits, so no logprobs: with logprobs asked for,
+            # each is sampled (the mask leaves it the only choice).
+            room = min(
+                slot.max_tokens - choice.completion_tokens - 1,
+                self.ctx_per_slot - (slot.pos + slot.shift) - 1,
+            )
+            ahead = forced(matcher)[: max(room, 0)]
+            if ahead and not matcher.consume_tokens(ahead):
+                ahead = []  # not expected: the grammar offered them
+        taken = 0
+        for t in (token, *ahead):
+            taken += 1
+            choice.completion_tokens += 1
+            choice.tokens.append(t)
+            text = slot.stops.feed(slot.decoder.decode(self.vocab.piece(t)))
+            if text:
+                choice.text += text
+                self.emit(job, choice, text)
+            if slot.stops.stopped:
+                break
+        if slot.stops.stopped or (matcher is not None and matcher.is_stopped()):
+            # A stop string, or the grammar's end: nothing but the end of the answer may follow.
             self.finish(slot, "stop")
         elif (
             choice.completion_tokens >= slot.max_tokens
-            or slot.pos + slot.shift >= self.ctx_per_slot
+            or slot.pos + slot.shift + len(ahead) >= self.ctx_per_slot
         ):
             self.finish(slot, "length")
         else:
             slot.generate(token)
+            slot.forced = ahead
+        return taken
 
     def _record_logprob(self, slot: Slot, token: int, piece: bytes) -> None:
         job, choice = slot.job, slot.choice
@@ -158,6 +205,9 @@ class Sequences:
         logp, top = top_logprobs_of(
             lc.llama_get_logits_ith(slot.ctx, slot.i_batch), self.n_vocab, job.params.top_logprobs
         )
+        # A token the grammar masked has no probability: OpenAI shows it as -9999.0 (JSON
+        # has no -Infinity).
+        logp = np.maximum(logp, MASKED_LOGPROB)
         alternatives = [(self.vocab.piece(t), float(logp[t])) for t in top]
         choice.logprobs.append(answers.token_logprob(piece, float(logp[token]), alternatives))
 

@@ -121,6 +121,10 @@ class Slot:
         self.shift = 0
         self.prompt_len = 0
         self.sampler: Any = None
+        # Its answer's grammar (grammars.py; None: unconstrained), and the tokens it forced
+        # after `token`, fed with it in the next step.
+        self.matcher: Any = None
+        self.forced: list[int] = []
         self.token = -1  # the last sampled token, fed in the next step
         self.i_batch = -1  # row of logits to sample after this step's decode
         self.followers: list[Slot] = []  # slots that get a copy of this prompt's KV (n > 1)

@@ -120,3 +120,26 @@ def test_first_endpoint_is_the_first_lines_url_if_known() -> None:
     assert first(line("a")) == CHAT
     assert first(b"") == CHAT
     assert first(b'{"url": 5}\n' + line("b", url=EMB)) == CHAT
+
+
+def test_a_schema_the_grammar_cannot_hold_is_refused_with_its_line() -> None:
+    def with_schema(cid: str, schema: dict[str, object], strict: bool) -> bytes:
+        obj = batch_line(cid, "hi")
+        fmt = {"name": "r", "schema": schema, "strict": strict}
+        obj["body"]["response_format"] = {"type": "json_schema", "json_schema": fmt}
+        return json.dumps(obj).encode()
+
+    unique = {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}
+    bounded = {"type": "integer", "minimum": 1, "maximum": 5}
+    data = b"\n".join(
+        [
+            with_schema("held", bounded, True),
+            with_schema("refused", unique, True),
+            with_schema("best effort", unique, False),  # strict false: left out, as OpenAI
+        ]
+    )
+    r = run(data)
+    assert [(e.line, e.code, e.param) for e in r.errors] == [
+        (2, "unsupported_schema", "body.response_format")
+    ]
+    assert "uniqueItems" in r.errors[0].message

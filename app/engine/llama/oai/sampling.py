@@ -1,5 +1,6 @@
 """OpenAI sampling parameters -> validated per-request settings (jobs.SamplingParams); the
-llama.cpp sampler chain they configure is built in engine/llama/sampler.py.
+llama.cpp sampler chain they configure is built in engine/llama/sampler.py, and the grammar
+of `response_format` in engine/structured.py.
 
 Validation happens once per request, before it is queued, so a bad parameter fails that
 request alone with an OpenAI-shaped 400 that names the parameter and its limit.
@@ -7,10 +8,10 @@ request alone with an OpenAI-shaped 400 that names the parameter and its limit.
 
 from __future__ import annotations
 
-import json
 import math
 from typing import Any
 
+from app.engine import structured
 from app.engine.base import EngineError
 from app.engine.llama.jobs import SamplingParams
 from app.errors import invalid
@@ -19,34 +20,6 @@ MAX_STOP_SEQUENCES = 4
 MAX_N = 128
 MAX_TOP_LOGPROBS = 20
 MAX_COMPLETION_LOGPROBS = 5  # the legacy completions endpoint caps `logprobs` at 5
-
-# The JSON grammar of llama.cpp (grammars/json.gbnf): any JSON object at the top level.
-JSON_OBJECT_GBNF = r"""
-root   ::= object
-value  ::= object | array | string | number | ("true" | "false" | "null") ws
-
-object ::=
-  "{" ws (
-            string ":" ws value
-    ("," ws string ":" ws value)*
-  )? "}" ws
-
-array  ::=
-  "[" ws (
-            value
-    ("," ws value)*
-  )? "]" ws
-
-string ::=
-  "\"" (
-    [^"\\\x7F\x00-\x1F] |
-    "\\" (["\\bfnrt] | "u" [0-9a-fA-F]{4})
-  )* "\"" ws
-
-number ::= ("-"? ([0-9] | [1-9] [0-9]{0,15})) ("." [0-9]+)? ([eE] [-+]? [0-9] [1-9]{0,15})? ws
-
-ws ::= | " " | "\n" [ \t]{0,20}
-"""
 
 
 def _number(body: dict[str, Any], name: str, default: float, lo: float, hi: float) -> float:
@@ -163,27 +136,9 @@ def _response_format(body: dict[str, Any]) -> str | None:
     if kind == "text":
         return None
     if kind == "json_object":
-        return JSON_OBJECT_GBNF
+        return structured.json_object_grammar()
     if kind == "json_schema":
-        spec = fmt.get("json_schema")
-        schema = spec.get("schema") if isinstance(spec, dict) else None
-        if not isinstance(schema, dict):
-            raise invalid(
-                "response_format json_schema needs 'json_schema': {'name': ..., 'schema': {...}}.",
-                param="response_format",
-                cls=EngineError,
-            )
-        from llama_cpp.llama_grammar import json_schema_to_gbnf
-
-        try:
-            gbnf: str = json_schema_to_gbnf(json.dumps(schema))
-            return gbnf
-        except Exception as exc:  # the converter raises plain errors on schemas it cannot express
-            raise invalid(
-                f"The JSON schema cannot be turned into a grammar: {exc}",
-                param="response_format",
-                cls=EngineError,
-            ) from None
+        return structured.json_schema_grammar(fmt.get("json_schema"))
     raise invalid(
         f"response_format type {kind!r} is not supported; use text, json_object or json_schema.",
         param="response_format",

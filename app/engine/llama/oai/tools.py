@@ -6,7 +6,7 @@ template has no tool support, so the block is the one format every model gets) a
 answers a call as one JSON object `{"name": ..., "arguments": {...}}`:
 
 - `required` or a named function: the grammar allows only such an object, built from the
-  functions' JSON schemas with llama.cpp's json-schema-to-grammar, so the call parses.
+  functions' JSON schemas (engine/structured.py), so the call parses and holds its schema.
 - `auto`: the grammar allows either that object or plain text that does not start with
   `{`. A small model cannot half-write a call: once it opens a `{` the call must parse.
 - `none`: no tools in the prompt and no grammar; earlier calls and results still render.
@@ -22,6 +22,7 @@ import re
 import uuid
 from typing import Any
 
+from app.engine import structured
 from app.engine.base import EngineError
 from app.engine.llama.jobs import Function, ToolPlan
 from app.errors import invalid
@@ -29,9 +30,6 @@ from app.errors import invalid
 #: OpenAI's rule for function names.
 NAME_RE = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 MAX_TOOLS = 128
-#: Plain text that is not a call: anything that does not open with `{` (or white space,
-#: which would let the model put off the choice).
-_TEXT_RULES = "root ::= tool-call | answer-text\nanswer-text ::= [^{ \\t\\r\\n] [^\\x00]*\n"
 
 
 def bad_param(message: str, param: str, code: str = "invalid_value") -> EngineError:
@@ -71,7 +69,14 @@ def _function(tool: Any, i: int) -> Function:
             f"{param}.function.parameters",
             "invalid_type",
         )
-    return Function(name, description, parameters)
+    strict = fn.get("strict")
+    if strict is not None and not isinstance(strict, bool):
+        raise bad_param(
+            f"{param}.function.strict must be true or false.",
+            f"{param}.function.strict",
+            "invalid_type",
+        )
+    return Function(name, description, parameters, strict is True)
 
 
 def _named(value: Any, names: list[str], param: str) -> str:
@@ -231,25 +236,21 @@ def _call_schema(plan: ToolPlan) -> dict[str, Any]:
         }
         for name in plan.allowed
     ]
-    return options[0] if len(options) == 1 else {"oneOf": options}
+    # The names are distinct constants, so anyOf is as exclusive as oneOf.
+    return options[0] if len(options) == 1 else {"anyOf": options}
 
 
 def grammar(plan: ToolPlan | None) -> str | None:
-    """GBNF for this turn's answer: a call (required, named), a call or text (auto), or None."""
+    """The grammar of this turn's answer: a call (required, named), a call or text (auto),
+    or None. A keyword the engine cannot hold is refused when every allowed function is
+    `strict`, and left out otherwise (engine/structured.py)."""
     if plan is None or not plan.active:
         return None
-    from llama_cpp.llama_grammar import json_schema_to_gbnf
-
-    try:
-        gbnf: str = json_schema_to_gbnf(json.dumps(_call_schema(plan)))
-    except Exception as exc:  # the converter raises plain errors on schemas it cannot express
-        raise bad_param(
-            f"The functions' parameter schemas cannot be turned into a grammar: {exc}", "tools"
-        ) from None
-    if plan.choice == "required":
-        return gbnf
-    renamed = re.sub(r"^root ::=", "tool-call ::=", gbnf, count=1, flags=re.M)
-    return renamed + "\n" + _TEXT_RULES
+    by_name = {f.name: f for f in plan.functions}
+    strict = all(by_name[name].strict for name in plan.allowed)
+    return structured.call_grammar(
+        _call_schema(plan), strict=strict, or_text=plan.choice != "required"
+    )
 
 
 # -- the answer ----------------------------------------------------------------------------

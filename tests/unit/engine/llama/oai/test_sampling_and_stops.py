@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
 from app.engine.base import EngineError
@@ -115,7 +117,7 @@ def test_seeded_choices_differ_from_each_other_but_repeat() -> None:
     assert params.choice_seed(0) != params.choice_seed(1)
 
 
-def test_json_schema_becomes_a_grammar() -> None:
+def test_json_schema_becomes_a_grammar(allows: Callable[[str, str], bool]) -> None:
     schema = {"type": "object", "properties": {"age": {"type": "integer"}}, "required": ["age"]}
     params = parse_sampling(
         {
@@ -127,4 +129,29 @@ def test_json_schema_becomes_a_grammar() -> None:
         chat=True,
         n_vocab=10,
     )
-    assert params.grammar and "root" in params.grammar and "age" in params.grammar
+    assert params.grammar is not None
+    assert allows(params.grammar, '{"age": 41}')
+    assert not allows(params.grammar, '{"age": "41"}') and not allows(params.grammar, "41")
+
+
+def test_number_bounds_are_held_and_unsupported_keywords_refused_when_strict(
+    allows: Callable[[str, str], bool],
+) -> None:
+    stars = {"type": "integer", "minimum": 1, "maximum": 5}
+    schema = {"type": "object", "properties": {"stars": stars}, "required": ["stars"]}
+    fmt = {"type": "json_schema", "json_schema": {"name": "r", "schema": schema, "strict": True}}
+    grammar = parse_sampling({"response_format": fmt}, chat=True, n_vocab=10).grammar
+    assert grammar is not None
+    assert allows(grammar, '{"stars": 5}')
+    assert not allows(grammar, '{"stars": 7}') and not allows(grammar, '{"stars": 10}')
+    unique = {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}
+    fmt["json_schema"]["schema"] = {"type": "object", "properties": {"ids": unique}}
+    with pytest.raises(EngineError) as caught:
+        parse_sampling({"response_format": fmt}, chat=True, n_vocab=10)
+    assert caught.value.status_code == 400 and caught.value.param == "response_format"
+    assert "uniqueItems" in caught.value.message
+    # Not strict: OpenAI's best effort; what cannot be held is left out, the rest is held.
+    fmt["json_schema"]["strict"] = False
+    loose = parse_sampling({"response_format": fmt}, chat=True, n_vocab=10).grammar
+    assert loose is not None and allows(loose, '{"ids": [1, 1]}')
+    assert not allows(loose, '{"ids": ["a"]}')

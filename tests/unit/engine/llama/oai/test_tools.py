@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -114,16 +115,21 @@ def test_the_system_block_lists_the_functions_and_the_call_format() -> None:
     assert tools.with_tools(ASK, plan(tool_choice="none")) == ASK
 
 
-def test_grammar_required_is_the_calls_auto_adds_text_none_has_none() -> None:
+def test_grammar_required_is_the_calls_auto_adds_text_none_has_none(
+    allows: Callable[[str, str], bool],
+) -> None:
+    weather = '{"name": "get_weather", "arguments": {"city": "Oslo"}}'
     required = tools.grammar(plan(tool_choice="required"))
     assert required is not None
-    assert '"\\"get_weather\\""' in required and '"\\"get_time\\""' in required
-    assert "answer-text" not in required
+    assert allows(required, weather) and allows(required, '{"name": "get_time", "arguments": {}}')
+    assert not allows(required, "It is sunny.")
+    assert not allows(required, '{"name": "get_news", "arguments": {}}')
     named = tools.grammar(plan(tool_choice={"type": "function", "function": {"name": "get_time"}}))
-    assert named is not None and "get_weather" not in named
+    assert named is not None and not allows(named, weather)
     auto = tools.grammar(plan())
     assert auto is not None
-    assert "root ::= tool-call | answer-text" in auto and "\ntool-call ::=" in auto
+    assert allows(auto, weather) and allows(auto, "It is sunny in Oslo.")
+    assert not allows(auto, '{"name": "get_weather"}') and not allows(auto, " {")
     assert tools.grammar(plan(tool_choice="none")) is None
     assert tools.grammar(None) is None
 

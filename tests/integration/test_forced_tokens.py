@@ -1,0 +1,86 @@
+"""Forced tokens fed as a chunk change nothing: under greedy decoding each answer's token
+ids are the same whether the grammar's forced tokens go into one decode or are sampled a
+step each, and usage counts every one of them."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import pytest
+
+from app.config import Settings
+from app.engine.llama import grammars, sequences, slots_context
+from app.engine.llama.engine import LlamaEngine
+from app.engine.llama.loading import load_engine
+from app.engine.llama.sequences import Sequences, fill_rows
+from app.engine.llama.slots import Slot
+from app.wire.endpoints import CHAT
+from tests.schemas import SCHEMAS
+
+
+@pytest.fixture(scope="module")
+def engine() -> Any:
+    eng = load_engine(Settings(parallel=len(SCHEMAS), ctx_size=512))
+    yield eng
+    eng.close()
+
+
+def answers(
+    engine: LlamaEngine, monkeypatch: pytest.MonkeyPatch, fed: list[int]
+) -> list[tuple[list[int], int]]:
+    """Each schema's answer: its token ids and usage.completion_tokens; `fed` gets the
+    count of each chunk of forced tokens."""
+    tokens: dict[str, list[int]] = {}
+    finish, forced = Sequences.finish, sequences.forced
+
+    def counted(matcher: Any) -> list[int]:
+        ahead = forced(matcher)
+        if ahead:
+            fed.append(len(ahead))
+        return ahead
+
+    def record(self: Sequences, slot: Slot, reason: str) -> None:
+        assert slot.job is not None and slot.choice is not None
+        tokens[slot.job.id] = list(slot.choice.tokens)
+        finish(self, slot, reason)
+
+    monkeypatch.setattr(Sequences, "finish", record)
+    monkeypatch.setattr(sequences, "forced", counted)
+    futures = [
+        engine.submit(
+            CHAT,
+            {
+                "messages": [{"role": "user", "content": question}],
+                "temperature": 0,
+                "max_tokens": 96,
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "a", "schema": schema, "strict": True},
+                },
+            },
+        )
+        for question, schema in SCHEMAS
+    ]
+    results = [f.result(timeout=300) for f in futures]
+    monkeypatch.undo()
+    return [(tokens[r["id"]], r["usage"]["completion_tokens"]) for r in results]
+
+
+def test_forced_tokens_leave_every_answer_as_it_was(
+    engine: LlamaEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    chunks: list[int] = []
+    fed = answers(engine, monkeypatch, chunks)
+    assert sum(chunks) > len(SCHEMAS)  # keys and punctuation went in as chunks
+    # As chunks in one decode (the shared-prefix context's way; the slots' feed them one
+    # a step, without a mask or a sample).
+    monkeypatch.setattr(slots_context, "fill_rows", functools.partial(fill_rows, chunks=True))
+    chunked = answers(engine, monkeypatch, [])
+    monkeypatch.setattr(grammars, "FEED_FORCED", False)
+    none: list[int] = []
+    stepped = answers(engine, monkeypatch, none)
+    assert not none
+    assert fed == chunked == stepped
+    for ids, completion_tokens in fed:
+        assert completion_tokens == len(ids) > 0

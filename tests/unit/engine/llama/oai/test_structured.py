@@ -1,0 +1,25 @@
+"""The grammars of structured answers (engine/structured.py), checked against text with the
+default model's vocabulary: objects closed, JSON spelled one way, a free thought before the
+answer."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from app.engine import structured
+
+Allows = Callable[[str, str], bool]
+SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+
+
+def test_objects_hold_their_listed_properties_only_in_one_spelling(allows: Allows) -> None:
+    grammar = structured.json_schema_grammar({"schema": SCHEMA})
+    assert allows(grammar, '{"a": 1}')
+    assert not allows(grammar, '{"a": 1, "b": 2}')
+    assert not allows(grammar, '{"a":1}') and not allows(grammar, '{ "a": 1 }')
+
+
+def test_a_free_thought_may_come_before_the_answer(allows: Allows) -> None:
+    grammar = structured.after_free_text(SCHEMA, "</think>")
+    assert allows(grammar, '<think>It is {one}, I think.</think>{"a": 1}')
+    assert not allows(grammar, "<think>one</think>one") and not allows(grammar, '{"a": 1}')
