@@ -1,6 +1,6 @@
 """Per-request state of the embedded engine, without llama.cpp: a `Job` is one submitted
 request, its prompts become `Task`s on the scheduler's queue, and each output sequence is a
-`Choice`. The parsed request parts a job carries live here too (`SamplingParams`, the tool
+`Choice`. The parsed request parts a job carries live here too (`Sampling`, the tool
 `ToolPlan`, the Responses `ResponseRequest`), so oai/ fills them and slots.py reads them
 without importing each other (llama.cpp's server_task and its task_params).
 """
@@ -22,7 +22,7 @@ _ID_PREFIX = {CHAT: "chatcmpl-", COMPLETIONS: "cmpl-", EMBEDDINGS: "emb-", RESPO
 
 
 @dataclass
-class SamplingParams:
+class Sampling:
     """One request's decoding settings, already checked against OpenAI's limits."""
 
     temperature: float = 1.0
@@ -130,7 +130,7 @@ class Job:
         self.future: Future[dict[str, Any]] = Future()
         self.created = int(time.time())
         self.id = _ID_PREFIX[endpoint] + uuid.uuid4().hex[:24]
-        self.params = SamplingParams()
+        self.params = Sampling()
         self.prompts: list[list[int]] = []  # token ids per prompt
         self.prompt_texts: list[str] = []
         self.choices: list[Choice] = []

@@ -8,10 +8,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from app.engine.llama.jobs import SamplingParams
+from app.engine.llama.jobs import Sampling
 
 
-def build_sampler(params: SamplingParams, n_vocab: int, seed: int, penalty_window: int) -> Any:
+def build_sampler(params: Sampling, n_vocab: int, seed: int, penalty_window: int) -> Any:
     """A sampler chain for one sequence: bias, penalties, then greedy or temp/top_p/dist (a
     grammar's mask is already on the logits it reads: grammars.py)."""
     import llama_cpp as lc

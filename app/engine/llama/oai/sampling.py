@@ -13,7 +13,7 @@ from typing import Any
 
 from app.engine import structured
 from app.engine.base import EngineError
-from app.engine.llama.jobs import SamplingParams
+from app.engine.llama.jobs import Sampling
 from app.errors import invalid
 
 MAX_STOP_SEQUENCES = 4
@@ -146,9 +146,9 @@ def _response_format(body: dict[str, Any]) -> str | None:
     )
 
 
-def parse_sampling(body: dict[str, Any], *, chat: bool, n_vocab: int) -> SamplingParams:
+def parse_sampling(body: dict[str, Any], *, chat: bool, n_vocab: int) -> Sampling:
     """Read and check every sampling field of a chat or completions body."""
-    params = SamplingParams(
+    params = Sampling(
         temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
         top_p=_number(body, "top_p", 1.0, 0.0, 1.0),
         stop=_stop(body),
