@@ -25,7 +25,8 @@ run side by side, in alternating rounds (A, B, A, B) so machine noise hits both 
 then `llama-batched-bench` at the same batch size, whose prompt (S_PP) and generation (S_TG)
 tokens/s are the ceiling: the time the workload's prompt and output tokens take at those
 rates. Ratios are llama-server's time over batchyard's (above 1: batchyard is faster),
-the median over rounds of each round's ratio.
+the median over rounds of each round's ratio; every other round runs the sides in reverse,
+and each row carries the 1-minute load average as it ended.
 
     bash bench/build_llama_server.sh            # once; prints the binary dir
     python bench/throughput.py --workload long --lines 64 --rounds 2
@@ -213,6 +214,15 @@ def cpu_seconds(pid: int) -> float:
     except OSError:
         return 0.0
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def load_average() -> str:
+    """The machine's 1-minute load average when a side ends (/proc/loadavg; "-" elsewhere):
+    beside each round's row, so a noisy machine shows."""
+    try:
+        return Path("/proc/loadavg").read_text().split()[0]
+    except OSError:
+        return "-"
 
 
 def cached_of(body: dict[str, Any]) -> int:
@@ -674,14 +684,17 @@ def main(argv: list[str] | None = None) -> int:
 
     results: dict[str, list[Result]] = {name: [] for name in sides}
     for rnd in range(args.rounds):
-        for name, run in sides.items():
+        # Every other round in reverse (A B C, C B A): a side is not always first or last.
+        order = list(sides.items())
+        for name, run in order[::-1] if rnd % 2 else order:
             res = run()
             results[name].append(res)
             rate = res.completion_tokens if spec.max_tokens else res.prompt_tokens
             print(
                 f"round {rnd + 1}: {name:<16} {res.seconds:7.1f} s  prompt {res.prompt_tokens:>7}"
                 f"  out {res.completion_tokens:>6}  {rate / res.seconds:7.1f} "
-                f"{'out' if spec.max_tokens else 'in'} tok/s  cpu {res.cpu_seconds:6.1f} s",
+                f"{'out' if spec.max_tokens else 'in'} tok/s  cpu {res.cpu_seconds:6.1f} s"
+                f"  load {load_average()}",
                 flush=True,
             )
 

@@ -217,6 +217,11 @@ class _EmbedRound:
     seqs: int = 0
 
 
+def _embed_tokens(job: Job) -> int:
+    """The tokens of an embeddings request's inputs."""
+    return sum(len(p) for p in job.prompts)
+
+
 def _keys(task: Task) -> list[int]:
     """`chunk_keys` of a task's prompt, computed once."""
     if task.prefix_keys is None:
@@ -274,6 +279,7 @@ class Scheduler(Generic[Round]):
                 continue
             if task.job.endpoint == EMBEDDINGS:
                 if not self._fits_embed_round(embeds, task.job, first=not out.embeds):
+                    self._fill_embed_round(queue, embeds, out)
                     break  # the next round's decode takes it
                 heapq.heappop(queue)
                 out.embeds.append(task.job)
@@ -344,14 +350,39 @@ class Scheduler(Generic[Round]):
             heapq.heapify(queue)
 
     def _fits_embed_round(self, round_: _EmbedRound, job: Job, *, first: bool) -> bool:
-        """Count `job`'s inputs into this round's embeddings decode; False when they would
-        take it past its tokens or sequences (the first request of a round always goes)."""
-        round_.tokens += sum(len(p) for p in job.prompts)
-        round_.seqs += len(job.prompts)
-        over = (self.embed_tokens and round_.tokens > self.embed_tokens) or (
-            self.embed_seqs and round_.seqs > self.embed_seqs
+        """Count `job`'s inputs into this round's embeddings decode; False (counting nothing)
+        when they would take it past its tokens or sequences (the first request of a round
+        always goes)."""
+        tokens = round_.tokens + _embed_tokens(job)
+        seqs = round_.seqs + len(job.prompts)
+        over = (self.embed_tokens and tokens > self.embed_tokens) or (
+            self.embed_seqs and seqs > self.embed_seqs
         )
-        return first or not over
+        if over and not first:
+            return False
+        round_.tokens, round_.seqs = tokens, seqs
+        return True
+
+    def _fill_embed_round(
+        self, queue: list[Task], round_: _EmbedRound, out: Admission[Round]
+    ) -> None:
+        """Fill the rest of the round's decode from the embedding requests that head the
+        queue (up to the lookahead), longest first, as llama-server fills its ubatch from
+        any slot whose prompt fits; the head itself stays first for the next round, so
+        none waits more than the lookahead's rounds."""
+        window: list[Task] = []
+        while queue and len(window) < self.lookahead:
+            task = queue[0]
+            if not task.job.cancelled and task.job.endpoint != EMBEDDINGS:
+                break
+            heapq.heappop(queue)
+            if not task.job.cancelled:
+                window.append(task)
+        for task in sorted(window, key=lambda t: -_embed_tokens(t.job)):
+            if self._fits_embed_round(round_, task.job, first=False):
+                out.embeds.append(task.job)
+            else:
+                heapq.heappush(queue, task)
 
     def _place(self, task: Task, free: list[Slot], batch_busy: int) -> list[Slot] | None:
         """The slots `task` takes, its leader first, or None when it must wait: too few

@@ -334,6 +334,31 @@ def test_embedding_requests_share_one_decode_up_to_its_tokens_and_sequences() ->
     assert len(Scheduler(2, embed_tokens=100, embed_seqs=4).admit(big, slots).embeds) == 1
 
 
+def test_an_embeddings_decode_is_filled_by_later_requests_that_fit() -> None:
+    # llama-server fills its ubatch from any slot whose prompt fits; so does a round: the
+    # 60-token request does not fit after 50 + 40, the 10-token one behind it does.
+    slots = [Slot(i) for i in range(2)]
+    a, b, c, d, e = (embedding(1, n) for n in (50, 40, 60, 10, 5))
+    q = queue_of(a, b, c, d, e)
+    admission = Scheduler(2, embed_tokens=100, embed_seqs=64).admit(q, slots)
+    assert admission.embeds == [a.job, b.job, d.job]  # 100 tokens: a full decode
+    # What did not fit waits in its order, the oldest first: it heads the next round.
+    assert [heapq.heappop(q) for _ in range(len(q))] == [c, e]
+
+
+def test_the_fill_takes_the_longest_that_fit_and_stops_at_other_work() -> None:
+    slots = [Slot(i) for i in range(2)]
+    head, big, small, mid = embedding(1, 70), embedding(1, 40), embedding(1, 10), embedding(1, 25)
+    chat = Task(int(Priority.BATCH), next(_seq), job([1, 2, 3]))
+    late = embedding(1, 5)
+    q = queue_of(head, big, small, mid, chat, late)
+    admission = Scheduler(2, embed_tokens=100, embed_seqs=64, prefix_cache=False).admit(q, slots)
+    # 70, then the longest of the requests heading the queue that fits (25; 40 would pass
+    # 100, and 10 more after 95 would too); the chat line ends the window, so 5 waits.
+    assert admission.embeds == [head.job, mid.job]
+    assert late.job not in admission.embeds
+
+
 def test_prompt_budget_fills_the_batch_unless_an_online_request_decodes() -> None:
     assert BATCH_PROMPT_TOKENS_PER_STEP > PROMPT_TOKENS_PER_STEP
     slots = [Slot(i) for i in range(4)]
