@@ -88,6 +88,44 @@ class LlamaEngine:
         self.n_vocab = model.vocab.n_vocab
         self.n_slots, self.n_batch = model.n_slots, model.n_batch
         self.ctx_per_slot = model.ctx_per_slot
+        self._describe(model, model_id, chat_template, projector, projector_error)
+        grammars = Grammars(model.vocab)
+        self._preparer = Preparer(
+            model.vocab,
+            self.chat_template,
+            ctx_per_slot=self.ctx_per_slot,
+            n_slots=self.n_slots,
+            embedding_dim=model.n_embd,
+            vision=projector,
+            grammars=grammars,
+        )
+        self._embedder = Embedder(
+            model.model, ctx_size=self.ctx_per_slot, threads=model.threads, dim=model.n_embd
+        )
+        self._cond = threading.Condition()
+        self._prepare_lock = threading.Lock()
+        self._queue: list[Task] = []
+        self._seq = itertools.count()
+        self._jobs: dict[Future[dict[str, Any]], Job] = {}
+        self._closing = False
+        self._counters = Counters()
+        self._thread = threading.Thread(target=self._run, name="llama-engine", daemon=True)
+        # Encoded images, and the thread that encodes them beside the decoding (vision.py).
+        self._images: vision.ImageStore | None = None
+        if projector is not None:
+            self._images = vision.ImageStore(projector, on_ready=self._wake)
+        self._build_contexts(model, projector, grammars)
+
+    def _describe(
+        self,
+        model: native.LoadedModel,
+        model_id: str | None,
+        chat_template: str | None,
+        projector: vision.Projector | None,
+        projector_error: str | None,
+    ) -> None:
+        """The model as answers and the registry see it: its chat template, its `info` (under
+        the catalog's id), what its load took, and the fingerprint answers carry."""
         self.chat_template = ChatTemplate(
             chat_template or model.chat_template,
             model.vocab.token_text(model.vocab.bos),
@@ -115,31 +153,15 @@ class LlamaEngine:
             "fp_"
             + hashlib.sha256(f"{self.info.id}/{model.library_version}".encode()).hexdigest()[:10]
         )
-        grammars = Grammars(model.vocab)
-        self._preparer = Preparer(
-            model.vocab,
-            self.chat_template,
-            ctx_per_slot=self.ctx_per_slot,
-            n_slots=self.n_slots,
-            embedding_dim=model.n_embd,
-            vision=projector,
-            grammars=grammars,
-        )
-        self._embedder = Embedder(
-            model.model, ctx_size=self.ctx_per_slot, threads=model.threads, dim=model.n_embd
-        )
-        self._cond = threading.Condition()
-        self._prepare_lock = threading.Lock()
-        self._queue: list[Task] = []
-        self._seq = itertools.count()
-        self._jobs: dict[Future[dict[str, Any]], Job] = {}
-        self._closing = False
-        self._counters = Counters()
-        self._thread = threading.Thread(target=self._run, name="llama-engine", daemon=True)
-        # Encoded images, and the thread that encodes them beside the decoding (vision.py).
-        self._images: vision.ImageStore | None = None
-        if projector is not None:
-            self._images = vision.ImageStore(projector, on_ready=self._wake)
+
+    def _build_contexts(
+        self,
+        model: native.LoadedModel,
+        projector: vision.Projector | None,
+        grammars: Grammars,
+    ) -> None:
+        """The sequences, the shared-prefix context (where the load made one), the scheduler
+        over both and the slots' context: what the owner thread steps."""
         shared = model.shared
         self._sequences = Sequences(
             model.vocab,
@@ -164,7 +186,7 @@ class LlamaEngine:
             )
         self._scheduler: Scheduler[SharedPlan] = Scheduler(
             model.n_seqs,  # batch lines take all but the online one (Scheduler.batch_room)
-            prefix_cache=settings.prefix_cache,
+            prefix_cache=self.settings.prefix_cache,
             embed_tokens=self._embedder.batch_tokens,
             embed_seqs=EMBED_SEQS,
             shared=self._shared.blocks if self._shared is not None else None,

@@ -314,20 +314,11 @@ class LoadedModel:
         lc.llama_model_free(self.model)
 
 
-def load(
-    path: Path, profile: LoadProfile, settings: Settings, *, prompt_tokens_per_step: int
-) -> LoadedModel:
-    """Load a model file with its load profile (a number of GPU layers, not auto) and a
-    context with one KV stream per slot; `settings`: the server's own (threads, logs, the
-    CPU check, the prefix cache)."""
-    lc.llama_backend_init()
-    if settings.log_level.lower() != "debug":
-        from llama_cpp import _logger
-
-        _logger.set_verbose(False)
-    if not path.is_file():
-        raise FileNotFoundError(f"model file not found: {path}")
-    threads = cpu_threads(settings.threads)
+def _build_verdict(
+    path: Path, threads: int, settings: Settings
+) -> tuple[bool, str, str | None, str | None]:
+    """Whether llama.cpp's extra CPU buffer types go on and why, the command that fixes the
+    build (or None) and the warning of a GPU the build cannot use (or None), each logged."""
     # llama.cpp's extra CPU buffer types (AMX, repacked weights) are much faster where the
     # build is sound and crash where it is not; a child process checks once (cpu_check).
     extra, why = extra_buffers(path, threads, settings.cpu_extra_buffers, settings.cache_path)
@@ -339,11 +330,14 @@ def load(
     fallback = cpu_fallback(gpu_built, gpu_seen)
     if fallback:
         log.warning("%s", fallback)
-    layers = profile.n_gpu_layers
-    model = load_model(path, n_gpu_layers=layers, use_extra_bufts=extra)
-    n_slots = profile.parallel if profile.parallel > 0 else default_parallel(layers)
-    n_seqs = context_sequences(n_slots)
+    return extra, why, fix, fallback
 
+
+def _generation_context(
+    model: Any, profile: LoadProfile, *, n_seqs: int, n_batch: int, threads: int
+) -> Any:
+    """The slots' context: `n_seqs` sequences of `profile.ctx_size` each, a KV stream each;
+    frees the model and raises RuntimeError when llama.cpp cannot make it."""
     params = lc.llama_context_default_params()
     params.n_seq_max = n_seqs
     params.n_ctx = profile.ctx_size * n_seqs
@@ -361,22 +355,45 @@ def load(
     #   against 18.0. So the slots' streams stay split, and lines that share a block run
     #   in a second context of one unified f16 stream (shared_context, shared.py).
     params.kv_unified = False
-    n_batch = max(2048, n_seqs + prompt_tokens_per_step)
     params.n_batch = n_batch
     params.n_ubatch = N_UBATCH
     params.n_threads = params.n_threads_batch = threads
     params.no_perf = True
-    kv = profile.kv_cache_type
-    params.type_k = params.type_v = KV_GGML_TYPES[kv]
+    params.type_k = params.type_v = KV_GGML_TYPES[profile.kv_cache_type]
     params.flash_attn_type = (
         lc.LLAMA_FLASH_ATTN_TYPE_ENABLED
-        if kv_needs_flash_attention(kv)
+        if kv_needs_flash_attention(profile.kv_cache_type)
         else lc.LLAMA_FLASH_ATTN_TYPE_AUTO
     )
     ctx = lc.llama_init_from_model(model, params)
     if not ctx:
         lc.llama_model_free(model)
         raise RuntimeError("llama.cpp could not create a context (out of memory?)")
+    return ctx
+
+
+def load(
+    path: Path, profile: LoadProfile, settings: Settings, *, prompt_tokens_per_step: int
+) -> LoadedModel:
+    """Load a model file with its load profile (a number of GPU layers, not auto) and a
+    context with one KV stream per slot; `settings`: the server's own (threads, logs, the
+    CPU check, the prefix cache)."""
+    lc.llama_backend_init()
+    if settings.log_level.lower() != "debug":
+        from llama_cpp import _logger
+
+        _logger.set_verbose(False)
+    if not path.is_file():
+        raise FileNotFoundError(f"model file not found: {path}")
+    threads = cpu_threads(settings.threads)
+    extra, why, fix, fallback = _build_verdict(path, threads, settings)
+    layers = profile.n_gpu_layers
+    model = load_model(path, n_gpu_layers=layers, use_extra_bufts=extra)
+    n_slots = profile.parallel if profile.parallel > 0 else default_parallel(layers)
+    n_seqs = context_sequences(n_slots)
+    n_batch = max(2048, n_seqs + prompt_tokens_per_step)
+    kv = profile.kv_cache_type
+    ctx = _generation_context(model, profile, n_seqs=n_seqs, n_batch=n_batch, threads=threads)
     shared = None
     cells = profile.shared_cells if settings.prefix_cache else 0
     if cells and n_slots >= MIN_SHARED_SLOTS:
