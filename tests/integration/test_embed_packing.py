@@ -1,6 +1,6 @@
 """The embeddings path on the real default model: inputs packed longest first into few, full
-decodes (app/engine/llama/embed.py's `pack`), with the vectors of one input at a time, in the
-order given. The packing alone is tests/unit/engine/llama/test_embed.py."""
+decodes (app/engine/llama/contexts/embed.py's `pack`), with the vectors of one input at a time, in the
+order given. The packing alone is tests/unit/engine/llama/contexts/test_embed.py."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from app.config import Settings
-from app.engine.llama import embed
+from app.engine.llama.contexts import embed
 from app.engine.llama.loading import load_engine
 from app.wire.endpoints import EMBEDDINGS
 

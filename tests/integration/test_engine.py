@@ -1,7 +1,7 @@
 """The real LlamaEngine on the real default model: batching, sampling, limits, shapes.
 
 The scheduling decisions and the response shapes alone, without a model, are
-tests/unit/engine/llama/test_slots.py and oai/test_answers_match_openai_types.py.
+tests/unit/engine/llama/contexts/test_slots.py and jobs/oai/test_answers_match_openai_types.py.
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ import pytest
 
 from app.config import Settings
 from app.engine.base import EngineError, Priority, RequestCancelled
+from app.engine.llama.contexts.shared import KEEP_IDLE
+from app.engine.llama.contexts.shared_context import ONLINE_SHARED_GAP, ONLINE_SHARED_PROMPT
 from app.engine.llama.engine import LlamaEngine
 from app.engine.llama.loading import load_engine
-from app.engine.llama.shared import KEEP_IDLE
-from app.engine.llama.shared_context import ONLINE_SHARED_GAP, ONLINE_SHARED_PROMPT
 from app.wire.endpoints import CHAT, COMPLETIONS, EMBEDDINGS
 from tests.waiting import until
 
@@ -660,7 +660,7 @@ def test_batch_prompts_prefilled_together_answer_as_in_small_steps(
 ) -> None:
     """Batch lines' prompts go into a step together, up to BATCH_PROMPT_TOKENS_PER_STEP, so
     llama.cpp cuts them into full micro-batches; greedy answers stay those of small steps."""
-    from app.engine.llama import slots
+    from app.engine.llama.contexts import slots
 
     words = "river market winter engine garden letter signal harbor planet village".split()
     bodies = [

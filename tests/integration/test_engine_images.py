@@ -16,7 +16,7 @@ import pytest
 
 from app.config import Settings
 from app.engine.base import EngineError, Priority
-from app.engine.llama import vision
+from app.engine.llama.binding import vision
 from app.engine.llama.engine import LlamaEngine
 from app.engine.llama.loading import load_engine
 from app.wire.endpoints import CHAT, RESPONSES

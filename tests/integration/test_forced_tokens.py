@@ -10,11 +10,12 @@ from typing import Any
 import pytest
 
 from app.config import Settings
-from app.engine.llama import grammars, sequences, slots_context
+from app.engine.llama.binding import grammars
+from app.engine.llama.contexts import sequences, slots_context
+from app.engine.llama.contexts.sequences import Sequences, fill_rows
+from app.engine.llama.contexts.slots import Slot
 from app.engine.llama.engine import LlamaEngine
 from app.engine.llama.loading import load_engine
-from app.engine.llama.sequences import Sequences, fill_rows
-from app.engine.llama.slots import Slot
 from app.wire.endpoints import CHAT
 from tests.schemas import SCHEMAS
 

@@ -18,10 +18,6 @@ ROOT = Path(__file__).resolve().parents[2]
 #: The most modules (`*.py`, `__init__.py` too) one folder of app/ holds flat: past that,
 #: sub-packages show how its modules group.
 MAX_FLAT_MODULES = 12
-#: Folders let hold more, for now. engine/llama/ splits into the native binding, the contexts
-#: and the requests after the structured-output engine, which rewrites its sampling, lands:
-#: the change that splits it removes it here (a test below fails until it does).
-CROWDED_FOR_NOW = {"app/engine/llama"}
 LINT_IMPORTS = [
     sys.executable,
     "-c",
@@ -56,9 +52,13 @@ def test_every_import_contract_is_kept() -> None:
             "Only app.server imports app.api",
         ),
         ("app/api/files.py", "import llama_cpp", "Only app.engine.llama imports llama_cpp"),
-        ("app/toolchain/facts.py", "import app.engine.llama.native", "Each layer imports only"),
         (
-            "app/engine/llama/slots.py",
+            "app/toolchain/facts.py",
+            "import app.engine.llama.binding.native",
+            "Each layer imports only",
+        ),
+        (
+            "app/engine/llama/contexts/slots.py",
             "import app.engine.upstream.kinds.openai",
             "The two engines and the OpenAI",
         ),
@@ -144,13 +144,7 @@ def crowded(app: Path) -> dict[str, int]:
 
 
 def test_no_folder_of_the_app_holds_more_than_12_modules_flat() -> None:
-    too_many = crowded(ROOT / "app")
-    assert {d: n for d, n in too_many.items() if d not in CROWDED_FOR_NOW} == {}
-
-
-def test_a_folder_let_hold_more_still_does() -> None:
-    # Once split, a folder leaves CROWDED_FOR_NOW, so the exception never outlives its reason.
-    assert set(crowded(ROOT / "app")) >= CROWDED_FOR_NOW
+    assert crowded(ROOT / "app") == {}
 
 
 def test_the_folder_count_sees_a_crowded_folder(tmp_path: Path) -> None:

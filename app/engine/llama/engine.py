@@ -39,18 +39,18 @@ from app.engine.base import (
     resolve,
 )
 from app.engine.counters import Counters
-from app.engine.llama import native, vision
-from app.engine.llama.embed import EMBED_SEQS, Embedder
-from app.engine.llama.grammars import Grammars
-from app.engine.llama.jobs import Job, Task
-from app.engine.llama.oai import answers
-from app.engine.llama.oai.chat_template import ChatTemplate
-from app.engine.llama.prepare import Preparer, free_images
-from app.engine.llama.sequences import Sequences
-from app.engine.llama.shared import SharedPlan
-from app.engine.llama.shared_context import SharedPrefixContext
-from app.engine.llama.slots import Scheduler, Slot
-from app.engine.llama.slots_context import SlotsContext
+from app.engine.llama.binding import native, vision
+from app.engine.llama.binding.grammars import Grammars
+from app.engine.llama.contexts.embed import EMBED_SEQS, Embedder
+from app.engine.llama.contexts.sequences import Sequences
+from app.engine.llama.contexts.shared import SharedPlan
+from app.engine.llama.contexts.shared_context import SharedPrefixContext
+from app.engine.llama.contexts.slots import Scheduler, Slot
+from app.engine.llama.contexts.slots_context import SlotsContext
+from app.engine.llama.jobs.jobs import Job, Task
+from app.engine.llama.jobs.oai import answers
+from app.engine.llama.jobs.oai.chat_template import ChatTemplate
+from app.engine.llama.jobs.prepare import Preparer, free_images
 from app.engine.llama.thread_priority import effective, lower_this_thread
 from app.wire.endpoints import ENDPOINTS
 

@@ -24,9 +24,9 @@ import llama_cpp as lc
 from app.catalog import Entry, server_profile
 from app.catalog.budget import gpu_layers
 from app.config import AUTO_GPU_LAYERS, Settings
-from app.engine.llama import buffers, native, vision
+from app.engine.llama.binding import buffers, native, vision
+from app.engine.llama.contexts.slots import BATCH_PROMPT_TOKENS_PER_STEP
 from app.engine.llama.engine import LlamaEngine
-from app.engine.llama.slots import BATCH_PROMPT_TOKENS_PER_STEP
 
 log = logging.getLogger("batchyard.engine")
 

@@ -29,7 +29,7 @@ def _decode_logits(model_path: str, extra: bool, threads: int) -> list[np.ndarra
     import llama_cpp as lc
     import numpy as np
 
-    from app.engine.llama.native import batch_add, load_model, logits_row
+    from app.engine.llama.binding.native import batch_add, load_model, logits_row
 
     model = load_model(Path(model_path), n_gpu_layers=0, use_extra_bufts=extra)
     ctx_params = lc.llama_context_default_params()
@@ -111,7 +111,7 @@ def gpu_check(model: str) -> str:
     try:
         import llama_cpp as lc
 
-        from app.engine.llama.native import gpu_backend_name, load_model
+        from app.engine.llama.binding.native import gpu_backend_name, load_model
 
         lc.llama_backend_init()
         if not lc.llama_supports_gpu_offload():

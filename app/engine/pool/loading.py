@@ -4,7 +4,7 @@ A load runs in a thread of its own, never an engine's (so decoding goes on meanw
 the pool's loop plans again once it is done. Where the budget holds every model the plan
 wants, their loads run side by side (`Loads.start` with several berths). Each engine says
 what its own load took (`measured_bytes`: the buffers llama.cpp reported in that load's
-thread, engine/llama/buffers.py), so loads that overlap are each measured alone; that
+thread, engine/llama/binding/buffers.py), so loads that overlap are each measured alone; that
 figure replaces the model's estimate in the placement. The next model's file is read ahead
 into the page cache meanwhile. An unload closes the engine and keeps its figures, so that
 /metrics' counters never go back.

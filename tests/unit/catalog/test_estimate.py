@@ -15,7 +15,8 @@ from app.catalog.estimate import (
     human_size,
 )
 from app.catalog.header import read_facts
-from app.engine.llama import native, shared, slots
+from app.engine.llama.binding import native
+from app.engine.llama.contexts import shared, slots
 from tests.models import gemma, random_model, smollm2
 
 MiB = 1 << 20

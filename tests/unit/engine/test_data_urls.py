@@ -10,7 +10,7 @@ import pytest
 
 from app.engine.base import EngineError
 from app.engine.data_urls import DataURLError, parse_data_url
-from app.engine.llama.oai.media import image_bytes
+from app.engine.llama.jobs.oai.media import image_bytes
 from app.images.decode import data_url_bytes
 from app.images.errors import ImageError
 

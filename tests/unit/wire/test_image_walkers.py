@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from app.engine.llama.oai import responses_request
-from app.engine.llama.oai.chat_template import message_text
-from app.engine.llama.oai.media import Media
+from app.engine.llama.jobs.oai import responses_request
+from app.engine.llama.jobs.oai.chat_template import message_text
+from app.engine.llama.jobs.oai.media import Media
 from app.images import find_images
 from app.sheets.images import ImageCells, names_an_image
 from app.web.thumbnails import content_views, image_view
