@@ -96,8 +96,9 @@ class ModelInfo:
     takes_images: bool = False
 
     @property
-    def lane_slots(self) -> int:
-        """Lines the engine runs at once: what the runner's claims keep it fed with."""
+    def lane_sequences(self) -> int:
+        """Lines the engine runs at once, in its slots and its branches: what the runner's
+        claims keep it fed with."""
         return self.n_slots + self.shared_branches
 
 

@@ -63,7 +63,7 @@ def lanes(engine: Engine) -> list[Lane]:
     engine."""
     if isinstance(engine, EngineRegistry):
         return engine.lanes()
-    return [Lane(EMBEDDED, engine.info.lane_slots)]
+    return [Lane(EMBEDDED, engine.info.lane_sequences)]
 
 
 def model_id(engine: Engine, name: str) -> str | None:

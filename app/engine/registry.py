@@ -142,7 +142,7 @@ class EngineRegistry:
         engines = self._engines()
         if len(engines) == 1 and self.pool is None:
             if self.embedded is not None:
-                return [Lane(EMBEDDED, engines[0].info.lane_slots)]
+                return [Lane(EMBEDDED, engines[0].info.lane_sequences)]
             only = self.upstreams[0]
             return [
                 Lane(
@@ -184,7 +184,7 @@ class EngineRegistry:
                     lanes.append(Lane(f"{EMBEDDED}:{fed.entry.id}", fed.slots, frozenset(fed.ids)))
         elif self.embedded is not None:
             ids = frozenset({self.embedded.info.id, DEFAULT_ROUTE})
-            lanes.append(Lane(EMBEDDED, self.embedded.info.lane_slots, ids))
+            lanes.append(Lane(EMBEDDED, self.embedded.info.lane_sequences, ids))
         else:
             slots = sum(e.info.n_slots for e in engines)
             lanes.append(Lane(UNROUTED, slots, frozenset({DEFAULT_ROUTE})))

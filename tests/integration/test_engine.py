@@ -616,7 +616,7 @@ def test_an_online_request_answers_while_a_wave_runs_in_the_shared_context(
             wave = [engine.submit(CHAT, b, priority=Priority.BATCH) for b in bodies]
         until(lambda: any(line.generating for line in shared.branches), timeout=60)
         # While the shared context has work, the runner is told to feed its lines too.
-        assert engine.info.lane_slots == SLOTS + len(shared.branches) == SLOTS * 9
+        assert engine.info.lane_sequences == SLOTS + len(shared.branches) == SLOTS * 9
         online = engine.submit(CHAT, chat("Quick question?", max_tokens=400, logit_bias=NO_EOG))
         until(lambda: any(s.generating for s in engine._slots), timeout=10)
         # More lines of the block now: their prompts' rest waits for the turns' few rows.
@@ -637,7 +637,7 @@ def test_an_online_request_answers_while_a_wave_runs_in_the_shared_context(
     assert all(step[0] - before[1] >= ONLINE_SHARED_GAP for before, step in during), during
     tokens = [f.result(timeout=120)["usage"]["completion_tokens"] for f in wave + later]
     assert tokens == [48] * 8 + [8] * 20
-    until(lambda: engine.info.lane_slots == SLOTS, timeout=10)  # idle: the slots alone
+    until(lambda: engine.info.lane_sequences == SLOTS, timeout=10)  # idle: the slots alone
 
 
 def test_without_the_shared_context_lines_copy_the_block_in_the_slots() -> None:
@@ -645,7 +645,7 @@ def test_without_the_shared_context_lines_copy_the_block_in_the_slots() -> None:
     the others start from a copy of its stream."""
     eng = load_engine(Settings(parallel=SLOTS, ctx_size=CTX, shared_prefix_cells=0))
     try:
-        assert eng._shared is None and eng.info.lane_slots == SLOTS
+        assert eng._shared is None and eng.info.lane_sequences == SLOTS
         answers = _run_batch(eng, _lines([_block(4)], SLOTS - 2))
         block_tokens = len(eng.vocab.tokenize(_block(4), add_special=False))
     finally:

@@ -13,7 +13,7 @@ from app.config import Settings
 from app.engine.llama.binding import grammars
 from app.engine.llama.contexts import sequences, slots_context
 from app.engine.llama.contexts.sequences import Sequences, fill_rows
-from app.engine.llama.contexts.slots import Slot
+from app.engine.llama.contexts.slots import Seq
 from app.engine.llama.engine import LlamaEngine
 from app.engine.llama.loading import load_engine
 from app.wire.endpoints import CHAT
@@ -41,7 +41,7 @@ def answers(
             fed.append(len(ahead))
         return ahead
 
-    def record(self: Sequences, slot: Slot, reason: str) -> None:
+    def record(self: Sequences, slot: Seq, reason: str) -> None:
         assert slot.job is not None and slot.choice is not None
         tokens[slot.job.id] = list(slot.choice.tokens)
         finish(self, slot, reason)

@@ -43,9 +43,9 @@ from app.engine.llama.binding import native, vision
 from app.engine.llama.binding.grammars import Grammars
 from app.engine.llama.contexts.embed import EMBED_SEQS, Embedder
 from app.engine.llama.contexts.sequences import Sequences
-from app.engine.llama.contexts.shared import SharedPlan
+from app.engine.llama.contexts.shared import SharedRound
 from app.engine.llama.contexts.shared_context import SharedPrefixContext
-from app.engine.llama.contexts.slots import Scheduler, Slot
+from app.engine.llama.contexts.slots import Scheduler, Seq
 from app.engine.llama.contexts.slots_context import SlotsContext
 from app.engine.llama.jobs.jobs import Job, Task
 from app.engine.llama.jobs.oai import answers
@@ -184,8 +184,8 @@ class LlamaEngine:
                 counters=self._counters,
                 fail=self._fail_job,
             )
-        self._scheduler: Scheduler[SharedPlan] = Scheduler(
-            model.n_seqs,  # batch lines take all but the online one (Scheduler.batch_room)
+        self._scheduler: Scheduler[SharedRound] = Scheduler(
+            model.n_seqs,  # batch lines take all but the online one (Scheduler.batch_seqs)
             prefix_cache=self.settings.prefix_cache,
             embed_tokens=self._embedder.batch_tokens,
             embed_seqs=EMBED_SEQS,
@@ -203,7 +203,7 @@ class LlamaEngine:
         )
         self._slots = self._context.slots
         branches = self._shared.branches if self._shared is not None else []
-        self._all: list[Slot] = self._slots + branches  # every sequence of both contexts
+        self._all: list[Seq] = self._slots + branches  # every sequence of both contexts
 
     def start(self) -> None:
         self._thread.start()
@@ -408,7 +408,7 @@ class LlamaEngine:
         return did
 
     def _report_shared(self) -> None:
-        """Tell the runner, through info.lane_slots, to keep the shared context's branches
+        """Tell the runner, through info.lane_sequences, to keep the shared context's branches
         fed while it has work, and only the slots otherwise: a node of a fleet that runs
         independent lines claims no more than its slots' worth (twice, as before)."""
         assert self._shared is not None

@@ -303,7 +303,7 @@ class ModelPool:
             for berth in self._berths.values():
                 if berth.key not in self._decision.active:
                     continue
-                slots = berth.engine.info.lane_slots if berth.engine is not None else 1
+                slots = berth.engine.info.lane_sequences if berth.engine is not None else 1
                 others = [i for i in ids.get(berth.key, []) if i != berth.id]
                 out.append(Fed(berth.entry, (berth.id, *others), slots))
             return out

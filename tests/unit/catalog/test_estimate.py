@@ -54,9 +54,9 @@ def test_the_estimate_uses_the_engines_parallel() -> None:
 def test_a_context_holds_the_online_sequence_besides_several_slots() -> None:
     assert ONLINE_SEQUENCES == 1
     assert [context_sequences(n) for n in (1, 2, 8, 32)] == [1, 3, 9, 33]
-    # What a batch line may take of such a context: its slots (slots.py's batch_room).
+    # What a batch line may take of such a context: its slots (slots.py's batch_seqs).
     for n in (1, 2, 8, 32):
-        assert slots.Scheduler(context_sequences(n)).batch_room == n
+        assert slots.Scheduler(context_sequences(n)).batch_seqs == n
 
 
 def test_sizes_read_as_a_person_reads_them() -> None:

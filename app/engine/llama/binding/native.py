@@ -49,7 +49,7 @@ KV_GGML_TYPES = {"f16": 1, "bf16": 30, "q8_0": 8, "q4_0": 2}
 SHARED_BLOCKS = 8
 #: Lines of the shared-prefix context for each slot (at most llama.cpp's sequences less the
 #: blocks'): 248 at the default 32 slots. While the context has work, the runner keeps the
-#: engine fed with the slots and these lines (ModelInfo.lane_slots), so that it holds the
+#: engine fed with the slots and these lines (ModelInfo.lane_sequences), so that it holds the
 #: lines of every block a file mixes and runs each block's lines in one wave.
 SHARED_BRANCHES_PER_SLOT = 8
 

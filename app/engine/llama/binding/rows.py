@@ -6,8 +6,8 @@ row, column, a spare section), every row of the image shares its time position, 
 image advances the sequence by `n_pos` positions (max(nx, ny) for Qwen2-VL), fewer than it
 has rows. libmtmd says where each row goes (mtmd_image_tokens_get_decoder_pos); `Layout`
 keeps that, read once as the prompt is tokenized, since the chunk's pixels are freed once it
-is encoded. A slot then counts positions and KV cells apart: `Slot.pos` is the next
-position, `Slot.shift` the cells beyond it (slots.py).
+is encoded. A slot then counts positions and KV cells apart: `Seq.pos` is the next
+position, `Seq.shift` the cells beyond it (slots.py).
 
 `RowBatch` decodes the rows of several slots' images into their sequences in one
 llama_decode (a batch holds tokens or embedding rows, not both, so images and text take

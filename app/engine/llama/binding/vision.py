@@ -257,7 +257,7 @@ class Encoded:
 class _Work:
     priority: int
     seq_no: int
-    entry: Encoded = field(compare=False)
+    encoded: Encoded = field(compare=False)
 
 
 class ImageStore:
@@ -278,7 +278,7 @@ class ImageStore:
         self._last_use = time.monotonic()
         self.limit_bytes = limit_bytes
         self._on_ready = on_ready
-        self._entries: OrderedDict[str, Encoded] = OrderedDict()  # least recently used first
+        self._encodings: OrderedDict[str, Encoded] = OrderedDict()  # least recently used first
         self._lock = threading.Condition()
         self._work: list[_Work] = []
         self._seq = itertools.count()
@@ -292,7 +292,7 @@ class ImageStore:
     @property
     def cached_bytes(self) -> int:
         with self._lock:
-            return sum(e.nbytes for e in self._entries.values())
+            return sum(e.nbytes for e in self._encodings.values())
 
     def pin(self, parts: list[ImageChunk], priority: int) -> list[str]:
         """Take a request's image chunks: each is pinned until `release`, and queued for
@@ -301,43 +301,43 @@ class ImageStore:
         keys = []
         with self._lock:
             for part in parts:
-                entry = self._entries.get(part.key)
-                if entry is None or entry.error is not None and not entry.pins:
-                    if entry is not None:
-                        self._forget(entry)
-                    entry = Encoded(part.key, part.n_tokens, part.full, part.layout)
+                encoded = self._encodings.get(part.key)
+                if encoded is None or encoded.error is not None and not encoded.pins:
+                    if encoded is not None:
+                        self._forget(encoded)
+                    encoded = Encoded(part.key, part.n_tokens, part.full, part.layout)
                     part.full = None
-                    self._entries[part.key] = entry
+                    self._encodings[part.key] = encoded
                 else:
-                    self._entries.move_to_end(part.key)
+                    self._encodings.move_to_end(part.key)
                     self._free_chunk(part.full)
                     part.full = None
-                entry.pins += 1
-                if entry.rows is None and entry.error is None and not entry.queued:
-                    entry.queued = True
-                    heapq.heappush(self._work, _Work(priority, next(self._seq), entry))
-                keys.append(entry.key)
+                encoded.pins += 1
+                if encoded.rows is None and encoded.error is None and not encoded.queued:
+                    encoded.queued = True
+                    heapq.heappush(self._work, _Work(priority, next(self._seq), encoded))
+                keys.append(encoded.key)
             self._last_use = time.monotonic()
             self._lock.notify()
         return keys
 
     def take(self, key: str) -> Encoded | None:
-        """The chunk's entry once it is encoded (or failed), pinned once more until
+        """The chunk's encoding once it is done (or failed), pinned once more until
         `release([key])` (a cancel elsewhere cannot free it mid-decode); None while it waits."""
         with self._lock:
-            entry = self._entries.get(key)
-            if entry is None or (entry.rows is None and entry.error is None):
+            encoded = self._encodings.get(key)
+            if encoded is None or (encoded.rows is None and encoded.error is None):
                 return None
-            entry.pins += 1
-            return entry
+            encoded.pins += 1
+            return encoded
 
     def release(self, keys: list[str]) -> None:
         """A request no longer needs these chunks; keep what fits, the newest first."""
         with self._lock:
             for key in keys:
-                entry = self._entries.get(key)
-                if entry is not None:
-                    entry.pins -= 1
+                encoded = self._encodings.get(key)
+                if encoded is not None:
+                    encoded.pins -= 1
             self._trim()
             self._last_use = time.monotonic()
             self._lock.notify()  # the encoder times the projector's idleness from here
@@ -348,30 +348,30 @@ class ImageStore:
             self._lock.notify()
         self._thread.join()
         with self._lock:
-            for entry in list(self._entries.values()):
-                self._forget(entry)
+            for encoded in list(self._encodings.values()):
+                self._forget(encoded)
 
     def _trim(self) -> None:
-        total = sum(e.nbytes for e in self._entries.values())
-        for entry in list(self._entries.values()):
+        total = sum(e.nbytes for e in self._encodings.values())
+        for encoded in list(self._encodings.values()):
             if total <= self.limit_bytes:
                 break
-            if entry.pins <= 0 and not entry.queued:
-                total -= entry.nbytes
-                self._forget(entry)
-        for entry in list(self._entries.values()):
-            if entry.pins <= 0 and entry.error is not None:
-                self._forget(entry)
+            if encoded.pins <= 0 and not encoded.queued:
+                total -= encoded.nbytes
+                self._forget(encoded)
+        for encoded in list(self._encodings.values()):
+            if encoded.pins <= 0 and encoded.error is not None:
+                self._forget(encoded)
 
-    def _forget(self, entry: Encoded) -> None:
-        self._entries.pop(entry.key, None)
-        if entry.full:
-            self._free_chunk(entry.full)
-        entry.full = None
-        entry.rows = None
+    def _forget(self, encoded: Encoded) -> None:
+        self._encodings.pop(encoded.key, None)
+        if encoded.full:
+            self._free_chunk(encoded.full)
+        encoded.full = None
+        encoded.rows = None
 
     def _in_use(self) -> bool:
-        return bool(self._work) or any(e.pins > 0 for e in self._entries.values())
+        return bool(self._work) or any(e.pins > 0 for e in self._encodings.values())
 
     def _idle_wait(self) -> float | None:
         """How long the encoder may sleep before it looks at the projector's idleness
@@ -402,29 +402,29 @@ class ImageStore:
                     self._lock.wait(self._idle_wait())
                 if self._closing:
                     return
-                entry = heapq.heappop(self._work).entry
-                if entry.pins <= 0:  # every request that wanted it is gone
-                    entry.queued = False
+                encoded = heapq.heappop(self._work).encoded
+                if encoded.pins <= 0:  # every request that wanted it is gone
+                    encoded.queued = False
                     self._trim()
                     continue
-                full = entry.full
+                full = encoded.full
             t = time.monotonic()
             rows, error = None, None
             try:
-                rows = self.projector.encode(full, entry.n_tokens)
+                rows = self.projector.encode(full, encoded.n_tokens)
             except EngineError as exc:
                 error = exc
             seconds = time.monotonic() - t
             with self._lock:
                 if full:
                     self._free_chunk(full)
-                entry.full = None
-                entry.queued = False
-                entry.rows, entry.error = rows, error
-                entry.nbytes = rows.nbytes if rows is not None else 0
+                encoded.full = None
+                encoded.queued = False
+                encoded.rows, encoded.error = rows, error
+                encoded.nbytes = rows.nbytes if rows is not None else 0
                 if rows is not None:
                     self.encodes += 1
                     self.encode_seconds += seconds
                 self._trim()
-            log.debug("image %s encoded in %.3f s", entry.key[:12], seconds)
+            log.debug("image %s encoded in %.3f s", encoded.key[:12], seconds)
             self._on_ready()

@@ -3,7 +3,7 @@ step's rows filled, each row of logits sampled and streamed, the choice finished
 sequence let go.
 
 The slots' context (slots_context.py) and the shared-prefix context (shared_context.py)
-each decode their own sequences, both `Slot`s (slots.py); what happens to a sequence before
+each decode their own sequences, both `Seq`s (slots.py); what happens to a sequence before
 and after a decode is the same in both, and lives here. The engine (engine.py) owns the
 jobs: `settle` resolves a job's future once.
 """
@@ -22,7 +22,7 @@ from app.engine.counters import Counters
 from app.engine.llama.binding import native
 from app.engine.llama.binding.grammars import Grammars, accept, forced
 from app.engine.llama.binding.sampler import build_sampler, free_sampler, top_logprobs_of
-from app.engine.llama.contexts.slots import Slot
+from app.engine.llama.contexts.slots import Seq
 from app.engine.llama.jobs.jobs import Choice, Job, Task
 from app.engine.llama.jobs.oai import answers, media
 
@@ -48,7 +48,7 @@ def decode_failed(rc: int) -> EngineError:
 
 
 def fill_rows(
-    slots: list[Slot], batch: Any, n: int, budget: int, held: set[int], *, chunks: bool = True
+    slots: list[Seq], batch: Any, n: int, budget: int, held: set[int], *, chunks: bool = True
 ) -> int:
     """Rows of `batch` from row `n` on: a token per generating slot (with `chunks`, the
     tokens its grammar forced after it too), then prompt chunks up to `budget` tokens;
@@ -122,7 +122,7 @@ class Sequences:
         # gives its own cells back there.
         self.shared_mem = shared_mem
 
-    def take(self, slot: Slot, task: Task, index: int, leader: Slot | None) -> None:
+    def take(self, slot: Seq, task: Task, index: int, leader: Seq | None) -> None:
         """Start choice `index` of `task` in `slot`, with its sampler."""
         job = task.job
         prompt_len = len(job.prompts[task.prompt_index])
@@ -138,7 +138,7 @@ class Sequences:
                 self.ctx_per_slot,
             )
 
-    def sample_rows(self, slots: list[Slot]) -> None:
+    def sample_rows(self, slots: list[Seq]) -> None:
         """Sample every slot that has a row of logits this step, the constrained ones'
         logits masked first, all together; count the tokens (forced ones too)."""
         rows = [s for s in slots if s.i_batch >= 0 and s.job is not None]
@@ -147,7 +147,7 @@ class Sequences:
             self.grammars.mask(constrained)
         self.counters.tokens(completion=sum(self.sample(slot) for slot in rows))
 
-    def sample(self, slot: Slot) -> int:
+    def sample(self, slot: Seq) -> int:
         """Sample the slot's row and take the token (and those its grammar forces after
         it) into the answer; returns how many tokens the answer gained."""
         job, choice = slot.job, slot.choice
@@ -199,7 +199,7 @@ class Sequences:
             slot.forced = ahead
         return taken
 
-    def _record_logprob(self, slot: Slot, token: int, piece: bytes) -> None:
+    def _record_logprob(self, slot: Seq, token: int, piece: bytes) -> None:
         job, choice = slot.job, slot.choice
         assert job is not None and choice is not None
         logp, top = top_logprobs_of(
@@ -211,7 +211,7 @@ class Sequences:
         alternatives = [(self.vocab.piece(t), float(logp[t])) for t in top]
         choice.logprobs.append(answers.token_logprob(piece, float(logp[token]), alternatives))
 
-    def finish(self, slot: Slot, reason: str) -> None:
+    def finish(self, slot: Seq, reason: str) -> None:
         job, choice = slot.job, slot.choice
         assert job is not None and choice is not None
         tail = slot.stops.feed(slot.decoder.decode(b"", final=True)) + slot.stops.flush()
@@ -225,7 +225,7 @@ class Sequences:
         if job.unfinished == 0:
             self.complete(job)
 
-    def release(self, slot: Slot) -> None:
+    def release(self, slot: Seq) -> None:
         """Let a sequence go: its sampler freed, its choice forgotten."""
         for follower in slot.followers:  # siblings still waiting for this prompt lose their source
             if follower.job is not None and follower.job.cancelled:

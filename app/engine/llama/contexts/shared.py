@@ -23,7 +23,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from app.engine.base import Priority
-from app.engine.llama.contexts.slots import PREFIX_CHUNK, Slot, chunk_keys, common_prefix
+from app.engine.llama.contexts.slots import PREFIX_CHUNK, Seq, chunk_keys, common_prefix
 from app.engine.llama.jobs.block import Block
 from app.engine.llama.jobs.jobs import Task
 from app.wire.endpoints import EMBEDDINGS
@@ -55,14 +55,14 @@ class Start:
     prompt and its longest answer)."""
 
     task: Task
-    branch: Slot
+    branch: Seq
     block: Block
     forked: int
     reserved: int
 
 
 @dataclass
-class SharedPlan:
+class SharedRound:
     """One admission round's decisions for the shared context."""
 
     starts: list[Start] = field(default_factory=list)
@@ -73,7 +73,7 @@ class SharedPlan:
     #: Parked blocks to put back, under their new seq_id, before the lines fork.
     restored: list[Block] = field(default_factory=list)
     dropped: list[Block] = field(default_factory=list)
-    #: Lines that belong here and wait for a block or for room; the main context leaves them.
+    #: Lines that belong here and wait for a block or for cells; the main context leaves them.
     held: set[int] = field(default_factory=set)  # id() of their tasks
 
 
@@ -121,12 +121,12 @@ class SharedBlocks:
         self._parked_ids: list[int] = []  # free again from the next round on
         self._round = 0
         self._version = 0  # changes whenever a block comes or goes (Task.shared_match)
-        self._free: list[Slot] = []  # this round's free branches
+        self._free: list[Seq] = []  # this round's free branches
         self._running = 0  # lines running at the round's start
         self._reserved = 0  # cells they may take
         self._taken = 0  # cells reserved this round
 
-    def cells_in_use(self, branches: list[Slot]) -> int:
+    def cells_in_use(self, branches: list[Seq]) -> int:
         """Cells the blocks hold and the running branches may take (an upper bound)."""
         return self._block_cells() + sum(s.reserved for s in branches if s.busy)
 
@@ -136,9 +136,9 @@ class SharedBlocks:
     def reserve(self, task: Task, forked: int) -> int:
         """Cells a line takes beyond its block: its prompt's rest and its longest answer."""
         prompt = len(_prompt(task))
-        room = self.ctx_per_branch - prompt
-        answer = task.job.params.max_tokens or room
-        return prompt - forked + max(0, min(answer, room))
+        cells_left = self.ctx_per_branch - prompt
+        answer = task.job.params.max_tokens or cells_left
+        return prompt - forked + max(0, min(answer, cells_left))
 
     def best_block(self, prompt: list[int]) -> tuple[Block | None, int]:
         """The block sharing the longest prefix with `prompt`, and how many tokens a fork
@@ -150,7 +150,9 @@ class SharedBlocks:
                 best, forked = block, shared
         return best, forked
 
-    def plan(self, window: list[Task], branches: list[Slot], others: list[list[int]]) -> SharedPlan:
+    def decide(
+        self, window: list[Task], branches: list[Seq], others: list[list[int]]
+    ) -> SharedRound:
         """Place the lines of `window` (queue order) that share a block, and the blocks they
         need. `others`: the prompts the main context holds or evaluates, which count as
         company: a line that shares a long prefix with one of them starts a block here.
@@ -162,7 +164,7 @@ class SharedBlocks:
         self._round += 1
         self._free_ids = sorted(self._free_ids + self._parked_ids)
         self._parked_ids = []
-        plan = SharedPlan()
+        plan = SharedRound()
         if any(b.users or b.pending for b in self.blocks):
             self._park_idle(None, plan)  # idle blocks left beside a block that opened since
         mine = [t for t in window if fits_here(t) and len(_prompt(t)) > MIN_BLOCK_TOKENS]
@@ -173,18 +175,18 @@ class SharedBlocks:
         self._free = [s for s in branches if not s.busy][: max(0, self.max_wave - self._running)]
         company = self._company(mine, others)
         wants_new: list[tuple[Task, Block | None, int, int]] = []
-        room_short = False  # lines of a ready block wait for room: no new block yet
+        cells_short = False  # lines of a ready block wait for cells: no new block yet
         for task in mine:
             block, forked = self._match(task)
             group = company.get(id(task), 0)
             if group >= forked + MIN_BLOCK_TOKENS:
                 wants_new.append((task, block, forked, group))
             elif block is not None and forked >= MIN_BLOCK_TOKENS:
-                room_short |= self._place(task, block, forked, plan) and block.ready
+                cells_short |= self._place(task, block, forked, plan) and block.ready
         for task, block, forked, group in wants_new:
             prompt = _prompt(task)
             opened = self._opened(prompt[:group])
-            if opened is None and self._may_open(room_short):
+            if opened is None and self._may_open(cells_short):
                 opened = self._new_block(prompt[:group], block, forked, plan)
             if opened is not None:
                 block, forked = opened, min(group, len(prompt) - 1)
@@ -195,13 +197,13 @@ class SharedBlocks:
                 self._place(task, block, forked, plan)
         return plan
 
-    def _room(self) -> int:
+    def _cells_free(self) -> int:
         """Cells free for reservations this round: `cells_in_use` less what it started."""
         return self.n_cells - CELL_MARGIN - self._block_cells() - self._reserved - self._taken
 
-    def _place(self, task: Task, block: Block, forked: int, plan: SharedPlan) -> bool:
+    def _place(self, task: Task, block: Block, forked: int, plan: SharedRound) -> bool:
         """Start `task` as a line forked from `block`, or hold it for later; returns True
-        when it must wait for room (False: started, waits for the block, or not for here)."""
+        when it must wait for cells (False: started, waits for the block, or not for here)."""
         need = self.reserve(task, forked)
         if need > (self.n_cells - CELL_MARGIN) // 4:
             return False  # a long answer would crowd out the lines that share: main context
@@ -210,13 +212,13 @@ class SharedBlocks:
             return False  # it forks once the block is evaluated
         if block.parked and not self._restore(block, plan):
             return False  # it comes back when no other block runs
-        room = self._room()
-        if need > room and self._free:
-            room += self._drop_idle(need - room, block, plan)
-        if need > room and not self._taken and not self._running:
-            plan.held.discard(id(task))  # no room even with nothing else here: main context
+        free = self._cells_free()
+        if need > free and self._free:
+            free += self._drop_idle(need - free, block, plan)
+        if need > free and not self._taken and not self._running:
+            plan.held.discard(id(task))  # too few cells even with nothing else here: main context
             return False
-        if not self._free or need > room:
+        if not self._free or need > free:
             return True
         branch = self._free.pop(0)
         block.users += 1
@@ -225,7 +227,7 @@ class SharedBlocks:
         plan.starts.append(Start(task, branch, block, forked, need))
         return False
 
-    def _drop_idle(self, cells: int, keep: Block, plan: SharedPlan) -> int:
+    def _drop_idle(self, cells: int, keep: Block, plan: SharedRound) -> int:
         """Park idle blocks but `keep`, the least recently used first, until `cells` are
         free; returns the cells freed."""
         freed = 0
@@ -239,13 +241,13 @@ class SharedBlocks:
         self._trim_parked(plan)
         return freed
 
-    def _park(self, victim: Block, plan: SharedPlan) -> None:
+    def _park(self, victim: Block, plan: SharedRound) -> None:
         """Take an idle block out of the stream; its seq_id is free from the next round."""
         plan.parked.append((victim, victim.seq_id))
         self._parked_ids.append(victim.seq_id)
         victim.parked = True
 
-    def _park_idle(self, keep: Block | None, plan: SharedPlan) -> None:
+    def _park_idle(self, keep: Block | None, plan: SharedRound) -> None:
         """Every idle block but `keep` leaves the stream: another block's lines run now.
         A block this round put back stays (the engine parks before it restores)."""
         for block in self.blocks:
@@ -253,20 +255,20 @@ class SharedBlocks:
                 self._park(block, plan)
         self._trim_parked(plan)
 
-    def _trim_parked(self, plan: SharedPlan) -> None:
+    def _trim_parked(self, plan: SharedRound) -> None:
         """Parked blocks beyond KEEP_IDLE go, the least recently used first."""
         parked = sorted((b for b in self.blocks if b.parked), key=lambda b: b.used)
         for victim in parked[: max(0, len(parked) - KEEP_IDLE)]:
             self._drop(victim, plan)
 
-    def _restore(self, block: Block, plan: SharedPlan) -> bool:
+    def _restore(self, block: Block, plan: SharedRound) -> bool:
         """Put a parked block back, when no other block runs or waits and its cells fit
         (the others idle leave); False: not now."""
         busy = any(b.users or b.pending or b.used == self._round for b in self.blocks)
         if busy or not self._free_ids:
             return False
         self._park_idle(block, plan)
-        if len(block.tokens) > self._room():
+        if len(block.tokens) > self._cells_free():
             return False
         block.parked = False
         block.seq_id = self._free_ids.pop(0)
@@ -275,7 +277,7 @@ class SharedBlocks:
         self._version += 1
         return True
 
-    def _drop(self, victim: Block, plan: SharedPlan) -> None:
+    def _drop(self, victim: Block, plan: SharedRound) -> None:
         self.blocks.remove(victim)
         if not victim.parked:
             self._free_ids.append(victim.seq_id)
@@ -289,18 +291,18 @@ class SharedBlocks:
                 return block
         return None
 
-    def _may_open(self, room_short: bool) -> bool:
+    def _may_open(self, cells_short: bool) -> bool:
         """Whether a new block may open now: none is being evaluated, and no other block's
         lines wait or run. Opening the next block while the last wave decodes made shared4
         slower (engine directly: 20.2 against 19.1 s with no idle block kept, 21.5 against
         19.8 s with one): its cells widen every row's look at the mask."""
-        if room_short or any(not b.ready for b in self.blocks):
+        if cells_short or any(not b.ready for b in self.blocks):
             return False
         return not any(b.users for b in self.blocks)
 
     def _match(self, task: Task) -> tuple[Block | None, int]:
         """`best_block` of a task's prompt, kept on the task while the blocks stay the same
-        (a line waiting for room is looked at every round)."""
+        (a line waiting for cells is looked at every round)."""
         if task.shared_match is None or task.shared_match[0] != self._version:
             task.shared_match = (self._version, *self.best_block(_prompt(task)))
         _, block, forked = task.shared_match
@@ -342,7 +344,7 @@ class SharedBlocks:
         tokens: list[int],
         base: Block | None,
         base_shared: int,
-        plan: SharedPlan,
+        plan: SharedRound,
     ) -> Block | None:
         """A block for `tokens`, forked from `base` where they share a prefix; None when
         no sequence or cells are free. The idle blocks leave the stream (a base after the
@@ -350,7 +352,7 @@ class SharedBlocks:
         fork = base is not None and base.idle and base.used != self._round
         start = base_shared if fork else 0
         self._park_idle(base if start else None, plan)
-        if not self._free_ids or len(tokens) > self._room():
+        if not self._free_ids or len(tokens) > self._cells_free():
             return None
         if start:
             assert base is not None

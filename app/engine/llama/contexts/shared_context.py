@@ -20,8 +20,8 @@ import llama_cpp as lc
 from app.engine.counters import Counters
 from app.engine.llama.binding import native
 from app.engine.llama.contexts.sequences import Sequences, decode_failed, fill_rows
-from app.engine.llama.contexts.shared import CPU_WAVE, SharedBlocks, SharedPlan
-from app.engine.llama.contexts.slots import Slot
+from app.engine.llama.contexts.shared import CPU_WAVE, SharedBlocks, SharedRound
+from app.engine.llama.contexts.slots import Seq
 from app.engine.llama.contexts.slots_context import Fail
 from app.engine.llama.jobs.jobs import Task
 
@@ -56,7 +56,7 @@ class SharedPrefixContext:
     ) -> None:
         self.context = context
         #: The context's sequences 0..n_branches-1, one batch line each.
-        self.branches = [Slot(i, context.ctx) for i in range(context.n_branches)]
+        self.branches = [Seq(i, context.ctx) for i in range(context.n_branches)]
         self.blocks = SharedBlocks(
             n_branches=context.n_branches,
             n_blocks=context.n_blocks,
@@ -78,7 +78,7 @@ class SharedPrefixContext:
     def n_branches(self) -> int:
         return self.context.n_branches
 
-    def start(self, plan: SharedPlan) -> list[Task]:
+    def start(self, plan: SharedRound) -> list[Task]:
         """Carry out the admission's round: start new blocks (forked from a block they
         extend), park idle blocks in host memory and drop those past KEEP_IDLE, put parked
         blocks back, and fork each started line's branch from its block's cells. Returns

@@ -1,7 +1,7 @@
 """Slots and the scheduling decisions of the engine's loop, without llama.cpp.
 
 A `Job` (jobs.py) is one submitted request; its prompts become `Task`s on a priority queue; a
-`Slot` is one llama.cpp sequence and the choice decoding in it. The `Scheduler` decides which tasks
+`Seq` is one llama.cpp sequence and the choice decoding in it. The `Scheduler` decides which tasks
 take which free slots, which batch slots sit a step out while an online request decodes,
 and which slot's cached KV a new prompt starts from. The slots' context (slots_context.py) carries
 the decisions out on the llama.cpp context.
@@ -86,7 +86,7 @@ def leading(keys: list[int], known: set[int]) -> int:
     return n
 
 
-class SlotState(enum.Enum):
+class SeqState(enum.Enum):
     """Where a slot's sequence is (llama.cpp server's slot_state, the states batchyard has)."""
 
     IDLE = "idle"  # no request; its KV stays as a cache for later prompts
@@ -96,11 +96,12 @@ class SlotState(enum.Enum):
 
 
 # Read on every slot every step: module names are cheaper to reach than enum members.
-_IDLE, _GENERATING = SlotState.IDLE, SlotState.GENERATING
+_IDLE, _GENERATING = SeqState.IDLE, SeqState.GENERATING
 
 
-class Slot:
-    """One llama.cpp sequence (seq_id) and the choice decoding in it."""
+class Seq:
+    """One llama.cpp sequence (seq_id) and the choice decoding in it: a slot of the slots'
+    context, or a branch of the shared-prefix context."""
 
     def __init__(self, seq_id: int, ctx: Any = None) -> None:
         self.seq_id = seq_id
@@ -112,7 +113,7 @@ class Slot:
         self.clear()
 
     def clear(self) -> None:
-        self.state = SlotState.IDLE
+        self.state = SeqState.IDLE
         self.job: Job | None = None
         self.choice: Choice | None = None
         self.pending: list[int] = []  # prompt tokens not yet decoded
@@ -127,8 +128,8 @@ class Slot:
         self.forced: list[int] = []
         self.token = -1  # the last sampled token, fed in the next step
         self.i_batch = -1  # row of logits to sample after this step's decode
-        self.followers: list[Slot] = []  # slots that get a copy of this prompt's KV (n > 1)
-        self.leader: Slot | None = None
+        self.followers: list[Seq] = []  # slots that get a copy of this prompt's KV (n > 1)
+        self.leader: Seq | None = None
         self.decoder = codecs.getincrementaldecoder("utf-8")("replace")
         self.stops: StopMatcher = StopMatcher([])
         self.max_tokens = 0
@@ -138,25 +139,25 @@ class Slot:
         self.reserved = 0
 
     def take(
-        self, job: Job, choice: Choice, prompt_len: int, leader: Slot | None, *, ctx_per_slot: int
+        self, job: Job, choice: Choice, prompt_len: int, leader: Seq | None, *, ctx_per_slot: int
     ) -> None:
         """Start a choice here: as the leader that evaluates the prompt, or as its follower."""
         self.clear()
         self.job, self.choice, self.prompt_len = job, choice, prompt_len
         self.stops = StopMatcher(job.stop_strings)
-        room = ctx_per_slot - prompt_len
-        self.max_tokens = min(job.params.max_tokens or room, room)
+        cells_left = ctx_per_slot - prompt_len
+        self.max_tokens = min(job.params.max_tokens or cells_left, cells_left)
         if leader is None:
-            self.state = SlotState.PROMPT
+            self.state = SeqState.PROMPT
         else:
-            self.state = SlotState.WAIT_LEADER
+            self.state = SeqState.WAIT_LEADER
             self.leader = leader
             leader.followers.append(self)
 
     def generate(self, token: int) -> None:
         """The sampled token goes into the next step."""
         self.token = token
-        self.state = SlotState.GENERATING
+        self.state = SeqState.GENERATING
 
     @property
     def busy(self) -> bool:
@@ -174,8 +175,8 @@ class SharedStart(Protocol):
     def task(self) -> Task: ...
 
 
-class SharedRound(Protocol):
-    """What the admission reads of the shared context's round (shared.py's SharedPlan)."""
+class SharedRoundView(Protocol):
+    """What the admission reads of the shared context's round (shared.py's SharedRound)."""
 
     @property
     def starts(self) -> Sequence[SharedStart]: ...
@@ -183,18 +184,18 @@ class SharedRound(Protocol):
     held: set[int]  # id() of the tasks that run there or wait for it
 
 
-#: The shared context's round, as its admission gives it (shared.py's SharedPlan): the
+#: The shared context's round, as its admission gives it (shared.py's SharedRound): the
 #: Scheduler hands it on, whole, to the loop that carries it out (shared_context.py).
-Round = TypeVar("Round", bound=SharedRound)
-Round_co = TypeVar("Round_co", bound=SharedRound, covariant=True)
+Round = TypeVar("Round", bound=SharedRoundView)
+Round_co = TypeVar("Round_co", bound=SharedRoundView, covariant=True)
 
 
 class SharedAdmission(Protocol[Round_co]):
     """The shared-prefix context's admission (shared.py's SharedBlocks), as slots.py sees
     it: shared.py builds on this module, so it is named by what it does."""
 
-    def plan(
-        self, window: list[Task], branches: list[Slot], others: list[list[int]]
+    def decide(
+        self, window: list[Task], branches: list[Seq], others: list[list[int]]
     ) -> Round_co: ...
 
 
@@ -204,7 +205,7 @@ class Admission(Generic[Round]):
     and the shared context's round (None: it has none, or batch lines did not head the
     queue)."""
 
-    starts: list[tuple[Task, list[Slot]]] = field(default_factory=list)
+    starts: list[tuple[Task, list[Seq]]] = field(default_factory=list)
     embeds: list[Job] = field(default_factory=list)
     shared: Round | None = None
 
@@ -240,7 +241,7 @@ class Scheduler(Generic[Round]):
         embed_tokens: int = 0,
         embed_seqs: int = 0,
         shared: SharedAdmission[Round] | None = None,
-        branches: list[Slot] | None = None,
+        branches: list[Seq] | None = None,
     ) -> None:
         self.n_slots = n_slots
         self.prefix_cache = prefix_cache
@@ -256,10 +257,10 @@ class Scheduler(Generic[Round]):
         # One sequence is kept from batch lines, so an online request never waits for a
         # batch line to finish (they run to max_tokens); with a single one nothing is kept.
         # The engine's context has it besides the --parallel slots (catalog/estimate.py's context_sequences).
-        self.batch_room = n_slots - ONLINE_SEQUENCES if n_slots > 1 else 1
+        self.batch_seqs = n_slots - ONLINE_SEQUENCES if n_slots > 1 else 1
         self.window = 0  # the batch slots' turn while online requests decode (held_back)
 
-    def admit(self, queue: list[Task], slots: list[Slot]) -> Admission[Round]:
+    def admit(self, queue: list[Task], slots: list[Seq]) -> Admission[Round]:
         """Pop the tasks that fit into free slots off the heap `queue`, highest priority first.
 
         Strict order: the head of the queue waits (and so does everything behind it) when
@@ -301,8 +302,8 @@ class Scheduler(Generic[Round]):
     def _admit_batch(
         self,
         queue: list[Task],
-        slots: list[Slot],
-        free: list[Slot],
+        slots: list[Seq],
+        free: list[Seq],
         batch_busy: int,
         out: Admission[Round],
     ) -> None:
@@ -321,7 +322,7 @@ class Scheduler(Generic[Round]):
         if self.shared is not None:
             # Lines that share a long block go to the shared context, or wait for it.
             others = [s.cached + s.pending for s in slots if s.cached or s.pending]
-            shared = self.shared.plan(window, self.branches, others)
+            shared = self.shared.decide(window, self.branches, others)
             out.shared = shared
             started.update(id(start.task) for start in shared.starts)
             window = [t for t in window if id(t) not in shared.held]
@@ -384,9 +385,9 @@ class Scheduler(Generic[Round]):
             else:
                 heapq.heappush(queue, task)
 
-    def _place(self, task: Task, free: list[Slot], batch_busy: int) -> list[Slot] | None:
+    def _place(self, task: Task, free: list[Seq], batch_busy: int) -> list[Seq] | None:
         """The slots `task` takes, its leader first, or None when it must wait: too few
-        free slots, or a batch line past the batch room while other batch lines run."""
+        free slots, or a batch line past the batch sequences while other batch lines run."""
         want = len(task.choice_indices)
         if want > len(free):
             return None
@@ -394,11 +395,11 @@ class Scheduler(Generic[Round]):
         # consecutive sequence ids, so batch lines keep to the lowest slots and online
         # requests take the highest first: then the sequences of a step form one run.
         if task.job.priority == Priority.BATCH:
-            if batch_busy + want > self.batch_room and batch_busy > 0:
+            if batch_busy + want > self.batch_seqs and batch_busy > 0:
                 return None  # online tasks sort first, so nothing behind this one may go either
-            pool = [s for s in free if s.seq_id < self.batch_room]
+            pool = [s for s in free if s.seq_id < self.batch_seqs]
         else:
-            pool = [s for s in free if s.seq_id >= self.batch_room]
+            pool = [s for s in free if s.seq_id >= self.batch_seqs]
         if len(pool) < want:
             pool = list(free)
         leader = self._leader(task, pool)
@@ -408,7 +409,7 @@ class Scheduler(Generic[Round]):
         return [leader] + [pool.pop(0) for _ in task.choice_indices[1:]]
 
     @staticmethod
-    def _leader(task: Task, pool: list[Slot]) -> Slot:
+    def _leader(task: Task, pool: list[Seq]) -> Seq:
         """The slot of `pool` that evaluates `task`'s prompt.
 
         The free slot that already holds the longest prefix of the prompt; ties go to the
@@ -421,14 +422,14 @@ class Scheduler(Generic[Round]):
             return max(pool, key=lambda s: (common_prefix(s.cached, prompt), -s.seq_id))
         return max(pool, key=lambda s: (common_prefix(s.cached, prompt), -len(s.cached)))
 
-    def prompt_budget(self, slots: list[Slot], n_batch: int) -> int:
+    def prompt_budget(self, slots: list[Seq], n_batch: int) -> int:
         """Prompt tokens this step may take, besides one row per generating slot."""
         generating = sum(1 for s in slots if s.generating)
         online = any(s.job is not None and s.job.priority == Priority.ONLINE for s in slots)
         cap = PROMPT_TOKENS_PER_STEP if online else BATCH_PROMPT_TOKENS_PER_STEP
         return max(0, min(n_batch - generating, cap))
 
-    def held_back(self, slots: list[Slot]) -> set[int]:
+    def held_back(self, slots: list[Seq]) -> set[int]:
         """The batch slots that sit this step out so that an online request decodes quickly."""
         if not any(s.job is not None and s.job.priority == Priority.ONLINE for s in slots):
             return set()
@@ -443,8 +444,8 @@ class Scheduler(Generic[Round]):
         return set(batch_slots[:start] + batch_slots[start + ONLINE_BATCH_WINDOW :])
 
     def prefix_source(
-        self, slot: Slot, prompt: list[int], slots: list[Slot], copy_pending: set[int]
-    ) -> tuple[Slot | None, int]:
+        self, slot: Seq, prompt: list[int], slots: list[Seq], copy_pending: set[int]
+    ) -> tuple[Seq | None, int]:
         """Where `slot`'s KV for `prompt` comes from: (a slot to copy the stream of, or None
         to keep its own) and how many prompt tokens it then holds already.
 

@@ -21,8 +21,8 @@ from app.engine.counters import Counters
 from app.engine.llama.binding import native, vision
 from app.engine.llama.binding.rows import RowBatch
 from app.engine.llama.contexts.sequences import Sequences, decode_failed, fill_rows
-from app.engine.llama.contexts.shared import SharedPlan
-from app.engine.llama.contexts.slots import Scheduler, Slot
+from app.engine.llama.contexts.shared import SharedRound
+from app.engine.llama.contexts.slots import Scheduler, Seq
 from app.engine.llama.jobs.jobs import Job, Task
 from app.engine.llama.jobs.oai import media
 
@@ -39,7 +39,7 @@ class SlotsContext:
     def __init__(
         self,
         model: native.LoadedModel,
-        scheduler: Scheduler[SharedPlan],
+        scheduler: Scheduler[SharedRound],
         sequences: Sequences,
         counters: Counters,
         fail: Fail,
@@ -49,7 +49,7 @@ class SlotsContext:
     ) -> None:
         self.ctx, self.mem, self.batch = model.ctx, model.mem, model.batch
         self.n_batch = model.n_batch
-        self.slots = [Slot(i, model.ctx) for i in range(model.n_seqs)]
+        self.slots = [Seq(i, model.ctx) for i in range(model.n_seqs)]
         self.scheduler = scheduler
         self.sequences = sequences
         self.counters = counters
@@ -68,7 +68,7 @@ class SlotsContext:
     def busy(self) -> bool:
         return any(s.busy for s in self.slots)
 
-    def start(self, task: Task, group: list[Slot]) -> None:
+    def start(self, task: Task, group: list[Seq]) -> None:
         """Start `task`'s choices in `group`, the leader (first) with its prompt."""
         job = task.job
         prompt = job.prompts[task.prompt_index]
@@ -82,7 +82,7 @@ class SlotsContext:
         job.cached_tokens += reused
         self.counters.tokens(prompt=len(prompt))
 
-    def reuse_prefix(self, slot: Slot, prompt: list[int]) -> int:
+    def reuse_prefix(self, slot: Seq, prompt: list[int]) -> int:
         """Make `slot`'s KV hold the longest cached prefix of `prompt`; returns its length."""
         source, keep = self.scheduler.prefix_source(slot, prompt, self.slots, self.copy_pending)
         keep = media.whole_images(prompt, keep)  # an image's cells are kept whole or not at all
@@ -134,37 +134,37 @@ class SlotsContext:
         image of a non-causal projector goes alone); returns the rows decoded."""
         assert self.images is not None and self.projector is not None
         causal = not self.projector.non_causal
-        taken: list[tuple[Slot, vision.Encoded]] = []
+        taken: list[tuple[Seq, vision.Encoded]] = []
         rows = 0
         for slot in self.slots:
             job = slot.job
             if job is None or not slot.pending or slot.pending[0] >= 0 or slot.seq_id in held:
                 continue
-            entry = self.images.take(job.images.get(slot.pending[0], ""))
-            if entry is None:
+            encoded = self.images.take(job.images.get(slot.pending[0], ""))
+            if encoded is None:
                 continue  # still being encoded
-            if entry.error is not None:
-                self.images.release([entry.key])
-                self.fail(job, entry.error)
+            if encoded.error is not None:
+                self.images.release([encoded.key])
+                self.fail(job, encoded.error)
                 continue
-            if taken and (not causal or rows + entry.n_tokens > budget):
-                self.images.release([entry.key])
+            if taken and (not causal or rows + encoded.n_tokens > budget):
+                self.images.release([encoded.key])
                 break
-            taken.append((slot, entry))
-            rows += entry.n_tokens
+            taken.append((slot, encoded))
+            rows += encoded.n_tokens
         if not taken:
             return 0
         parts = [(e.rows, s.pos, s.seq_id, e.layout) for s, e in taken if e.rows is not None]
         rc = self.rows.decode(self.ctx, parts, causal)
         self.images.release([e.key for _, e in taken])
         self.copy_pending.clear()  # the decode ran the stream copies llama.cpp queued
-        for slot, entry in taken:
+        for slot, encoded in taken:
             if rc != 0:
                 lc.llama_memory_seq_rm(self.mem, slot.seq_id, slot.pos, -1)
                 self.fail(slot.job, decode_failed(rc))
                 continue
-            n = entry.n_tokens
-            n_pos = entry.layout.n_pos if entry.layout is not None else n
+            n = encoded.n_tokens
+            n_pos = encoded.layout.n_pos if encoded.layout is not None else n
             if n_pos != n:
                 self.row_shift[slot.pending[0]] = n - n_pos
             slot.cached.extend(slot.pending[:n])

@@ -1,7 +1,7 @@
 """Per-request state of the embedded engine, without llama.cpp: a `Job` is one submitted
 request, its prompts become `Task`s on the scheduler's queue, and each output sequence is a
 `Choice`. The parsed request parts a job carries live here too (`Sampling`, the tool
-`ToolPlan`, the Responses `ResponseRequest`), so oai/ fills them and slots.py reads them
+`ToolUse`, the Responses `ResponseRequest`), so oai/ fills them and slots.py reads them
 without importing each other (llama.cpp's server_task and its task_params).
 """
 
@@ -67,7 +67,7 @@ class Function:
 
 
 @dataclass
-class ToolPlan:
+class ToolUse:
     """What one request's tools ask of the engine."""
 
     functions: list[Function]
@@ -140,7 +140,7 @@ class Job:
         self.stop_strings: list[str] = []
         self.echo = False
         self.include_usage = False
-        self.tools: ToolPlan | None = None  # when the request has tools (oai/tools.py)
+        self.tools: ToolUse | None = None  # when the request has tools (oai/tools.py)
         self.response: ResponseRequest | None = None  # for RESPONSES (oai/responses_request.py)
         #: Images of the prompt (vision.py): the first id of each image chunk in the token
         #: list -> its key in the model's image store; the chunks prepare cut, until the

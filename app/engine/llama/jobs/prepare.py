@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from typing import Any, Protocol
 
 from app.engine.base import EngineError
-from app.engine.llama.jobs.jobs import Choice, Job, Task, ToolPlan
+from app.engine.llama.jobs.jobs import Choice, Job, Task, ToolUse
 from app.engine.llama.jobs.oai import responses_request, tools
 from app.engine.llama.jobs.oai.media import Media, bad_image
 from app.engine.llama.jobs.oai.sampling import parse_sampling
@@ -39,7 +39,7 @@ class Template(Protocol):
     def render(
         self,
         messages: Any,
-        plan: ToolPlan | None = None,
+        plan: ToolUse | None = None,
         media: Media | None = None,
         model: str = "",
     ) -> str: ...

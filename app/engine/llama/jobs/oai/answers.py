@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from app.engine.llama.jobs.jobs import Choice, Job, ToolPlan
+from app.engine.llama.jobs.jobs import Choice, Job, ToolUse
 from app.engine.llama.jobs.oai import responses_answer, tools
 from app.wire.endpoints import CHAT, RESPONSES
 
@@ -163,7 +163,7 @@ def choice_chunks(
 
 
 def _tool_choice_chunks(
-    job: Job, plan: ToolPlan, choice: Choice, text: str | None, model: str, fingerprint: str
+    job: Job, plan: ToolUse, choice: Choice, text: str | None, model: str, fingerprint: str
 ) -> list[dict[str, Any]]:
     """A chat choice that may be a call: its text is held back until it shows what it is.
     Opening with `{` it is a call, sent whole at the end as `tool_calls`; anything else is

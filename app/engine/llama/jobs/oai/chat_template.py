@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from app.engine.base import EngineError
-from app.engine.llama.jobs.jobs import ToolPlan
+from app.engine.llama.jobs.jobs import ToolUse
 from app.engine.llama.jobs.oai import tools
 from app.engine.llama.jobs.oai.media import Media, takes_no_images
 from app.wire.endpoints import CHAT
@@ -145,7 +145,7 @@ class ChatTemplate:
     def render(
         self,
         messages: Any,
-        plan: ToolPlan | None = None,
+        plan: ToolUse | None = None,
         media: Media | None = None,
         model: str = "",
     ) -> str:

@@ -24,7 +24,7 @@ from typing import Any
 
 from app.engine import structured
 from app.engine.base import EngineError
-from app.engine.llama.jobs.jobs import Function, ToolPlan
+from app.engine.llama.jobs.jobs import Function, ToolUse
 from app.errors import invalid
 
 #: OpenAI's rule for function names.
@@ -89,7 +89,7 @@ def _named(value: Any, names: list[str], param: str) -> str:
     return name
 
 
-def parse_tools(body: dict[str, Any]) -> ToolPlan | None:
+def parse_tools(body: dict[str, Any]) -> ToolUse | None:
     """Read and check `tools`, `tool_choice` and `parallel_tool_calls` of a chat body."""
     for legacy in ("functions", "function_call"):
         if body.get(legacy) is not None:
@@ -117,7 +117,7 @@ def parse_tools(body: dict[str, Any]) -> ToolPlan | None:
     for i, name in enumerate(names):
         if name in names[:i]:
             raise bad_param(f"tools[{i}]: the function name {name!r} appears twice.", f"tools[{i}]")
-    plan = ToolPlan(functions, allowed=list(names), parallel=parallel is not False)
+    plan = ToolUse(functions, allowed=list(names), parallel=parallel is not False)
     if choice is None or choice in ("auto", "required", "none"):
         plan.choice = choice or "auto"
     elif isinstance(choice, dict) and choice.get("type") == "function":
@@ -152,7 +152,7 @@ def call_text(name: str, arguments: Any) -> str:
     return json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False)
 
 
-def system_block(plan: ToolPlan) -> str:
+def system_block(plan: ToolUse) -> str:
     """The functions and the call format, for the system message."""
     lines = ["You can call these functions, each described in JSON:"]
     for f in plan.functions:
@@ -174,7 +174,7 @@ def system_block(plan: ToolPlan) -> str:
     return "\n".join(lines)
 
 
-def with_tools(messages: list[dict[str, str]], plan: ToolPlan | None) -> list[dict[str, str]]:
+def with_tools(messages: list[dict[str, str]], plan: ToolUse | None) -> list[dict[str, str]]:
     """Messages (already plain) with the tools block in the system message, when active."""
     if plan is None or not plan.active:
         return messages
@@ -222,7 +222,7 @@ def tool_result_text(name: str | None, content: str) -> str:
 # -- the grammar ---------------------------------------------------------------------------
 
 
-def _call_schema(plan: ToolPlan) -> dict[str, Any]:
+def _call_schema(plan: ToolUse) -> dict[str, Any]:
     by_name = {f.name: f for f in plan.functions}
     options = [
         {
@@ -240,7 +240,7 @@ def _call_schema(plan: ToolPlan) -> dict[str, Any]:
     return options[0] if len(options) == 1 else {"anyOf": options}
 
 
-def grammar(plan: ToolPlan | None) -> str | None:
+def grammar(plan: ToolUse | None) -> str | None:
     """The grammar of this turn's answer: a call (required, named), a call or text (auto),
     or None. A keyword the engine cannot hold is refused when every allowed function is
     `strict`, and left out otherwise (engine/structured.py)."""
@@ -270,7 +270,7 @@ def answer_kind(text: str) -> str | None:
     return "call" if head.startswith("{") else "text"
 
 
-def parse_calls(text: str, plan: ToolPlan) -> list[dict[str, Any]] | None:
+def parse_calls(text: str, plan: ToolUse) -> list[dict[str, Any]] | None:
     """The answer as chat `tool_calls`, or None when it is text (or a cut-off call)."""
     s = text.strip()
     if not s.startswith("{"):
@@ -294,7 +294,7 @@ def parse_calls(text: str, plan: ToolPlan) -> list[dict[str, Any]] | None:
     ]
 
 
-def calls_of(plan: ToolPlan | None, index: int, text: str) -> list[dict[str, Any]] | None:
+def calls_of(plan: ToolUse | None, index: int, text: str) -> list[dict[str, Any]] | None:
     """One choice's parsed calls, parsed once so the stream and the final body agree on ids."""
     if plan is None or not plan.active:
         return None

@@ -16,8 +16,8 @@ from app.engine.llama.contexts.slots import (
     PREFIX_CHUNK,
     PROMPT_TOKENS_PER_STEP,
     Scheduler,
-    Slot,
-    SlotState,
+    Seq,
+    SeqState,
     chunk_keys,
     common_prefix,
     leading,
@@ -49,13 +49,13 @@ def queue_of(*tasks: Task) -> list[Task]:
     return q
 
 
-def occupy(slot: Slot, priority: Priority = Priority.BATCH) -> None:
+def occupy(slot: Seq, priority: Priority = Priority.BATCH) -> None:
     j = job([1, 2, 3], priority)
     slot.take(j, j.choices[0], 3, None, ctx_per_slot=CTX)
 
 
 def test_online_goes_first_to_the_highest_slot_and_one_slot_stays_free_of_batch_lines() -> None:
-    slots = [Slot(i) for i in range(4)]
+    slots = [Seq(i) for i in range(4)]
     lines = [task(job([10 + i])) for i in range(4)]
     online = task(job([99], Priority.ONLINE))
     q = queue_of(*lines, online)
@@ -72,28 +72,28 @@ def test_online_goes_first_to_the_highest_slot_and_one_slot_stays_free_of_batch_
 
 
 def test_batch_lines_leave_the_reserved_slot_free_even_when_idle() -> None:
-    slots = [Slot(i) for i in range(4)]
+    slots = [Seq(i) for i in range(4)]
     q = queue_of(*[task(job([i])) for i in range(4)])
     admitted = Scheduler(4).admit(q, slots).starts
     assert [g[0].seq_id for _, g in admitted] == [0, 1, 2]
     assert len(q) == 1
     # With a single slot nothing is kept back.
-    one = [Slot(0)]
+    one = [Seq(0)]
     assert len(Scheduler(1).admit(queue_of(task(job([1]))), one).starts) == 1
 
 
 def test_a_batch_line_over_the_room_waits_unless_no_batch_line_runs() -> None:
-    slots = [Slot(i) for i in range(4)]
+    slots = [Seq(i) for i in range(4)]
     wide = task(job([5], n=4))  # four choices: more than the batch room of three
     assert [len(g) for _, g in Scheduler(4).admit(queue_of(wide), slots).starts] == [4]
-    slots = [Slot(i) for i in range(6)]
+    slots = [Seq(i) for i in range(6)]
     occupy(slots[0])
     q = queue_of(task(job([5], n=5)))
     assert Scheduler(6).admit(q, slots).starts == [] and len(q) == 1
 
 
 def test_the_head_of_the_queue_is_not_overtaken_by_smaller_tasks() -> None:
-    slots = [Slot(i) for i in range(4)]
+    slots = [Seq(i) for i in range(4)]
     occupy(slots[3], Priority.ONLINE)
     occupy(slots[2], Priority.ONLINE)
     big = task(job([1], Priority.ONLINE, n=3))  # needs three slots; two are free
@@ -104,7 +104,7 @@ def test_the_head_of_the_queue_is_not_overtaken_by_smaller_tasks() -> None:
 
 
 def test_cancelled_tasks_are_dropped_and_embeddings_handed_back() -> None:
-    slots = [Slot(i) for i in range(2)]
+    slots = [Seq(i) for i in range(2)]
     gone = task(job([1], Priority.ONLINE))
     gone.job.cancelled = True
     emb = Job(EMBEDDINGS, {}, Priority.ONLINE, None)
@@ -117,7 +117,7 @@ def test_cancelled_tasks_are_dropped_and_embeddings_handed_back() -> None:
 
 
 def test_the_leader_lands_where_the_longest_prefix_is_cached_and_siblings_where_least() -> None:
-    slots = [Slot(i) for i in range(6)]
+    slots = [Seq(i) for i in range(6)]
     slots[0].cached = [7, 7, 7, 7, 7, 7]
     slots[1].cached = [1, 2, 9]
     slots[2].cached = [1, 2, 3, 9, 9]
@@ -127,11 +127,11 @@ def test_the_leader_lands_where_the_longest_prefix_is_cached_and_siblings_where_
     t = task(job([1, 2, 3, 4], Priority.ONLINE, n=3))
     (admitted, group), *_ = Scheduler(6).admit(queue_of(t), slots).starts
     assert admitted is t
-    # Slot 2 shares [1, 2, 3]; the siblings take the emptiest caches, which they overwrite.
+    # Seq 2 shares [1, 2, 3]; the siblings take the emptiest caches, which they overwrite.
     assert [s.seq_id for s in group] == [2, 4, 5]
     # No shared prefix in a batch line's slots (0 and 1, below the reserved one): the tie
     # goes to the lowest slot, so lines admitted together decode as one run of sequences.
-    slots = [Slot(i) for i in range(3)]
+    slots = [Seq(i) for i in range(3)]
     slots[0].cached, slots[1].cached, slots[2].cached = [5, 5, 5], [6], []
     (_, group), *_ = Scheduler(3).admit(queue_of(task(job([1, 2]))), slots).starts
     assert [s.seq_id for s in group] == [0]
@@ -143,7 +143,7 @@ def test_the_leader_lands_where_the_longest_prefix_is_cached_and_siblings_where_
 def test_online_requests_hold_batch_lines_back_in_turns_of_consecutive_slots() -> None:
     assert ONLINE_BATCH_WINDOW == 8
     scheduler = Scheduler(20)
-    slots = [Slot(i) for i in range(20)]
+    slots = [Seq(i) for i in range(20)]
     for slot in slots[:19]:
         occupy(slot, Priority.BATCH)
     assert scheduler.held_back(slots) == set()  # no online request: every batch line decodes
@@ -153,7 +153,7 @@ def test_online_requests_hold_batch_lines_back_in_turns_of_consecutive_slots() -
 
 
 def test_few_batch_lines_beside_an_online_request_all_decode() -> None:
-    slots = [Slot(i) for i in range(10)]
+    slots = [Seq(i) for i in range(10)]
     for slot in slots[:ONLINE_BATCH_WINDOW]:
         occupy(slot, Priority.BATCH)
     occupy(slots[9], Priority.ONLINE)
@@ -162,7 +162,7 @@ def test_few_batch_lines_beside_an_online_request_all_decode() -> None:
 
 def test_prefix_source_keeps_its_own_cache_unless_another_holds_enough_more() -> None:
     prompt = list(range(40))
-    slot, other = Slot(0), Slot(1)
+    slot, other = Seq(0), Seq(1)
     slot.cached = [*prompt[:10], 99]
     scheduler = Scheduler(2)
     assert scheduler.prefix_source(slot, prompt, [slot, other], set()) == (None, 10)
@@ -179,11 +179,11 @@ def test_prefix_source_keeps_its_own_cache_unless_another_holds_enough_more() ->
 
 def test_prefix_source_leaves_the_last_prompt_token_and_obeys_prefix_cache_off() -> None:
     prompt = [1, 2, 3, 4, 5]
-    slot = Slot(0)
+    slot = Seq(0)
     slot.cached = [*prompt, 6, 7]
     # The first sampled token needs the last prompt token's logits.
     assert Scheduler(1).prefix_source(slot, prompt, [slot], set()) == (None, 4)
-    other = Slot(1)
+    other = Seq(1)
     other.cached = list(range(100, 120))
     off = Scheduler(2, prefix_cache=False)
     assert off.prefix_source(slot, prompt, [slot, other], set()) == (None, 0)
@@ -192,19 +192,19 @@ def test_prefix_source_leaves_the_last_prompt_token_and_obeys_prefix_cache_off()
 def test_slot_states_follow_a_choice_from_prompt_to_release() -> None:
     j = job([1, 2, 3, 4], Priority.ONLINE, n=2)
     j.params.max_tokens = 1000
-    leader, follower = Slot(0), Slot(1)
-    assert leader.state is SlotState.IDLE and not leader.busy
+    leader, follower = Seq(0), Seq(1)
+    assert leader.state is SeqState.IDLE and not leader.busy
     leader.take(j, j.choices[0], 4, None, ctx_per_slot=CTX)
     follower.take(j, j.choices[1], 4, leader, ctx_per_slot=CTX)
-    assert (leader.state, follower.state) == (SlotState.PROMPT, SlotState.WAIT_LEADER)
+    assert (leader.state, follower.state) == (SeqState.PROMPT, SeqState.WAIT_LEADER)
     assert leader.followers == [follower] and follower.leader is leader
     assert leader.busy and not leader.generating
     assert leader.max_tokens == CTX - 4  # max_tokens is cut to the room the slot has
     leader.generate(42)
-    assert leader.state is SlotState.GENERATING and leader.generating and leader.token == 42
+    assert leader.state is SeqState.GENERATING and leader.generating and leader.token == 42
     leader.cached = [1, 2, 3, 4, 42]
     leader.clear()
-    assert leader.state is SlotState.IDLE and leader.job is None
+    assert leader.state is SeqState.IDLE and leader.job is None
     assert leader.cached == [1, 2, 3, 4, 42]  # the KV stays for a later prompt
 
 
@@ -236,7 +236,7 @@ def line(block: list[int], i: int) -> Task:
 
 
 def test_batch_lines_wait_for_the_block_being_computed_and_others_go_ahead() -> None:
-    slots = [Slot(i) for i in range(8)]
+    slots = [Seq(i) for i in range(8)]
     a1, a2, b1, a3, b2 = (
         line(BLOCK_A, 1),
         line(BLOCK_A, 2),
@@ -271,7 +271,7 @@ def test_lines_sharing_a_chat_templates_system_prompt_wait_for_the_first_to_comp
     a file computes it, the others wait a step and fork from it rather than each computing it
     again in its own slot (issue 39: 414 then 560 of 985 prompt tokens cached)."""
     template = [7000 + i for i in range(24)]
-    slots = [Slot(i) for i in range(8)]
+    slots = [Seq(i) for i in range(8)]
     first, *others = (task(job(template + [100 * i + k for k in range(15)])) for i in range(4))
     q = queue_of(first, *others)
     scheduler = Scheduler(len(slots))
@@ -293,13 +293,13 @@ def test_lines_sharing_a_chat_templates_system_prompt_wait_for_the_first_to_comp
 def test_batch_lines_whose_block_is_cached_start_first() -> None:
     # Longest-prefix-match order: with room for two lines, the two that fork from the cached
     # block start before the older line whose prompt shares nothing cached.
-    slots = [Slot(i) for i in range(4)]
+    slots = [Seq(i) for i in range(4)]
     slots[3].cached = [*BLOCK_A, 9]
     occupy(slots[0])
     other, a1, a2 = line(BLOCK_B, 1), line(BLOCK_A, 2), line(BLOCK_A, 3)
     q = queue_of(other, a1, a2)
     starts = Scheduler(4).admit(q, slots).starts
-    # Slot 3 is kept for online requests: slots 1 and 2 are the batch room left.
+    # Seq 3 is kept for online requests: slots 1 and 2 are the batch room left.
     assert [t for t, _ in starts] == [a1, a2]
     assert q == [other]
 
@@ -322,7 +322,7 @@ def embedding(n_inputs: int, tokens: int) -> Task:
 
 
 def test_embedding_requests_share_one_decode_up_to_its_tokens_and_sequences() -> None:
-    slots = [Slot(i) for i in range(2)]
+    slots = [Seq(i) for i in range(2)]
     q = queue_of(*(embedding(1, 40) for _ in range(10)))
     by_tokens = Scheduler(2, embed_tokens=130, embed_seqs=64)
     assert len(by_tokens.admit(q, slots).embeds) == 3  # 120 tokens; a fourth would pass 130
@@ -337,7 +337,7 @@ def test_embedding_requests_share_one_decode_up_to_its_tokens_and_sequences() ->
 def test_an_embeddings_decode_is_filled_by_later_requests_that_fit() -> None:
     # llama-server fills its ubatch from any slot whose prompt fits; so does a round: the
     # 60-token request does not fit after 50 + 40, the 10-token one behind it does.
-    slots = [Slot(i) for i in range(2)]
+    slots = [Seq(i) for i in range(2)]
     a, b, c, d, e = (embedding(1, n) for n in (50, 40, 60, 10, 5))
     q = queue_of(a, b, c, d, e)
     admission = Scheduler(2, embed_tokens=100, embed_seqs=64).admit(q, slots)
@@ -347,7 +347,7 @@ def test_an_embeddings_decode_is_filled_by_later_requests_that_fit() -> None:
 
 
 def test_the_fill_takes_the_longest_that_fit_and_stops_at_other_work() -> None:
-    slots = [Slot(i) for i in range(2)]
+    slots = [Seq(i) for i in range(2)]
     head, big, small, mid = embedding(1, 70), embedding(1, 40), embedding(1, 10), embedding(1, 25)
     chat = Task(int(Priority.BATCH), next(_seq), job([1, 2, 3]))
     late = embedding(1, 5)
@@ -361,7 +361,7 @@ def test_the_fill_takes_the_longest_that_fit_and_stops_at_other_work() -> None:
 
 def test_prompt_budget_fills_the_batch_unless_an_online_request_decodes() -> None:
     assert BATCH_PROMPT_TOKENS_PER_STEP > PROMPT_TOKENS_PER_STEP
-    slots = [Slot(i) for i in range(4)]
+    slots = [Seq(i) for i in range(4)]
     scheduler = Scheduler(4)
     for slot in slots[:2]:
         occupy(slot)
