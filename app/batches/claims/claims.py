@@ -342,41 +342,32 @@ def _lane_batches(routes: frozenset[str] | None, some: bool) -> CTE:
     return batches.cte("b")
 
 
+def _lines(b: CTE, k: ColumnElement[int]) -> Select[Any]:
+    """The columns a candidate line carries: its id, its batch's owner, creation and
+    deadline, its line number and `k`, how far into its batch it is."""
+    return select_columns(
+        col(Request.id).label("id"),
+        b.c.owner,
+        b.c.created_ns,
+        b.c.deadline,
+        col(Request.line).label("line"),
+        k.label("k"),
+    ).join(b, b.c.id == col(Request.batch_id))
+
+
 def _candidates(b: CTE) -> Subquery:
     """The claim's second part: the lines it may take of the batches `b`."""
     # Each batch's candidates: its pending lines from the first on, no further than a few
     # times the lane's room (no batch gives one claim more, and on PostgreSQL other nodes
     # may hold the first ones: SKIP LOCKED then takes the next), and any line whose lease
     # ran out (a node died holding it). `k`: how far into its batch a line is.
-    pending = (
-        select_columns(
-            col(Request.id).label("id"),
-            b.c.owner,
-            b.c.created_ns,
-            b.c.deadline,
-            col(Request.line).label("line"),
-            (col(Request.line) - b.c.first).label("k"),
-        )
-        .join(b, b.c.id == col(Request.batch_id))
-        .where(
-            col(Request.status) == RequestStatus.PENDING,
-            col(Request.line) < b.c.first + bindparam("look", type_=Integer),
-        )
+    pending = _lines(b, col(Request.line) - b.c.first).where(
+        col(Request.status) == RequestStatus.PENDING,
+        col(Request.line) < b.c.first + bindparam("look", type_=Integer),
     )
-    lapsed = (
-        select_columns(
-            col(Request.id).label("id"),
-            b.c.owner,
-            b.c.created_ns,
-            b.c.deadline,
-            col(Request.line).label("line"),
-            (col(Request.line) - func.coalesce(b.c.first, col(Request.line))).label("k"),
-        )
-        .join(b, b.c.id == col(Request.batch_id))
-        .where(
-            col(Request.status) == RequestStatus.RUNNING,
-            col(Request.lease_until) < bindparam("lapsed", type_=Float),
-        )
+    lapsed = _lines(b, col(Request.line) - func.coalesce(b.c.first, col(Request.line))).where(
+        col(Request.status) == RequestStatus.RUNNING,
+        col(Request.lease_until) < bindparam("lapsed", type_=Float),
     )
     return union_all(pending, lapsed).subquery("candidates")
 
