@@ -73,8 +73,9 @@ def detect(source: str | None, generation_prompt: str = "") -> ThinkingFormat | 
     if not source:
         return None
     for name, start, end, openers in _FAMILIES:
+        # A template that opens the thought may never spell its closing tag.
         marker = "<|channel|>" if name == "channels" else start
-        if marker in source and (name == "channels" or end in source):
+        if marker in source:
             return ThinkingFormat(
                 start=start,
                 end=end,
@@ -199,6 +200,9 @@ class Thought:
         self.state = state
         self.entered = state == THINKING
         self.tokens = 0  # of the thought
+        #: Tokens fed inside the open thought (its opening tag not counted): what a thinking
+        #: budget bounds, as llama.cpp's reasoning budget counts.
+        self.inside = 0
         self._buffer = ""
         self._undecided = 0  # tokens fed while it was not yet known whether a thought opens
 
@@ -229,6 +233,7 @@ class Thought:
             self._undecided = 0 if self.state != BEFORE else self._undecided
         elif before in (THINKING, CLOSING):
             self.tokens += 1
+            self.inside += before == THINKING
         return thought, answer
 
     def _step(self, text: str) -> tuple[str, str]:
@@ -282,14 +287,16 @@ class Thought:
         if head:
             self._buffer, self.state = head, ANSWER
 
-    def finish(self) -> tuple[str, str]:
-        """What is held back when the output ends: a thought cut off stays a thought."""
+    def finish(self, text: str = "") -> tuple[str, str]:
+        """The last `text` (no token of its own: what a decoder held back) and what the split
+        held back, when the output ends: a thought cut off stays a thought."""
+        thought, answer = self._step(text)
         rest, self._buffer = self._buffer, ""
         if self.state == THINKING:
-            return rest, ""
+            return thought + rest, answer
         if self.state == BEFORE:
-            return "", rest
-        return "", rest.lstrip() if self.state == CLOSING else rest
+            return thought, answer + rest
+        return thought, answer + (rest.lstrip() if self.state == CLOSING else rest)
 
 
 def split(text: str, fmt: ThinkingFormat, *, opened: bool = False) -> tuple[str, str]:

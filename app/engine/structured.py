@@ -105,20 +105,23 @@ def _embedded(schema: dict[str, Any], strict: bool) -> str:
     return json.dumps(dict(closed(schema), **{"x-guidance": options}))
 
 
-def after_free_text(schema: dict[str, Any], end: str, *, strict: bool = True) -> str:
-    """The grammar of a free text up to and including `end` (a thought's closing tag), then
-    JSON that holds `schema`: the model thinks freely, and only its answer is constrained."""
-    from llguidance import LLMatcher
-
-    _compile(schema, strict=strict, param="response_format", what="The schema")
-    # Lark's regex ends at a slash: the closing tag's own is escaped.
+def after_thought(grammar: str, start: str, end: str, *, opened: bool) -> str:
+    """`grammar` (any compiled one: a schema, json_object, a tool call) for the answer after a
+    thought written freely: `opened`, the output starts inside the thought (its template opened
+    it) and runs to `end`; else the model may open one with `start` or answer at once. White
+    space may follow the closing tag. The thought is free text; only the answer is held."""
+    top = json.loads(grammar)
+    subs = top["grammars"]
+    subs[0]["name"] = "answer0"
+    # Lark's regex ends at a slash: the tags' own are escaped.
     closing = re.escape(end).replace("/", "\\/")
-    lark = (
-        f"start: thought answer\nthought[lazy]: /(?s:.*){closing}/\n"
-        f"answer: %json {_embedded(schema, strict)}\n"
-    )
-    text: str = LLMatcher.grammar_from_lark(lark)
-    return text
+    thought = f"thought[lazy]: /(?s:.*){closing}/\n"
+    if opened:
+        lark = "start: thought /[ \\t\\r\\n]*/ @answer0\n" + thought
+    else:
+        lark = f"start: @answer0 | {json.dumps(start)} thought /[ \\t\\r\\n]*/ @answer0\n" + thought
+    top["grammars"] = [{"name": "thought", "lark_grammar": lark}, *subs]
+    return json.dumps(top)
 
 
 def call_grammar(call_schema: dict[str, Any], *, strict: bool, or_text: bool) -> str:

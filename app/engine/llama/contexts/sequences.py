@@ -95,6 +95,14 @@ def fill_rows(
     return n
 
 
+def _closing(job: Job, choice: Choice) -> list[int]:
+    """The tokens that close the choice's thought now (its budget is spent), or none."""
+    thought, budget = choice.thought, job.thought_budget
+    if thought is None or budget is None or not thought.thinking or thought.inside < budget:
+        return []
+    return job.thought_close
+
+
 class Sequences:
     """Choices in sequences, from the take to the release, and the answers they stream."""
 
@@ -152,38 +160,23 @@ class Sequences:
         it) into the answer; returns how many tokens the answer gained."""
         job, choice = slot.job, slot.choice
         assert job is not None and choice is not None
-        if job.params.plain_greedy:
-            # The argmax of the row, as llama.cpp's greedy sampler picks it (first of equals),
-            # without building its candidate array over the whole vocabulary.
-            token = int(native.logits_row(slot.ctx, slot.i_batch, self.n_vocab).argmax())
-        else:
-            token = lc.llama_sampler_sample(slot.sampler, slot.ctx, slot.i_batch)
+        closing = _closing(job, choice)
+        # The thought spent its budget: the tokens that close it, as llama.cpp's reasoning
+        # budget forces them, and the answer follows.
+        token = closing[0] if closing else self._pick(slot)
         matcher = slot.matcher
         if self.vocab.is_eog(token) or (matcher is not None and not accept(matcher, token)):
             self.finish(slot, "stop")
             return 0
         if job.params.logprobs:
             self._record_logprob(slot, token, self.vocab.piece(token))
-        ahead: list[int] = []
-        if matcher is not None and not job.params.logprobs and not matcher.is_stopped():
-            # Forced tokens have no row of logits, so no logprobs: with logprobs asked for,
-            # each is sampled (the mask leaves it the only choice).
-            room = min(
-                slot.max_tokens - choice.completion_tokens - 1,
-                self.ctx_per_slot - (slot.pos + slot.shift) - 1,
-            )
-            ahead = forced(matcher)[: max(room, 0)]
-            if ahead and not matcher.consume_tokens(ahead):
-                ahead = []  # not expected: the grammar offered them
+        ahead = self._ahead(slot, closing[1:] if closing else None)
         taken = 0
         for t in (token, *ahead):
             taken += 1
             choice.completion_tokens += 1
             choice.tokens.append(t)
-            text = slot.stops.feed(slot.decoder.decode(self.vocab.piece(t)))
-            if text:
-                choice.text += text
-                self.emit(job, choice, text)
+            self._take_text(job, choice, slot, t)
             if slot.stops.stopped:
                 break
         if slot.stops.stopped or (matcher is not None and matcher.is_stopped()):
@@ -198,6 +191,59 @@ class Sequences:
             slot.generate(token)
             slot.forced = ahead
         return taken
+
+    def _pick(self, slot: Seq) -> int:
+        """The token sampled from the slot's row of logits."""
+        assert slot.job is not None
+        if slot.job.params.plain_greedy:
+            # The argmax of the row, as llama.cpp's greedy sampler picks it (first of equals),
+            # without building its candidate array over the whole vocabulary.
+            return int(native.logits_row(slot.ctx, slot.i_batch, self.n_vocab).argmax())
+        return int(lc.llama_sampler_sample(slot.sampler, slot.ctx, slot.i_batch))
+
+    def _ahead(self, slot: Seq, closing: list[int] | None) -> list[int]:
+        """The tokens that follow the sampled one at once: the rest of a thought's closing
+        tag (`closing`), or what the grammar forces; each taken into the matcher."""
+        job, choice, matcher = slot.job, slot.choice, slot.matcher
+        assert job is not None and choice is not None
+        if matcher is None:
+            return closing or []
+        if closing is not None:
+            ahead = closing
+        elif not job.params.logprobs and not matcher.is_stopped():
+            # Forced tokens have no row of logits, so no logprobs: with logprobs asked for,
+            # each is sampled (the mask leaves it the only choice).
+            room = min(
+                slot.max_tokens - choice.completion_tokens - 1,
+                self.ctx_per_slot - (slot.pos + slot.shift) - 1,
+            )
+            ahead = forced(matcher)[: max(room, 0)]
+        else:
+            return []
+        if ahead and not matcher.consume_tokens(ahead):
+            return []  # not expected: the grammar offered them
+        return ahead
+
+    def _take_text(self, job: Job, choice: Choice, slot: Seq, token: int) -> None:
+        """One token's text into the answer: a thinking model's thought apart (streamed as
+        its own deltas), the rest through the stop strings into the text."""
+        thought = choice.thought
+        special = thought is not None and token in job.thought_close
+        text = slot.decoder.decode(self.vocab.piece(token, special))
+        if thought is not None:
+            inner, answer = thought.feed(text)
+            if not job.thought_inline:  # else the whole text stays in the answer
+                text = answer
+                self._take_thought(job, choice, inner)
+        text = slot.stops.feed(text)
+        if text:
+            choice.text += text
+            self.emit(job, choice, text)
+
+    def _take_thought(self, job: Job, choice: Choice, text: str) -> None:
+        if text:
+            choice.reasoning += text
+            self.emit(job, choice, text, thought=True)
 
     def _record_logprob(self, slot: Seq, token: int, piece: bytes) -> None:
         job, choice = slot.job, slot.choice
@@ -214,7 +260,13 @@ class Sequences:
     def finish(self, slot: Seq, reason: str) -> None:
         job, choice = slot.job, slot.choice
         assert job is not None and choice is not None
-        tail = slot.stops.feed(slot.decoder.decode(b"", final=True)) + slot.stops.flush()
+        tail = slot.decoder.decode(b"", final=True)
+        thought = choice.thought
+        if thought is not None and not job.thought_inline:
+            # What the split held back: a thought cut off stays the thought, never the answer.
+            inner, tail = thought.finish(tail)
+            self._take_thought(job, choice, inner)
+        tail = slot.stops.feed(tail) + slot.stops.flush()
         if tail:
             choice.text += tail
             self.emit(job, choice, tail)
@@ -247,11 +299,13 @@ class Sequences:
         if self.settle(job, result=answers.completion(job, model, fp)):
             self.counters.count("succeeded")
 
-    def emit(self, job: Job, choice: Choice, text: str | None) -> None:
-        """Stream one delta (text) or the closing chunk (None) of a choice."""
+    def emit(self, job: Job, choice: Choice, text: str | None, *, thought: bool = False) -> None:
+        """Stream one delta (text; with `thought`, of the thought) or the closing chunk
+        (None) of a choice."""
         if job.on_chunk is None:
             return
-        for chunk in answers.choice_chunks(job, choice, text, job.model, self.fingerprint):
+        chunks = answers.choice_chunks(job, choice, text, job.model, self.fingerprint, thought)
+        for chunk in chunks:
             self._call_chunk(job, chunk)
         choice.started = True
 

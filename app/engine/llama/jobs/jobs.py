@@ -16,6 +16,7 @@ from typing import Any
 
 from app.engine.base import ChunkCallback, Priority
 from app.engine.llama.jobs.block import Block
+from app.engine.reasoning import BEFORE, Thought
 from app.wire.endpoints import CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES
 
 _ID_PREFIX = {CHAT: "chatcmpl-", COMPLETIONS: "cmpl-", EMBEDDINGS: "emb-", RESPONSES: "resp_"}
@@ -94,6 +95,17 @@ class ResponseRequest:
     opened: bool = False  # response.created / in_progress went out
     mode: str | None = None  # "text" once the message item is open, "call" while held back
     completed_at: int | None = None
+    #: The `reasoning` the request asked for ({effort, summary}), echoed; the reasoning
+    #: item's id, its text streamed so far (None: none yet) and whether its item is closed.
+    reasoning: dict[str, Any] = field(default_factory=lambda: {"effort": None, "summary": None})
+    reasoning_id: str = field(default_factory=lambda: "rs_" + uuid.uuid4().hex[:24])
+    thought: str | None = None
+    thought_closed: bool = False
+
+    @property
+    def first(self) -> int:
+        """The output index of the answer's first item: after the reasoning item, if any."""
+        return 0 if self.thought is None else 1
 
 
 @dataclass
@@ -102,11 +114,19 @@ class Choice:
 
     index: int
     text: str = ""
+    #: A thinking model's thought, apart from `text` (the answer), and its split.
+    reasoning: str = ""
+    thought: Thought | None = None
     completion_tokens: int = 0
     tokens: list[int] = field(default_factory=list)  # the answer's ids, sampled or forced
     finish_reason: str | None = None
     logprobs: list[dict[str, Any]] = field(default_factory=list)
     started: bool = False  # the streamed role chunk went out
+
+    @property
+    def reasoning_tokens(self) -> int:
+        """The answer's tokens that belong to its thought (within completion_tokens)."""
+        return self.thought.tokens if self.thought is not None else 0
 
 
 class Job:
@@ -141,6 +161,13 @@ class Job:
         self.echo = False
         self.include_usage = False
         self.tools: ToolUse | None = None  # when the request has tools (oai/tools.py)
+        #: A thinking model's answer (reasoning.py): the tokens a thought may take before
+        #: the engine closes it (None: no bound), the tokens that close it, and whether
+        #: the thought stays inline in the text (`reasoning_format: "none"`).
+        self.thought_budget: int | None = None
+        self.thought_close: list[int] = []
+        self.thought_inline = False
+        self.thought_start = BEFORE  # where each answer starts: reasoning.Thought.state
         self.response: ResponseRequest | None = None  # for RESPONSES (oai/responses_request.py)
         #: Images of the prompt (vision.py): the first id of each image chunk in the token
         #: list -> its key in the model's image store; the chunks prepare cut, until the

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any, Protocol
 
+from app.engine import reasoning, structured
 from app.engine.base import EngineError
 from app.engine.llama.jobs.jobs import Choice, Job, Task, ToolUse
 from app.engine.llama.jobs.oai import responses_request, tools
@@ -17,7 +18,7 @@ from app.engine.llama.jobs.oai.media import Media, bad_image
 from app.engine.llama.jobs.oai.sampling import parse_sampling
 from app.engine.tiers import service_tier
 from app.errors import invalid
-from app.wire.endpoints import CHAT, EMBEDDINGS, RESPONSES
+from app.wire.endpoints import CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES
 
 
 class Tokenizer(Protocol):
@@ -36,12 +37,15 @@ class Tokenizer(Protocol):
 class Template(Protocol):
     """What preparing needs of a chat template (oai/chat_template.py's ChatTemplate)."""
 
+    thinking: reasoning.ThinkingFormat | None
+
     def render(
         self,
         messages: Any,
         plan: ToolUse | None = None,
         media: Media | None = None,
         model: str = "",
+        kwargs: dict[str, Any] | None = None,
     ) -> str: ...
 
     def stop_strings(self) -> list[str]: ...
@@ -103,8 +107,11 @@ class Preparer:
         embedding_dim: int,
         vision: Vision | None = None,
         grammars: Constraints | None = None,
+        thought_budget: int | None = None,
     ) -> None:
         self.vision = vision
+        #: The server's thinking budget (`--reasoning-budget`), where a request names none.
+        self.thought_budget = thought_budget
         self.grammars = grammars
         self.tokenizer = tokenizer
         self.template = template
@@ -148,33 +155,7 @@ class Preparer:
             isinstance(stream_options, dict) and stream_options.get("include_usage")
         )
         if chat:
-            # A batch line's tier is checked as the online endpoint checks it (it runs at
-            # batch priority whatever it names).
-            service_tier(body.get("service_tier"), cls=EngineError)
-            plan = job.tools = tools.parse_tools(body)
-            call_grammar = tools.grammar(plan)
-            if plan is not None and call_grammar is not None:
-                if job.params.grammar is not None and plan.choice == "auto":
-                    raise invalid(
-                        "'response_format' together with tools that the model may call "
-                        "('tool_choice' auto) is not supported; use tool_choice 'none' or "
-                        "'required', or drop the response_format.",
-                        param="response_format",
-                        cls=EngineError,
-                    )
-                job.params.grammar = call_grammar
-            if job.tools is not None and job.tools.active and job.params.n > 1:
-                raise invalid(
-                    "'n' above 1 together with tools is not supported.", param="n", cls=EngineError
-                )
-            media = Media(self.vision.marker) if self.vision is not None else None
-            text = self.template.render(body.get("messages"), job.tools, media, job.model)
-            job.prompt_texts = [text]
-            if self.vision is not None and media is not None and media.images:
-                job.prompts = [self._with_images(job, text, media.images)]
-            else:
-                job.prompts = [self.tokenizer.tokenize(text, add_special=False)]
-            job.stop_strings = job.params.stop + self.template.stop_strings()
+            self._prepare_chat(job, body)
             param = "messages"
         else:
             if body.get("suffix"):
@@ -202,6 +183,10 @@ class Preparer:
             self._check_fits(len(tokens), job.params.max_tokens, param)
         n = job.params.n
         job.choices = [Choice(i) for i in range(n * len(job.prompts))]
+        fmt = self.template.thinking if job.endpoint != COMPLETIONS else None
+        if fmt is not None:
+            for choice in job.choices:
+                choice.thought = reasoning.Thought(fmt, job.thought_start)
         job.unfinished = len(job.choices)
         tasks = []
         for p in range(len(job.prompts)):
@@ -210,6 +195,58 @@ class Preparer:
                 indices = [p * n + k for k in range(start, min(n, start + self.n_slots))]
                 tasks.append(Task(int(job.priority), next(seq), job, p, indices))
         return tasks
+
+    def _prepare_chat(self, job: Job, body: dict[str, Any]) -> None:
+        """A chat body's tools, template (with its reasoning controls) and prompt."""
+        # A batch line's tier is checked as the online endpoint checks it (it runs at
+        # batch priority whatever it names).
+        service_tier(body.get("service_tier"), cls=EngineError)
+        plan = job.tools = tools.parse_tools(body)
+        call_grammar = tools.grammar(plan)
+        if plan is not None and call_grammar is not None:
+            if job.params.grammar is not None and plan.choice == "auto":
+                raise invalid(
+                    "'response_format' together with tools that the model may call "
+                    "('tool_choice' auto) is not supported; use tool_choice 'none' or "
+                    "'required', or drop the response_format.",
+                    param="response_format",
+                    cls=EngineError,
+                )
+            job.params.grammar = call_grammar
+        if job.tools is not None and job.tools.active and job.params.n > 1:
+            raise invalid(
+                "'n' above 1 together with tools is not supported.", param="n", cls=EngineError
+            )
+        controls = reasoning.request_controls(body, self.thought_budget)
+        media = Media(self.vision.marker) if self.vision is not None else None
+        text = self.template.render(
+            body.get("messages"), job.tools, media, job.model, controls.template_kwargs
+        )
+        job.prompt_texts = [text]
+        self._think(job, text, controls)
+        if self.vision is not None and media is not None and media.images:
+            job.prompts = [self._with_images(job, text, media.images)]
+        else:
+            job.prompts = [self.tokenizer.tokenize(text, add_special=False)]
+        job.stop_strings = job.params.stop + self.template.stop_strings()
+
+    def _think(self, job: Job, prompt: str, controls: reasoning.Controls) -> None:
+        """A thinking model's answer: each choice's split (from where the prompt leaves the
+        thought), its budget and the tokens that close a thought, and the grammar of a
+        structured answer moved past the thought."""
+        fmt = self.template.thinking
+        if fmt is None:
+            return
+        job.thought_inline = controls.inline
+        job.thought_budget = controls.budget
+        close = fmt.end + (fmt.openers[0] if fmt.openers else "")
+        job.thought_close = self.tokenizer.tokenize(close, add_special=False)
+        state = reasoning.Thought.for_prompt(fmt, prompt).state
+        job.thought_start = state
+        if job.params.grammar is not None and state != reasoning.ANSWER:
+            job.params.grammar = structured.after_thought(
+                job.params.grammar, fmt.start, fmt.end, opened=state == reasoning.THINKING
+            )
 
     def _with_images(self, job: Job, text: str, images: list[bytes]) -> list[int]:
         """The token list of a prompt with images; its chunks wait on the job for the store."""

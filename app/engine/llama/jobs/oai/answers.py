@@ -32,6 +32,9 @@ def usage(job: Job) -> dict[str, Any]:
     }
     if job.endpoint == CHAT:
         out["prompt_tokens_details"] = {"cached_tokens": job.cached_tokens}
+        # The thought's tokens are within completion_tokens, as OpenAI bills them.
+        thought = sum(c.reasoning_tokens for c in job.choices)
+        out["completion_tokens_details"] = {"reasoning_tokens": thought}
     return out
 
 
@@ -71,6 +74,8 @@ def _chat_choice(job: Job, c: Choice) -> dict[str, Any]:
     message: dict[str, Any] = {"role": "assistant", "content": c.text, "refusal": None}
     if calls:
         message = {"role": "assistant", "content": None, "refusal": None, "tool_calls": calls}
+    if c.reasoning:
+        message["reasoning_content"] = c.reasoning
     return {
         "index": c.index,
         "message": message,
@@ -119,15 +124,23 @@ def _chunk(job: Job, model: str, fingerprint: str, choices: list[dict[str, Any]]
 
 
 def choice_chunks(
-    job: Job, choice: Choice, text: str | None, model: str, fingerprint: str
+    job: Job,
+    choice: Choice,
+    text: str | None,
+    model: str,
+    fingerprint: str,
+    thought: bool = False,
 ) -> list[dict[str, Any]]:
-    """The stream chunks for one delta (`text`) or the closing chunk (None) of a choice.
+    """The stream chunks for one delta (`text`; with `thought`, of the thought) or the
+    closing chunk (None) of a choice.
 
     A chat choice's first delta is preceded by its role chunk (until `choice.started`).
     A `response` streams its own events (responses_answer.stream_events).
     """
     if job.endpoint == RESPONSES:
-        return responses_answer.stream_events(job, choice, text, model)
+        return responses_answer.stream_events(job, choice, text, model, thought=thought)
+    if thought:
+        return _thought_chunks(job, choice, text or "", model, fingerprint)
     if job.tools is not None and job.tools.active:
         return _tool_choice_chunks(job, job.tools, choice, text, model, fingerprint)
     finish = None if text is not None else choice.finish_reason
@@ -160,6 +173,19 @@ def choice_chunks(
         )
     )
     return chunks
+
+
+def _thought_chunks(
+    job: Job, choice: Choice, text: str, model: str, fingerprint: str
+) -> list[dict[str, Any]]:
+    """A delta of the thought: `delta.reasoning_content`, after the role chunk."""
+
+    def one(delta: dict[str, Any]) -> dict[str, Any]:
+        entry = {"index": choice.index, "delta": delta, "logprobs": None, "finish_reason": None}
+        return _chunk(job, model, fingerprint, [entry])
+
+    opening = [] if choice.started else [one({"role": "assistant", "content": ""})]
+    return [*opening, one({"reasoning_content": text})]
 
 
 def _tool_choice_chunks(

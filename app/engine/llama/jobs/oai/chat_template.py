@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from app.engine import reasoning
 from app.engine.base import EngineError
 from app.engine.llama.jobs.jobs import ToolUse
 from app.engine.llama.jobs.oai import tools
@@ -105,19 +106,45 @@ def normalise_messages(
                 )
             role, content = "user", tools.tool_result_text(call_names.get(call_id), content)
         # Templates know "system"; OpenAI's newer "developer" role means the same thing.
-        out.append({"role": "system" if role == "developer" else role, "content": content})
+        entry = {"role": "system" if role == "developer" else role, "content": content}
+        thought = _earlier_thought(message, i) if role == "assistant" else None
+        if thought is not None:
+            entry["reasoning_content"] = thought
+        out.append(entry)
     return out
 
 
+def _earlier_thought(message: dict[str, Any], index: int) -> str | None:
+    """An earlier assistant turn's thought (`reasoning_content`, as llama-server and SGLang
+    send it, or `reasoning`, as vLLM and Ollama do): the template decides whether to render
+    it (Qwen3's renders the last turns' thoughts, most drop them)."""
+    for key in ("reasoning_content", "reasoning"):
+        value = message.get(key)
+        if value is None:
+            continue
+        if not isinstance(value, str):
+            raise EngineError(
+                f"messages[{index}].{key} must be a string.",
+                param=f"messages[{index}].{key}",
+                code="invalid_type",
+            )
+        return value
+    return None
+
+
 def formatter_messages(messages: list[dict[str, str]]) -> list[ChatCompletionRequestMessage]:
-    """Plain messages (roles system, user, assistant) as llama_cpp's formatter types them."""
+    """Plain messages (roles system, user, assistant) as llama_cpp's formatter types them; an
+    assistant turn keeps its thought in `reasoning_content` for the templates that read it."""
     out: list[ChatCompletionRequestMessage] = []
     for message in messages:
         role, content = message["role"], message["content"]
         if role == "system":
             out.append({"role": "system", "content": content})
         elif role == "assistant":
-            out.append({"role": "assistant", "content": content})
+            turn: Any = {"role": "assistant", "content": content}
+            if "reasoning_content" in message:
+                turn["reasoning_content"] = message["reasoning_content"]
+            out.append(turn)
         else:
             out.append({"role": "user", "content": content})
     return out
@@ -141,6 +168,16 @@ class ChatTemplate:
             bos_token=bos_token,
             add_generation_prompt=True,
         )
+        #: How the model writes a thought (None: it does not reason), read off the template
+        #: as llama.cpp's common/chat reads it.
+        self.thinking = reasoning.detect(template, self._probe())
+
+    def _probe(self) -> str:
+        """What the template renders for one user message: whether it opens the thought."""
+        try:
+            return self._formatter(messages=[{"role": "user", "content": "x"}]).prompt
+        except Exception:  # a template that wants more than one message: no probe
+            return ""
 
     def render(
         self,
@@ -148,15 +185,17 @@ class ChatTemplate:
         plan: ToolUse | None = None,
         media: Media | None = None,
         model: str = "",
+        kwargs: dict[str, Any] | None = None,
     ) -> str:
         """The prompt text, ending with the assistant's generation prompt; with the
         functions of an active tool `plan` in its system message. Images go into `media`
         (their markers into the text); without it, an image is refused, naming `model`
-        (the id the request was answered as; "": `model_id`)."""
+        (the id the request was answered as; "": `model_id`). `kwargs` are the template's
+        variables (reasoning.Controls.template_kwargs)."""
         who = (model or self.model_id, self.no_projector_why)
         normalised = tools.with_tools(normalise_messages(messages, media, who), plan)
         try:
-            return self._formatter(messages=formatter_messages(normalised)).prompt
+            return self._formatter(messages=formatter_messages(normalised), **(kwargs or {})).prompt
         except Exception as exc:  # a template's raise_exception(), e.g. roles out of order
             raise EngineError(
                 f"The model's chat template rejected the messages: {exc}",

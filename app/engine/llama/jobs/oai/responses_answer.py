@@ -9,6 +9,7 @@ from typing import Any
 
 from app.engine.llama.jobs.jobs import Choice, Job, ResponseRequest
 from app.engine.llama.jobs.oai import tools
+from app.engine.reasoning import THINKING
 
 # -- response ------------------------------------------------------------------------------
 
@@ -21,7 +22,7 @@ def usage(job: Job) -> dict[str, Any]:
         "input_tokens": prompt,
         "input_tokens_details": {"cached_tokens": job.cached_tokens, "cache_write_tokens": 0},
         "output_tokens": completion,
-        "output_tokens_details": {"reasoning_tokens": 0},
+        "output_tokens_details": {"reasoning_tokens": sum(c.reasoning_tokens for c in job.choices)},
         "total_tokens": prompt + completion,
     }
 
@@ -49,13 +50,37 @@ def _call_item(call: dict[str, Any], status: str, arguments: str | None = None) 
     }
 
 
+def _reasoning_item(state: ResponseRequest, text: str, status: str) -> dict[str, Any]:
+    content = [{"type": "reasoning_text", "text": text}] if status != "in_progress" else []
+    return {
+        "id": state.reasoning_id,
+        "type": "reasoning",
+        "summary": [],
+        "content": content,
+        "encrypted_content": None,
+        "status": status,
+    }
+
+
+def _cut_thinking(choice: Choice) -> bool:
+    """The answer ended inside its thought (out of room): it has no answer proper."""
+    return choice.thought is not None and choice.thought.state == THINKING
+
+
 def _output(job: Job, choice: Choice) -> list[dict[str, Any]]:
     assert job.response is not None
+    cut = _cut_thinking(choice)
+    out = []
+    if choice.reasoning:
+        status = "incomplete" if cut else "completed"
+        out.append(_reasoning_item(job.response, choice.reasoning, status))
+    if cut:
+        return out  # the thought ran out of room: no answer, and the thought is not one
     calls = tools.calls_of(job.tools, choice.index, choice.text)
     if calls:
-        return [_call_item(c, "completed") for c in calls]
+        return [*out, *(_call_item(c, "completed") for c in calls)]
     status = "incomplete" if choice.finish_reason == "length" else "completed"
-    return [_message_item(job.response, choice.text, status)]
+    return [*out, _message_item(job.response, choice.text, status)]
 
 
 def body(job: Job, model: str, *, final: bool = True) -> dict[str, Any]:
@@ -84,7 +109,7 @@ def body(job: Job, model: str, *, final: bool = True) -> dict[str, Any]:
         "model": model,
         "output": _output(job, choice) if final else [],
         "previous_response_id": None,
-        "reasoning": {"effort": None, "summary": None},
+        "reasoning": state.reasoning,
         "service_tier": "default",
         "truncation": "disabled",
         "usage": usage(job) if final else None,
@@ -102,12 +127,13 @@ def _event(state: ResponseRequest, kind: str, **fields: Any) -> dict[str, Any]:
 
 
 def _open_message(state: ResponseRequest, out: list[dict[str, Any]]) -> None:
+    _close_thought(state, out)
     state.mode = "text"
     out.append(
         _event(
             state,
             "response.output_item.added",
-            output_index=0,
+            output_index=state.first,
             item=_message_item(state, "", "in_progress"),
         )
     )
@@ -116,7 +142,7 @@ def _open_message(state: ResponseRequest, out: list[dict[str, Any]]) -> None:
             state,
             "response.content_part.added",
             item_id=state.message_id,
-            output_index=0,
+            output_index=state.first,
             content_index=0,
             part={"type": "output_text", "text": "", "annotations": [], "logprobs": []},
         )
@@ -128,15 +154,63 @@ def _delta(state: ResponseRequest, text: str) -> dict[str, Any]:
         state,
         "response.output_text.delta",
         item_id=state.message_id,
-        output_index=0,
+        output_index=state.first,
         content_index=0,
         delta=text,
         logprobs=[],
     )
 
 
-def stream_events(job: Job, choice: Choice, text: str | None, model: str) -> list[dict[str, Any]]:
-    """The events for one text delta, or for the end of the answer (`text` None).
+_THOUGHT_IDS = {"output_index": 0, "content_index": 0}
+
+
+def _open_thought(state: ResponseRequest, out: list[dict[str, Any]]) -> None:
+    state.thought = ""
+    item = _reasoning_item(state, "", "in_progress")
+    out.append(_event(state, "response.output_item.added", output_index=0, item=item))
+    part = {"type": "reasoning_text", "text": ""}
+    out.append(
+        _event(
+            state,
+            "response.content_part.added",
+            item_id=state.reasoning_id,
+            part=part,
+            **_THOUGHT_IDS,
+        )
+    )
+
+
+def _close_thought(
+    state: ResponseRequest, out: list[dict[str, Any]], status: str = "completed"
+) -> None:
+    """The reasoning item's closing events, once, when the answer begins (or ends)."""
+    if state.thought is None or state.thought_closed:
+        return
+    text = state.thought
+    ids = {"item_id": state.reasoning_id, **_THOUGHT_IDS}
+    out.append(_event(state, "response.reasoning_text.done", text=text, **ids))
+    part = {"type": "reasoning_text", "text": text}
+    out.append(_event(state, "response.content_part.done", part=part, **ids))
+    item = _reasoning_item(state, text, status)
+    out.append(_event(state, "response.output_item.done", output_index=0, item=item))
+    state.thought_closed = True
+
+
+def _thought_events(state: ResponseRequest, text: str) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    if state.thought is None:
+        _open_thought(state, out)
+    state.thought = (state.thought or "") + text
+    ids = {"item_id": state.reasoning_id, **_THOUGHT_IDS}
+    out.append(_event(state, "response.reasoning_text.delta", delta=text, **ids))
+    return out
+
+
+def stream_events(
+    job: Job, choice: Choice, text: str | None, model: str, *, thought: bool = False
+) -> list[dict[str, Any]]:
+    """The events for one text delta (with `thought`, of the thought: the reasoning item's),
+    or for the end of the answer (`text` None).
 
     With active tools the text is held back until it shows what it is: an answer opening
     with `{` is a call (sent whole at the end as a function_call item), anything else is
@@ -150,6 +224,8 @@ def stream_events(job: Job, choice: Choice, text: str | None, model: str) -> lis
         opening = body(job, model, final=False)
         out.append(_event(state, "response.created", response=opening))
         out.append(_event(state, "response.in_progress", response=opening))
+    if thought:
+        return out + _thought_events(state, text or "")
     calling = job.tools is not None and job.tools.active
     if text is not None:
         if state.mode == "text":
@@ -164,10 +240,24 @@ def stream_events(job: Job, choice: Choice, text: str | None, model: str) -> lis
                 _open_message(state, out)
                 out.append(_delta(state, choice.text))
         return out
+    return out + _end_events(job, choice, model)
+
+
+def _end_events(job: Job, choice: Choice, model: str) -> list[dict[str, Any]]:
+    """The events that close the answer: its thought's item, its calls or its message, and
+    `response.completed` (or `.incomplete`)."""
+    state = job.response
+    assert state is not None
+    out: list[dict[str, Any]] = []
     final = body(job, model)
+    if _cut_thinking(choice):
+        _close_thought(state, out, "incomplete")
+        kind = "response.completed" if final["status"] == "completed" else "response.incomplete"
+        return [*out, _event(state, kind, response=final)]
+    _close_thought(state, out)
     calls = tools.calls_of(job.tools, choice.index, choice.text)
     if calls:
-        for k, call in enumerate(calls):
+        for k, call in enumerate(calls, start=state.first):
             item = _call_item(call, "in_progress", arguments="")
             out.append(_event(state, "response.output_item.added", output_index=k, item=item))
             args = call["function"]["arguments"]
@@ -183,12 +273,12 @@ def stream_events(job: Job, choice: Choice, text: str | None, model: str) -> lis
             _open_message(state, out)
             if choice.text:
                 out.append(_delta(state, choice.text))
-        item = final["output"][0]
+        item = final["output"][-1]
         part = item["content"][0]
-        ids = {"item_id": state.message_id, "output_index": 0, "content_index": 0}
+        ids = {"item_id": state.message_id, "output_index": state.first, "content_index": 0}
         out.append(_event(state, "response.output_text.done", text=choice.text, logprobs=[], **ids))
         out.append(_event(state, "response.content_part.done", part=part, **ids))
-        out.append(_event(state, "response.output_item.done", output_index=0, item=item))
+        out.append(_event(state, "response.output_item.done", output_index=state.first, item=item))
     kind = "response.completed" if final["status"] == "completed" else "response.incomplete"
     out.append(_event(state, kind, response=final))
     return out

@@ -3,7 +3,8 @@ it runs as (responses_answer.py builds the answer).
 
 The request becomes chat messages, sampling fields, a response format and tools, so prefix
 cache, grammar and sampling are the chat path's. What the engine cannot honour (stored
-responses, background runs, built-in tools, reasoning) is a 400 that names the parameter.
+responses, background runs, built-in tools) is a 400 that names the parameter. `reasoning`
+runs as chat's `reasoning_effort` (engine/reasoning.py); a model that does not reason ignores it.
 Responses are not stored: `store` is accepted either way.
 """
 
@@ -26,7 +27,12 @@ KNOWN = {
     "stream_options", "user", "safety_identifier", "prompt_cache_key", "prompt_cache_retention",
     "truncation", "service_tier", "include", "background", "previous_response_id",
     "conversation", "reasoning", "top_logprobs", "max_tool_calls", "prompt",
+    # llama-server's and vLLM's own, as on chat (engine/reasoning.py reads them)
+    "thinking_token_budget", "chat_template_kwargs", "reasoning_format",
 }  # fmt: skip
+#: Those the chat body they run as takes as they are.
+_PASSED = ("temperature", "top_p", "parallel_tool_calls", "thinking_token_budget",
+           "chat_template_kwargs", "reasoning_format")  # fmt: skip
 #: Fields only OpenAI's own stored state or hosted features can serve, and why.
 REFUSED = {
     "previous_response_id": "this server does not keep responses; send the earlier turns "
@@ -35,12 +41,20 @@ REFUSED = {
     "prompt": "stored prompt templates are not available here; send 'instructions'",
 }
 MAX_METADATA_KEYS = 16
+#: `include` values taken: batch files written for reasoning models ask for the thought's
+#: encrypted form; here a thought is never encrypted, so the item's `encrypted_content` is
+#: null and its text is in `content`.
+INCLUDABLE = ("reasoning.encrypted_content",)
+#: Responses' `reasoning.summary` values (openai-python types/shared/reasoning.py). No summary
+#: is written: the thought itself is in the item's `content`, its `summary` stays [].
+SUMMARIES = ("auto", "concise", "detailed")
 #: Chat parameter names -> the Responses names a user sent, for errors from the chat path.
 _RENAMES = (
     ("max_completion_tokens", "max_output_tokens"),
     ("max_tokens", "max_output_tokens"),
     ("response_format", "text.format"),
     ("messages", "input"),
+    ("reasoning_effort", "reasoning.effort"),
     (".function.", "."),
 )
 
@@ -119,6 +133,37 @@ def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
         raise bad_param(
             "'input' must be a string or a non-empty list of items.", "input", "invalid_type"
         )
+    out = _items(items, out)
+    # A reasoning item with no message after it is a thought alone: an empty answer.
+    for message in out:
+        if (
+            message["role"] == "assistant"
+            and message["content"] is None
+            and "tool_calls" not in message
+        ):
+            message["content"] = ""
+    return out
+
+
+def _reasoning_input(item: dict[str, Any], p: str) -> str:
+    """An input reasoning item's thought: its `content` texts, else its summary's."""
+    for key in ("content", "summary"):
+        parts = item.get(key)
+        if isinstance(parts, list) and parts:
+            texts = [x.get("text") for x in parts if isinstance(x, dict)]
+            if all(isinstance(t, str) for t in texts):
+                return "".join(t for t in texts if t)
+    if isinstance(item.get("summary"), list):
+        return ""
+    raise bad_param(
+        f"{p} is a reasoning item: it needs 'summary' (a list, maybe empty) and may have "
+        "'content' [{'type': 'reasoning_text', 'text': ...}].",
+        f"{p}.summary",
+        "missing_required_parameter",
+    )
+
+
+def _items(items: list[Any], out: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for i, item in enumerate(items):
         p = f"input[{i}]"
         if not isinstance(item, dict):
@@ -134,7 +179,11 @@ def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
             content = item.get("content")
             if role == "assistant":
                 kinds = ("output_text", "input_text")
-                out.append({"role": role, "content": _text(content, f"{p}.content", kinds)})
+                text = _text(content, f"{p}.content", kinds)
+                if out and out[-1]["role"] == "assistant" and out[-1]["content"] is None:
+                    out[-1]["content"] = text  # after its reasoning item
+                else:
+                    out.append({"role": role, "content": text})
             else:
                 out.append({"role": role, "content": _user_content(content, f"{p}.content")})
         elif kind == "function_call":
@@ -150,6 +199,11 @@ def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
                 out[-1].setdefault("tool_calls", []).append(call)
             else:
                 out.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        elif kind == "reasoning":
+            # An earlier turn's thought: the next assistant turn carries it, and the
+            # template decides whether to show it to the model.
+            thought = _reasoning_input(item, p)
+            out.append({"role": "assistant", "content": None, "reasoning_content": thought})
         elif kind == "function_call_output":
             call_id = item.get("call_id")
             if not isinstance(call_id, str):
@@ -251,18 +305,10 @@ def _refuse_unsupported(body: dict[str, Any]) -> None:
             "background",
             "unsupported_parameter",
         )
-    reasoning = body.get("reasoning")
-    if reasoning is not None and (
-        not isinstance(reasoning, dict) or any(v is not None for v in reasoning.values())
-    ):
+    include = body.get("include")
+    if include and (not isinstance(include, list) or set(include) - set(INCLUDABLE)):
         raise bad_param(
-            "'reasoning' is not supported with this model (it does not reason).",
-            "reasoning",
-            "unsupported_parameter",
-        )
-    if body.get("include"):
-        raise bad_param(
-            "'include' is not supported: no extra output data is available.",
+            f"'include' may only list {', '.join(INCLUDABLE)}: no other output data is available.",
             "include",
             "unsupported_parameter",
         )
@@ -299,11 +345,14 @@ def to_chat(body: dict[str, Any]) -> tuple[dict[str, Any], ResponseRequest]:
     """A Responses body as the chat body the engine runs, and what the answer echoes."""
     _refuse_unsupported(body)
     chat: dict[str, Any] = {"model": body.get("model"), "messages": _messages(body)}
-    for key in ("temperature", "top_p", "parallel_tool_calls"):
+    for key in _PASSED:
         if body.get(key) is not None:
             chat[key] = body[key]
     if body.get("max_output_tokens") is not None:
         chat["max_completion_tokens"] = body["max_output_tokens"]
+    asked = _reasoning(body.get("reasoning"))
+    if asked["effort"] is not None:
+        chat["reasoning_effort"] = asked["effort"]
     fmt = _response_format(body.get("text"))
     if fmt is not None:
         chat["response_format"] = fmt
@@ -335,7 +384,25 @@ def to_chat(body: dict[str, Any]) -> tuple[dict[str, Any], ResponseRequest]:
         "safety_identifier": body.get("safety_identifier"),
         "prompt_cache_key": body.get("prompt_cache_key"),
     }
-    return chat, ResponseRequest(echo)
+    return chat, ResponseRequest(echo, reasoning=asked)
+
+
+def _reasoning(value: Any) -> dict[str, Any]:
+    """The `reasoning` object ({effort, summary}), checked: its effort runs as chat's
+    `reasoning_effort` (checked there against reasoning.EFFORTS)."""
+    if value is None:
+        return {"effort": None, "summary": None}
+    if not isinstance(value, dict):
+        raise bad_param("'reasoning' must be an object.", "reasoning", "invalid_type")
+    summary = value.get("summary", value.get("generate_summary"))
+    if summary is not None and summary not in SUMMARIES:
+        raise bad_param(
+            f"Invalid value for 'reasoning.summary': {summary!r}. Supported values are: "
+            + ", ".join(repr(x) for x in SUMMARIES)
+            + ".",
+            "reasoning.summary",
+        )
+    return {"effort": value.get("effort"), "summary": summary}
 
 
 def renamed(exc: EngineError) -> EngineError:
