@@ -24,7 +24,7 @@ from typing import Any
 from app.engine.base import EngineError
 from app.errors import invalid
 
-#: OpenAI's ReasoningEffort (openai-python types/shared/reasoning_effort.py), in order.
+#: OpenAI's ReasoningEffort (the `openai` SDK's type of that name), in order.
 EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
 #: Where an answer's thought goes (`--reasoning-field`): llama-server, LM Studio and SGLang
 #: name it `reasoning_content`, vLLM and Ollama `reasoning`.

@@ -45,7 +45,7 @@ MAX_METADATA_KEYS = 16
 #: encrypted form; here a thought is never encrypted, so the item's `encrypted_content` is
 #: null and its text is in `content`.
 INCLUDABLE = ("reasoning.encrypted_content",)
-#: Responses' `reasoning.summary` values (openai-python types/shared/reasoning.py). No summary
+#: Responses' `reasoning.summary` values (the `openai` SDK's Reasoning type). No summary
 #: is written: the thought itself is in the item's `content`, its `summary` stays [].
 SUMMARIES = ("auto", "concise", "detailed")
 #: Chat parameter names -> the Responses names a user sent, for errors from the chat path.

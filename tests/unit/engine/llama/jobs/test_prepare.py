@@ -29,7 +29,16 @@ class Letters:
 
 
 class Template:
-    def render(self, messages: Any, plan: Any = None, media: Any = None, model: str = "") -> str:
+    thinking = None  # a model that does not reason
+
+    def render(
+        self,
+        messages: Any,
+        plan: Any = None,
+        media: Any = None,
+        model: str = "",
+        kwargs: dict[str, Any] | None = None,
+    ) -> str:
         return "".join(f"<{m['role']}>{m['content']}" for m in messages) + "<assistant>"
 
     def stop_strings(self) -> list[str]:

@@ -69,12 +69,14 @@ def test_chat_completion_body_and_usage() -> None:
         ("Par", -0.1),
         ("Lon", -2.5),
     ]
-    # The prompt counts once for all n choices; the cached part is reported apart.
+    # The prompt counts once for all n choices; the cached part is reported apart, and the
+    # thought's tokens (none: this model does not think) within the completion's.
     assert body["usage"] == {
         "prompt_tokens": 6,
         "completion_tokens": 6,
         "total_tokens": 12,
         "prompt_tokens_details": {"cached_tokens": 4},
+        "completion_tokens_details": {"reasoning_tokens": 0},
     }
     assert answers.completion(chat_job(), MODEL, FP)["choices"][0]["logprobs"] is None
 

@@ -121,7 +121,7 @@ def test_items_with_calls_and_results_become_the_chat_turns() -> None:
         ({"background": True}, "background"),
         ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
         ({"tool_choice": {"type": "web_search_preview"}}, "tool_choice"),
-        ({"reasoning": {"effort": "high"}}, "reasoning"),
+        ({"reasoning": {"summary": "long"}}, "reasoning.summary"),
         ({"include": ["message.output_text.logprobs"]}, "include"),
         ({"truncation": "auto"}, "truncation"),
         ({"top_logprobs": 3}, "top_logprobs"),
