@@ -231,9 +231,10 @@ class Thought:
             elif self.entered:
                 self.tokens += self._undecided + 1
             self._undecided = 0 if self.state != BEFORE else self._undecided
-        elif before in (THINKING, CLOSING):
+        elif before == THINKING or (before == CLOSING and not answer):
+            # The token that begins the answer after a closed thought is the answer's.
             self.tokens += 1
-            self.inside += before == THINKING
+            self.inside += self.state == THINKING
         return thought, answer
 
     def _step(self, text: str) -> tuple[str, str]:
