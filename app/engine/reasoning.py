@@ -174,6 +174,21 @@ def request_controls(body: dict[str, Any], default_budget: int | None = None) ->
     )
 
 
+def body_error(body: Any) -> EngineError | None:
+    """Why a body's reasoning controls are refused (chat's, or Responses'
+    `reasoning.effort`), or None: what a batch line is checked for up front."""
+    if not isinstance(body, dict):
+        return None
+    try:
+        asked = body.get("reasoning")
+        if isinstance(asked, dict):
+            _effort(asked.get("effort"), "reasoning.effort")
+        request_controls(body)
+    except EngineError as exc:
+        return exc
+    return None
+
+
 #: Where a split stands.
 BEFORE, THINKING, CLOSING, ANSWER = "before", "thinking", "closing", "answer"
 

@@ -17,6 +17,7 @@ from typing import Any, BinaryIO
 
 from app.catalog import DEFAULT_ROUTE, Catalog, Entry, lookup
 from app.catalog.budget import gib
+from app.engine.reasoning import body_error as reasoning_error
 from app.engine.structured import body_schema_error
 from app.images import has_images
 from app.runtime import jsoncodec
@@ -257,7 +258,7 @@ class _LineRules:
             or _target_error(obj, number, self.endpoint)
             or self._model_error(obj["body"], number)
             or _stream_error(obj["body"], number)
-            or _schema_error(obj["body"], number)
+            or _body_error(obj["body"], number)
         )
         if error is not None:
             return error
@@ -382,10 +383,11 @@ def _stream_error(body: dict[str, Any], number: int) -> LineError | None:
     return None
 
 
-def _schema_error(body: dict[str, Any], number: int) -> LineError | None:
+def _body_error(body: dict[str, Any], number: int) -> LineError | None:
     """A schema (response_format, text.format, a tool's parameters) whose keywords the
-    grammar cannot hold under `strict` (engine/structured.py): refused here, not at run time."""
-    error = body_schema_error(body)
+    grammar cannot hold under `strict` (engine/structured.py), or a reasoning control out of
+    range (engine/reasoning.py): refused here, not at run time."""
+    error = body_schema_error(body) or reasoning_error(body)
     if error is None:
         return None
     param = f"body.{error.param}" if error.param else "body"
