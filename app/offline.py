@@ -511,6 +511,8 @@ def _summary(batch: Batch, unit: str, written: str, err: TextIO) -> int:
         print(f"batchyard run: the batch ended {batch.status}.", file=err)
         return EXIT_INVALID
     usage = f"{batch.input_tokens} tokens in, {batch.output_tokens} out"
+    if batch.reasoning_tokens:  # a thinking model's: its thoughts' share of the tokens out
+        usage += f" ({batch.reasoning_tokens} of them reasoning)"
     print(
         f"batchyard run: {batch.completed} {unit} succeeded, {batch.failed} failed ({usage}); "
         + written,

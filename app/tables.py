@@ -124,6 +124,9 @@ class Batch(SQLModel, table=True):
     output_tokens: int = 0
     # The sum of the lines' usage.prompt_tokens_details.cached_tokens (prefix-cache hits).
     cached_tokens: int = 0
+    # The sum of the lines' reasoning tokens (a thinking model's thought, within
+    # output_tokens): chat's usage.completion_tokens_details, Responses' output_tokens_details.
+    reasoning_tokens: int = 0
 
 
 class RequestStatus:

@@ -6,6 +6,7 @@ so a test can check that every line lands exactly once. Never used on the e2e pa
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from concurrent.futures import Future
@@ -164,6 +165,33 @@ class HangingEngine(FakeEngine):
     """The fake engine, except that a prompt holding HANG never finishes until cancelled."""
 
     hang_word = "HANG"
+
+
+class ThinkingEngine(FakeEngine):
+    """The fake engine as a thinking model answers, in batchyard's canonical shape: each chat
+    answer's thought in `message.reasoning_content`, apart from its `content`, and counted
+    in `usage.completion_tokens_details.reasoning_tokens` (within completion_tokens). Asked
+    for a json_schema object, the content is that object with every field "answer", and
+    the thought spells the same object with every field "thought": a cell filled from the
+    thought shows it."""
+
+    THOUGHT_TOKENS = 5
+
+    def answer(self, endpoint: str, body: dict[str, Any]) -> dict[str, Any]:
+        out = super().answer(endpoint, body)
+        if endpoint != CHAT:
+            return out
+        schema = ((body.get("response_format") or {}).get("json_schema") or {}).get("schema")
+        fields = list((schema or {}).get("properties") or {})
+        message = out["choices"][0]["message"]
+        if fields:
+            message["content"] = json.dumps(dict.fromkeys(fields, "answer"))
+        message["reasoning_content"] = "Let me see. " + json.dumps(dict.fromkeys(fields, "thought"))
+        usage = out["usage"]
+        usage["completion_tokens"] += self.THOUGHT_TOKENS
+        usage["total_tokens"] += self.THOUGHT_TOKENS
+        usage["completion_tokens_details"] = {"reasoning_tokens": self.THOUGHT_TOKENS}
+        return out
 
 
 class FakeLoads:

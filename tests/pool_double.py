@@ -47,9 +47,11 @@ def entry(
     is_default: bool = False,
     error: str = "",
     projector: int = 0,
+    chat_template: str | None = None,
 ) -> Entry:
     """A catalog entry with the facts the page shows (its file need not exist); `projector`:
-    the bytes of a multimodal projector it has (mmproj-ID.gguf), within `estimate`."""
+    the bytes of a multimodal projector it has (mmproj-ID.gguf), within `estimate`;
+    `chat_template`: its GGUF's."""
     facts = HeaderFacts(
         architecture="llama",
         n_layer=30,
@@ -61,6 +63,7 @@ def entry(
         file_type=15,
         tensor_bytes=size,
         has_chat_template=True,
+        chat_template=chat_template,
     )
     return Entry(
         id=id,

@@ -54,6 +54,9 @@ class HeaderFacts:
     has_chat_template: bool
     n_vocab: int = 0  # tokens; sizes the logits in the compute estimate
     n_ff: int = 0  # feed-forward width (the largest layer's)
+    #: `tokenizer.chat_template`, the Jinja source (None without one): whether the model
+    #: writes a thought is read from it (`app.engine.reasoning.detect`).
+    chat_template: str | None = None
 
 
 @dataclass(frozen=True)
@@ -124,3 +127,9 @@ class Entry:
     @property
     def context_length(self) -> int:
         return self.facts.context_length if self.facts else 0
+
+    @property
+    def chat_template(self) -> str | None:
+        """The chat template it loads with: models.toml's, else its GGUF's (as the engine
+        takes them)."""
+        return self.profile.chat_template or (self.facts.chat_template if self.facts else None)

@@ -220,6 +220,7 @@ def read_facts(paths: Sequence[Path]) -> HeaderFacts:
     n_vocab = _int(_value(first, f"{arch}.vocab_size")) or _array_length(
         first, "tokenizer.ggml.tokens"
     )
+    template = _value(first, "tokenizer.chat_template")
     return HeaderFacts(
         architecture=arch,
         n_layer=_int(_value(first, f"{arch}.block_count")),
@@ -233,6 +234,7 @@ def read_facts(paths: Sequence[Path]) -> HeaderFacts:
         has_chat_template="tokenizer.chat_template" in first.fields,
         n_vocab=n_vocab,
         n_ff=_int(_value(first, f"{arch}.feed_forward_length")),
+        chat_template=template if isinstance(template, str) else None,
     )
 
 

@@ -185,6 +185,12 @@ def _add_sheet_flags(run: argparse.ArgumentParser) -> None:
     sheet.add_argument(
         "--temperature", type=float, default=None, help="temperature of each request"
     )
+    sheet.add_argument(
+        "--keep-reasoning",
+        action="store_true",
+        help="add a `reasoning` column with a thinking model's thought (the answer's columns "
+        "are filled from its answer alone either way)",
+    )
 
 
 def _add_retry(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -53,8 +53,11 @@ def sheet_spec(args: argparse.Namespace) -> Any:
 
     folder = args.input.is_dir()
     if not is_sheet(args.input.name) and not folder:
-        if args.prompt is not None or args.columns:
-            return "--prompt and --columns are for a sheet (.csv, .tsv, .xlsx) or a folder."
+        if args.prompt is not None or args.columns or args.keep_reasoning:
+            return (
+                "--prompt, --columns and --keep-reasoning are for a sheet (.csv, .tsv, .xlsx) "
+                "or a folder."
+            )
         return None
     if args.prompt is None:
         what = (
@@ -74,6 +77,7 @@ def sheet_spec(args: argparse.Namespace) -> Any:
         temperature=args.temperature,
         output_columns=[c for text in args.columns for c in parse_columns(text)],
         sheet=args.sheet,
+        keep_reasoning=args.keep_reasoning,
         # Image cells' paths are the sheet's neighbours (a folder's: its own files).
         folder=str((args.input if folder else args.input.parent).resolve()),
     )

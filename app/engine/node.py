@@ -6,8 +6,8 @@ here, of whichever it is, and nowhere else: which lines each engine takes (`lane
 waits for the pool (`demand`, `pooled`), the id a batch line runs as (`run_as`), the id a
 name means (`model_id`), the `/v1/models` cards (`model_cards`), each engine's figures
 (`members`), and the models validation and the other nodes read (`ModelDirectory`). The
-dashboard and /metrics also read the pool's own views (`model_pool`: each `ModelView`) and
-an upstream's probe (`UpstreamStatus`). import-linter keeps the runner, the API, the
+dashboard and /metrics also read the pool's own views (`model_pool`: each `ModelView`, and
+whether its model `reasons`) and an upstream's probe (`UpstreamStatus`). import-linter keeps the runner, the API, the
 dashboard and /metrics to this module and base.py (pyproject: `engine-contract`); only the
 builders of the engines (app.server, app.worker, app.offline, app.cli) reach further.
 """
@@ -21,7 +21,7 @@ from app.engine.base import Engine, EngineError
 from app.engine.pool import ModelView
 from app.engine.pool.loading import node_budget
 from app.engine.pool.pool import ModelPool
-from app.engine.registry import EMBEDDED, UNROUTED, EngineRegistry, EngineView, Lane
+from app.engine.registry import EMBEDDED, UNROUTED, EngineRegistry, EngineView, Lane, reasons
 from app.engine.upstream.engine import UpstreamStatus
 
 if TYPE_CHECKING:
@@ -161,5 +161,6 @@ __all__ = [
     "model_id",
     "model_pool",
     "pooled",
+    "reasons",
     "run_as",
 ]

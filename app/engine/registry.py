@@ -28,6 +28,7 @@ from app.catalog import DEFAULT_ROUTE, Catalog, Entry, lookup
 from app.engine.base import ChunkCallback, Engine, EngineError, EngineStats, ModelInfo, Priority
 from app.engine.pool.loading import node_budget
 from app.engine.pool.pool import ModelPool
+from app.engine.reasoning import detect
 from app.engine.upstream.engine import UpstreamEngine, UpstreamStatus
 from app.engine.upstream.process import UpstreamProcess
 
@@ -431,6 +432,12 @@ def start_pool(settings: Settings) -> ModelPool:
     return pool
 
 
+def reasons(entry: Entry) -> bool:
+    """Whether a catalog model writes a thought: the chat template it loads with spells a
+    thinking format (`reasoning.detect`), as its engine will read it once loaded."""
+    return detect(entry.chat_template) is not None
+
+
 def catalog_card(entry: Entry) -> dict[str, Any]:
     """A catalog model's `/v1/models` card: OpenAI's fields, then what batchyard knows."""
     return {
@@ -449,6 +456,8 @@ def catalog_card(entry: Entry) -> dict[str, Any]:
         "estimated_projector_bytes": (
             entry.estimate.projector if entry.estimate and entry.projector else None
         ),
+        # A thinking model: its answers carry `reasoning_content` apart from `content`.
+        "reasoning": reasons(entry),
     }
 
 
@@ -459,4 +468,5 @@ __all__ = [
     "EngineView",
     "Lane",
     "load_engines",
+    "reasons",
 ]

@@ -35,6 +35,8 @@ ROW_NAME = "row"
 #: The template's function that places a cell's image: `{{ image(photo) }}`.
 IMAGE_NAME = "image"
 ENDPOINT = "/v1/chat/completions"
+#: The column a thinking model's thought goes in, when a sheet keeps it (`keep_reasoning`).
+REASONING = "reasoning"
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_ ]{0,63}$")
 #: Where `image()` left an image in the rendered text (NULs: not what a cell holds).
 _MARK = "\x00image:{}\x00"
@@ -74,6 +76,9 @@ class SheetSpec:
     #: Where image cells' relative paths are found: the sheet's folder under `batchyard
     #: run`; None on the dashboard (a sheet uploaded there has no folder).
     folder: str | None = None
+    #: Add a `reasoning` column with a thinking model's thought (the answer's columns are
+    #: filled from its answer alone either way).
+    keep_reasoning: bool = False
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -110,7 +115,15 @@ def parse_columns(text: str) -> list[OutputColumn]:
     return columns
 
 
-def check_output_columns(columns: list[OutputColumn], sheet_columns: list[str]) -> None:
+def check_output_columns(
+    columns: list[OutputColumn], sheet_columns: list[str], keep_reasoning: bool = False
+) -> None:
+    if keep_reasoning and REASONING in (*sheet_columns, *(c.name for c in columns)):
+        raise invalid(
+            f"The thought goes in a column named '{REASONING}', and the sheet or an output "
+            "column already has one: rename that column, or leave the thought out.",
+            param="keep_reasoning",
+        )
     if len(columns) > MAX_OUTPUT_COLUMNS:
         raise invalid(
             f"A sheet batch may have at most {MAX_OUTPUT_COLUMNS} output columns; got {len(columns)}.",

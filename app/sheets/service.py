@@ -246,7 +246,7 @@ class SheetService:
             self._local(file_id) as path,
             open_sheet(path, row.filename, sheet=spec.sheet) as opened,
         ):
-            check_output_columns(spec.output_columns, opened.columns)
+            check_output_columns(spec.output_columns, opened.columns, spec.keep_reasoning)
             template = RowTemplate(spec, opened.columns, self.image_cells(spec))
             tokens = estimate_sheet_tokens(template, stats.rows, stats.chars)
             preview = SheetPreview([], stats.rows, tokens)
@@ -328,7 +328,7 @@ class SheetService:
                     max_rows=self.settings.max_requests_per_batch,
                 )
             )
-            check_output_columns(spec.output_columns, opened.columns)
+            check_output_columns(spec.output_columns, opened.columns, spec.keep_reasoning)
             template = RowTemplate(spec, opened.columns, self.image_cells(spec))
             spec.sheet = opened.sheet_name
             stored = self.files.store_chunks(
@@ -367,8 +367,8 @@ class SheetService:
 
     def export(self, batch_id: str, owner: str, fmt: str, dest: BinaryIO) -> str:
         """Write the finished batch's sheet (`fmt` csv or xlsx) to `dest`: every row in its
-        order with the answer's columns, the error, finish_reason and token counts. Returns
-        the file name to give it."""
+        order with the answer's columns (and the thought's, if the spec keeps it), the error,
+        finish_reason and token counts. Returns the file name to give it."""
         if fmt not in FORMATS:
             raise invalid(
                 f"Invalid format '{fmt}'. Expected one of: {', '.join(FORMATS)}.", param="format"
@@ -397,8 +397,10 @@ class SheetService:
             errors = self._lines(stack, batch.error_file_id)
             path = stack.enter_context(self._local(sheet.sheet_file_id))
             opened = stack.enter_context(open_sheet(path, sheet.filename, sheet=spec.sheet))
-            header = [*opened.columns, *added_columns(spec.output_columns)]
-            rows = joined_rows(opened.rows, output, errors, spec.output_columns)
+            header = [*opened.columns, *added_columns(spec.output_columns, spec.keep_reasoning)]
+            rows = joined_rows(
+                opened.rows, output, errors, spec.output_columns, spec.keep_reasoning
+            )
             if fmt == "csv":
                 write_csv(dest, header, rows)
             else:

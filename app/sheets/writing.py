@@ -16,9 +16,10 @@ import re
 from collections.abc import Iterable, Iterator
 from typing import Any, BinaryIO
 
-from app.sheets.requests import OutputColumn
+from app.sheets.requests import REASONING, OutputColumn
+from app.wire.thoughts import answer_thought
 
-#: The columns every joined sheet ends with, after the answer's.
+#: The columns every joined sheet ends with, after the answer's (and the thought's).
 TRAILING = ("error", "finish_reason", "prompt_tokens", "completion_tokens")
 ANSWER = "answer"
 FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
@@ -38,8 +39,10 @@ def csv_safe(value: Any) -> Any:
     return value
 
 
-def added_columns(output_columns: list[OutputColumn]) -> list[str]:
-    return [*(c.name for c in output_columns), *TRAILING] if output_columns else [ANSWER, *TRAILING]
+def added_columns(output_columns: list[OutputColumn], keep_reasoning: bool = False) -> list[str]:
+    """The answer's columns (or `answer`), the thought's with `keep_reasoning`, then TRAILING."""
+    answer = [c.name for c in output_columns] if output_columns else [ANSWER]
+    return [*answer, *([REASONING] if keep_reasoning else []), *TRAILING]
 
 
 def _by_row(lines: Iterable[bytes]) -> Iterator[tuple[int, dict[str, Any]]]:
@@ -66,40 +69,52 @@ class _Cursor:
         return None
 
 
-def result_cells(line: dict[str, Any] | None, columns: list[OutputColumn]) -> list[Any]:
-    """The added cells of one row from its output or error line (None: it has none)."""
-    width = max(1, len(columns))
-    if line is None:
-        return [""] * width + ["the row has no result (the batch did not run it)", "", "", ""]
-    response = line.get("response") or {}
+def result_cells(
+    line: dict[str, Any] | None, columns: list[OutputColumn], keep_reasoning: bool = False
+) -> list[Any]:
+    """The added cells of one row from its output or error line (None: it has none). The
+    answer's cells come from the message's `content` alone, never from a thinking model's
+    thought, which `keep_reasoning` adds in a column of its own."""
+    response = (line or {}).get("response") or {}
     body = response.get("body") or {}
-    error = line.get("error") or body.get("error")
     usage = body.get("usage") or {}
     tokens = [usage.get("prompt_tokens", ""), usage.get("completion_tokens", "")]
+    thought = answer_thought(body)
+    cells, error, finish = _answer_cells(line, body, columns)
+    return [*cells, *([thought] if keep_reasoning else []), error, finish, *tokens]
+
+
+def _answer_cells(
+    line: dict[str, Any] | None, body: dict[str, Any], columns: list[OutputColumn]
+) -> tuple[list[Any], str, str]:
+    """(the answer's cells, the error, finish_reason) of one row."""
+    blank = [""] * max(1, len(columns))
+    if line is None:
+        return blank, "the row has no result (the batch did not run it)", ""
+    response = line.get("response") or {}
+    error = line.get("error") or body.get("error")
     if error or response.get("status_code") not in (None, 200):
-        message = (error or {}).get("message") or f"status {response.get('status_code')}"
-        return [""] * width + [message, "", *tokens]
+        return blank, (error or {}).get("message") or f"status {response.get('status_code')}", ""
     choice = (body.get("choices") or [{}])[0]
     finish = choice.get("finish_reason") or ""
     content = (choice.get("message") or {}).get("content") or ""
     if not columns:
-        return [content, "", finish, *tokens]
+        return [content], "", finish
     try:
         fields = json.loads(content)
         if not isinstance(fields, dict):
             raise ValueError("not an object")
     except ValueError:
+        if finish == "length" and not content and answer_thought(body):
+            why = "the thought took every one of max_tokens: no answer"
+            return blank, f"{why} (raise max_tokens, or ask for less reasoning)", finish
         why = "the answer was cut at max_tokens" if finish == "length" else "the answer"
-        return [""] * width + [
-            f"{why} is not the JSON object asked for: {content}",
-            finish,
-            *tokens,
-        ]
+        return blank, f"{why} is not the JSON object asked for: {content}", finish
     cells = []
     for c in columns:
         value = fields.get(c.name, "")
         cells.append(value if isinstance(value, (str, int, float, bool)) else json.dumps(value))
-    return [*cells, "", finish, *tokens]
+    return cells, "", finish
 
 
 def joined_rows(
@@ -107,12 +122,13 @@ def joined_rows(
     output: Iterable[bytes],
     errors: Iterable[bytes],
     columns: list[OutputColumn],
+    keep_reasoning: bool = False,
 ) -> Iterator[list[Any]]:
     """Each row's cells, then its added cells; rows in their order."""
     out, err = _Cursor(output), _Cursor(errors)
     for number, cells in rows:
         line = out.take(number) or err.take(number)
-        yield [*cells, *result_cells(line, columns)]
+        yield [*cells, *result_cells(line, columns, keep_reasoning)]
 
 
 def write_csv(dest: BinaryIO, header: list[str], rows: Iterable[list[Any]]) -> None:

@@ -23,7 +23,7 @@ from litestar.response import Template
 from app.batches.nodes import unserved_lines
 from app.catalog import DEFAULT_ROUTE
 from app.engine.base import EngineError
-from app.engine.node import EMBEDDED, ModelView, members, model_pool
+from app.engine.node import EMBEDDED, ModelView, members, model_pool, reasons
 from app.services import Services
 from app.tables import Batch
 from app.web import views
@@ -69,6 +69,8 @@ def model_row(view: ModelView, now: float | None = None) -> dict[str, Any]:
         "projector_estimate": views.size(entry.estimate.projector)
         if entry.projector is not None and entry.estimate is not None
         else None,
+        # Its chat template writes a thought apart from the answer (a thinking model).
+        "reasoning": reasons(entry),
         "measured": views.size(measured) if measured is not None else None,
         # How far the estimate was off once the model was loaded (issue 32: "report it").
         "off_pct": round(100 * (measured - estimate) / estimate)

@@ -104,6 +104,8 @@ def spec_from_form(form: FormMultiDict) -> SheetSpec:
         temperature=_number(form.get("temperature"), float, "temperature"),
         output_columns=columns,
         sheet=str(form.get("sheet") or "") or None,
+        # A checkbox: present ("on") when ticked, absent when not.
+        keep_reasoning=bool(form.get("keep_reasoning")),
     )
 
 

@@ -16,8 +16,10 @@ from typing import Any
 
 from app.batches import throughput
 from app.batches.claims.projection import Projection, seconds_left
+from app.batches.lifecycle.lifecycle import usage_counts
 from app.batches.service import LineDetail
 from app.tables import Batch, BatchStatus, File, Request, RequestStatus, WebhookDelivery
+from app.wire.thoughts import answer_thought
 
 STATUS_TONE = {
     BatchStatus.VALIDATING: "info",
@@ -369,6 +371,8 @@ def line_detail(detail: LineDetail) -> dict[str, Any]:
     error = json.loads(r.error_json) if r.error_json else None
     if error is None and isinstance(body, dict) and isinstance(body.get("error"), dict):
         error = body["error"]
+    answered = isinstance(body, dict) and not error
+    usage = body.get("usage") if isinstance(body, dict) else None
     params = {
         k: v
         for k, v in ((detail.input or {}).get("body") or {}).items()
@@ -382,9 +386,12 @@ def line_detail(detail: LineDetail) -> dict[str, Any]:
         "answer": answer_text(body) if isinstance(body, dict) and not error else None,
         "error": error,
         "finish_reason": ((body or {}).get("choices") or [{}])[0].get("finish_reason")
-        if isinstance(body, dict) and not error
+        if answered
         else None,
-        "usage": (body or {}).get("usage") if isinstance(body, dict) else None,
+        "usage": usage,
+        # A thinking model's thought, shown folded above the answer (never in it).
+        "thought": answer_thought(body) if answered else "",
+        "reasoning_tokens": usage_counts(usage)[3] if isinstance(usage, dict) else 0,
         "raw": json.dumps(body or error, indent=2, ensure_ascii=False) if (body or error) else "",
         "finished": when(r.finished_at),
     }

@@ -1,7 +1,8 @@
 """The wire: every body the API takes or sends, as msgspec Structs named as openai-python
 names its types, and the builders that make them from the tables. One module per area:
 `common` (errors, pages), `files`, `batches`, `uploads`, `endpoints`, `inference` (models,
-health, chat, completions, embeddings, responses).
+health, chat, completions, embeddings, responses), `thoughts` (a thinking model's thought
+read from an answer).
 
 The request Structs carry the JSON types; rules with their own messages (a known
 endpoint, metadata limits, expiry ranges) stay in the services and are documented here

@@ -141,7 +141,7 @@ def batch_object(row: tables.Batch) -> BatchObject:
             input_tokens=row.input_tokens,
             input_tokens_details=BatchInputTokensDetails(cached_tokens=row.cached_tokens),
             output_tokens=row.output_tokens,
-            output_tokens_details=BatchOutputTokensDetails(reasoning_tokens=0),
+            output_tokens_details=BatchOutputTokensDetails(reasoning_tokens=row.reasoning_tokens),
             total_tokens=row.input_tokens + row.output_tokens,
         ),
         metadata=json.loads(row.metadata_json) if row.metadata_json else None,

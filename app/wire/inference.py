@@ -33,6 +33,10 @@ class CatalogModel(Model, kw_only=True):
     input_modalities: list[str]
     projector: str | None  # the projector's file name
     estimated_projector_bytes: int | None  # its weights and image-encoding buffer
+    #: A thinking model (its chat template writes a thought): its answers carry
+    #: `reasoning_content` apart from `content`. An upstream's models have no such field
+    #: (batchyard does not know whether they reason).
+    reasoning: bool
 
 
 class ModelPage(Struct, kw_only=True):

@@ -127,6 +127,22 @@ def test_a_model_with_a_projector_says_it_takes_images_and_its_share_of_memory(
     assert cell(html, SMOL, "memory") == "~160.0 MB"
 
 
+def test_a_thinking_model_is_marked_on_the_page_and_on_v1_models(make_client: MakeClient) -> None:
+    thinking = "qwen3:0.6b"
+    models = PoolDouble(
+        [
+            model_view(entry(SMOL, is_default=True, source="default"), "idle"),
+            model_view(entry(thinking, chat_template="<think>{{ m }}</think>"), "on disk"),
+        ]
+    )
+    client = make_client(models)
+    html = client.get("/models").text
+    assert 'data-col="reasoning"' in row(html, thinking)
+    assert 'data-col="reasoning"' not in row(html, SMOL)
+    cards = {m["id"]: m for m in client.get("/v1/models").json()["data"]}
+    assert cards[thinking]["reasoning"] is True and cards[SMOL]["reasoning"] is False
+
+
 def test_the_buttons_load_and_unload_and_an_unload_with_lines_in_flight_is_refused(
     make_client: MakeClient,
 ) -> None:

@@ -91,7 +91,7 @@ def record(
         ok = status_code == 200
         usage = body.get("usage") or {} if ok else {}
         # Chat and completions count prompt/completion tokens, a `response` input/output.
-        prompt, completion, cached = usage_counts(usage)
+        prompt, completion, cached, reasoning = usage_counts(usage)
         rows.append(
             {
                 "rid": request_id,
@@ -105,11 +105,12 @@ def record(
                 "cached_tokens": cached,
             }
         )
-        c = counts.setdefault(batch_id, [0, 0, 0, 0, 0])
+        c = counts.setdefault(batch_id, [0, 0, 0, 0, 0, 0])
         c[0 if ok else 1] += 1
         c[2] += prompt
         c[3] += completion
         c[4] += cached
+        c[5] += reasoning
     table = Request.__table__  # type: ignore[attr-defined]
     s.connection().execute(
         update(table)
@@ -117,7 +118,9 @@ def record(
         .values({k: bindparam(k) for k in rows[0] if k != "rid"}),
         rows,
     )
-    for batch_id, (completed, failed, prompt, completion, cached) in sorted(counts.items()):
+    for batch_id, (completed, failed, prompt, completion, cached, reasoning) in sorted(
+        counts.items()
+    ):
         s.connection().execute(
             update(Batch)
             .where(col(Batch.id) == batch_id)
@@ -127,6 +130,7 @@ def record(
                 input_tokens=Batch.input_tokens + prompt,
                 output_tokens=Batch.output_tokens + completion,
                 cached_tokens=Batch.cached_tokens + cached,
+                reasoning_tokens=Batch.reasoning_tokens + reasoning,
             )
         )
 
@@ -142,14 +146,19 @@ def lock_batches(s: Session, batch_ids: list[str]) -> None:
     ).all()
 
 
-def usage_counts(usage: dict[str, Any]) -> tuple[int, int, int]:
-    """(prompt, completion, cached) tokens of one line's `usage`, in chat/completions names
-    (`prompt_tokens`, `prompt_tokens_details`) or responses names (`input_tokens`, ...)."""
+def usage_counts(usage: dict[str, Any]) -> tuple[int, int, int, int]:
+    """(prompt, completion, cached, reasoning) tokens of one line's `usage`, in
+    chat/completions names (`prompt_tokens`, `prompt_tokens_details`,
+    `completion_tokens_details`) or Responses names (`input_tokens`, `input_tokens_details`,
+    `output_tokens_details`). Reasoning tokens are a thinking model's thought, counted
+    within the completion's."""
     prompt = usage.get("prompt_tokens") or usage.get("input_tokens")
     completion = usage.get("completion_tokens") or usage.get("output_tokens")
-    details = usage.get("prompt_tokens_details") or usage.get("input_tokens_details") or {}
-    cached = details.get("cached_tokens") if isinstance(details, dict) else 0
-    return int(prompt or 0), int(completion or 0), int(cached or 0)
+    inputs = usage.get("prompt_tokens_details") or usage.get("input_tokens_details")
+    outputs = usage.get("completion_tokens_details") or usage.get("output_tokens_details")
+    cached = inputs.get("cached_tokens") if isinstance(inputs, dict) else 0
+    reasoning = outputs.get("reasoning_tokens") if isinstance(outputs, dict) else 0
+    return int(prompt or 0), int(completion or 0), int(cached or 0), int(reasoning or 0)
 
 
 # -- validation ---------------------------------------------------------------------------

@@ -3,6 +3,7 @@ that steps over the tokenizer's arrays, and one rule for a file's quantization."
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import gguf
@@ -22,7 +23,9 @@ from tests.models import gemma, header_model, smollm2, tensor_bytes
 
 
 def test_the_facts_of_smollm2_and_gemma() -> None:
-    assert read_facts([smollm2()]) == HeaderFacts(
+    smol = read_facts([smollm2()])
+    assert smol.chat_template is not None and "<|im_start|>" in smol.chat_template
+    assert replace(smol, chat_template=None) == HeaderFacts(
         architecture="llama",
         n_layer=30,
         n_head_kv=3,
@@ -46,7 +49,7 @@ def test_the_facts_of_smollm2_and_gemma() -> None:
     )
     assert (g.n_embd, g.context_length, FILE_TYPES[g.file_type or 0]) == (640, 32768, "Q4_K_M")
     assert (g.n_vocab, g.n_ff, g.tensor_bytes) == (262144, 2048, 246_587_904)
-    assert g.has_chat_template is False  # this GGUF carries none
+    assert g.has_chat_template is False and g.chat_template is None  # this GGUF carries none
 
 
 def test_the_quick_reader_agrees_with_the_gguf_package_but_for_long_arrays(
