@@ -7,7 +7,7 @@ import pytest
 
 from app.engine import reasoning
 from app.engine.base import EngineError
-from app.engine.reasoning import ANSWER, THINKING, Thought, ThinkingFormat
+from app.engine.reasoning import ANSWER, THINKING, ThinkingFormat, Thought
 
 THINK = ThinkingFormat(start="<think>", end="</think>")
 CHANNELS = reasoning.detect("{{ '<|channel|>' }}")
