@@ -175,14 +175,20 @@ def _unsupported(wire: ReasoningWire, param: str, what: str) -> EngineError:
 # ---------------------------------------------------------------------------------- answers
 
 
-def settle(part: dict[str, Any]) -> bool:
-    """A chat answer's `message` (or a stream's `delta`, whole) with its thought, however the
-    server named it, as `reasoning_content` (in place); whether it has one. A thought left
-    inline (`<think>...</think>` opening the content) is split out of the content."""
+def renamed(part: dict[str, Any]) -> bool:
+    """A `message` or `delta` with a thought named `reasoning` (vLLM's, Ollama's name) as
+    `reasoning_content` (in place); whether it has a thought so named, by either name."""
     other = part.pop("reasoning", None)
     if isinstance(other, str) and not part.get("reasoning_content"):
         part["reasoning_content"] = other
-    if part.get("reasoning_content"):
+    return bool(part.get("reasoning_content"))
+
+
+def settle(part: dict[str, Any]) -> bool:
+    """A chat answer's `message` with its thought, however the server wrote it, as
+    `reasoning_content` (in place); whether it has one. A thought left inline
+    (`<think>...</think>` opening the content) is split out of the content."""
+    if renamed(part):
         return True
     content = part.get("content")
     if isinstance(content, str) and INLINE.start in content:
@@ -253,10 +259,7 @@ class StreamThoughts:
             unknown_count(chunk.get("usage"), "completion_tokens_details")
 
     def _delta(self, index: int, delta: dict[str, Any], last: bool) -> None:
-        other = delta.pop("reasoning", None)
-        if isinstance(other, str) and not delta.get("reasoning_content"):
-            delta["reasoning_content"] = other
-        if delta.get("reasoning_content"):
+        if renamed(delta):
             self.thought = True
             self._splits[index] = None  # the server splits: its content is the answer
             return
@@ -284,6 +287,7 @@ __all__ = [
     "StreamThoughts",
     "incoming",
     "outgoing",
+    "renamed",
     "settle",
     "unknown_count",
 ]
