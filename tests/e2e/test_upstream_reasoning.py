@@ -194,13 +194,10 @@ def test_a_parameter_the_upstream_cannot_take_is_a_400_naming_it(front: Front) -
 def test_with_reasoning_field_reasoning_the_thought_is_reasoning(vllm_clients_front: Front) -> None:
     c = vllm_clients_front.client
     ask = {"messages": [{"role": "user", "content": "2+2?"}], "max_tokens": 50}
-    answer = c.chat.completions.create(model=LLAMA, **ask)  # type: ignore[call-overload]
+    answer = c.chat.completions.create(model=LLAMA, **ask)
     assert answer.choices[0].message.model_extra == {"reasoning": THOUGHT}
-    deltas = [
-        ch.choices[0].delta
-        for ch in c.chat.completions.create(model=INLINE, stream=True, **ask)  # type: ignore[call-overload]
-        if ch.choices
-    ]
+    stream = c.chat.completions.create(model=INLINE, stream=True, **ask)
+    deltas = [ch.choices[0].delta for ch in stream if ch.choices]
     assert "".join((d.model_extra or {}).get("reasoning") or "" for d in deltas) == THOUGHT
     assert not any("reasoning_content" in (d.model_extra or {}) for d in deltas)
     b = sdk_batch(c, [batch_line("v", "2+2?", model=VLLM, max_tokens=50)])

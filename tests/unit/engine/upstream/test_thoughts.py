@@ -32,7 +32,8 @@ def test_every_kind_of_the_openai_wire_has_its_row_in_the_table() -> None:
     openai_kinds = {name for name, path in KINDS.items() if path.startswith(OpenAIKind.__module__)}
     assert openai_kinds == set(WIRES)
     for name in openai_kinds:
-        assert kind_of(UpstreamSpec(name="u", url="http://h/v1", kind=name)).wire is WIRES[name]  # type: ignore[attr-defined]
+        kind = kind_of(UpstreamSpec(name="u", url="http://h/v1", kind=name))
+        assert isinstance(kind, OpenAIKind) and kind.wire is WIRES[name]
 
 
 ASKED = {
