@@ -1,6 +1,7 @@
 """The synchronous endpoints: chat completions, completions, embeddings, models, health.
 
 They share the engine with the batch runner and go ahead of batch lines in its queue.
+A chat answer's thought leaves under the name `--reasoning-field` gives (reasoning.present).
 Their bodies go to the engine as sent: it checks every parameter and names it in its
 error (the Structs in app/wire/inference.py only describe them for /schema). The images of a chat or
 Responses body are read first, in a worker thread, into the form its engine takes
@@ -27,6 +28,7 @@ from app.api.openapi import errors
 from app.engine.base import Engine, Priority
 from app.engine.node import members, model_cards
 from app.engine.node import model_id as resolved_id
+from app.engine.reasoning import present
 from app.engine.tiers import service_tier
 from app.errors import APIError, error_body
 from app.images import has_images, target_for
@@ -71,8 +73,12 @@ def _service_tier(body: dict[str, Any]) -> tuple[dict[str, Any], Priority, str |
     return rest, tier.priority, tier.named
 
 
-def _named_tier(answer: dict[str, Any], tier: str | None) -> dict[str, Any]:
-    """A chat answer or chunk, or a Responses answer or event, naming the tier it ran at."""
+def _leaving(answer: dict[str, Any], tier: str | None, field: str | None) -> dict[str, Any]:
+    """A chat answer or chunk, or a Responses answer or event, as it leaves: naming the tier
+    it ran at, and a chat answer's thought under `--reasoning-field` (`field`; None: not a
+    chat answer)."""
+    if field is not None and isinstance(answer, dict):
+        present(answer, field)
     if tier is not None and isinstance(answer, dict):
         inner = answer.get("response")
         (inner if isinstance(inner, dict) else answer)["service_tier"] = tier
@@ -87,11 +93,15 @@ async def _run(
     *,
     priority: Priority = Priority.ONLINE,
     tier: str | None = None,
+    field: str | None = None,
 ) -> Any:
+    """`body`'s answer, whole or streamed; `field` is `--reasoning-field` for a chat answer."""
     if body.get("stream") and endpoint != EMBEDDINGS:
-        return await _stream(engine, endpoint, body, receive, priority=priority, tier=tier)
+        return await _stream(
+            engine, endpoint, body, receive, priority=priority, tier=tier, field=field
+        )
     fut = engine.submit(endpoint, body, priority=priority)
-    return _named_tier(await _unless_gone(engine, fut, _settled(fut), receive), tier)
+    return _leaving(await _unless_gone(engine, fut, _settled(fut), receive), tier, field)
 
 
 async def _with_images(
@@ -164,6 +174,7 @@ async def _stream(
     *,
     priority: Priority = Priority.ONLINE,
     tier: str | None = None,
+    field: str | None = None,
 ) -> Stream:
     """Relay the engine's chunks as server-sent events. The engine itself sends the
     usage-only chunk that `stream_options.include_usage` asks for. The answer starts with
@@ -173,7 +184,7 @@ async def _stream(
     chunks: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
 
     def on_chunk(chunk: dict[str, Any]) -> None:
-        loop.call_soon_threadsafe(chunks.put_nowait, _named_tier(chunk, tier))
+        loop.call_soon_threadsafe(chunks.put_nowait, _leaving(chunk, tier, field))
 
     fut = engine.submit(endpoint, body, priority=priority, on_chunk=on_chunk)
     fut.add_done_callback(lambda _: loop.call_soon_threadsafe(chunks.put_nowait, None))
@@ -239,7 +250,10 @@ async def chat_completions(
     """Answer a chat (`messages`), whole or streamed; `service_tier: flex` at batch priority."""
     data, priority, tier = _service_tier(data)
     data = await _with_images(services, engine, CHAT, data, owner)
-    return await _run(engine, CHAT, data, request.receive, priority=priority, tier=tier)
+    field = services.settings.reasoning_field
+    return await _run(
+        engine, CHAT, data, request.receive, priority=priority, tier=tier, field=field
+    )
 
 
 @post(

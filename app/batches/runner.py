@@ -485,7 +485,7 @@ class Runner:
     def _record(self, s: Session, done: list[Result]) -> None:
         """Write the results in the caller's transaction (recording.py), and pause the lanes
         whose engine was found down."""
-        down = record_done(s, done, self.worker_id, self._held)
+        down = record_done(s, done, self.worker_id, self._held, field=self.settings.reasoning_field)
         for lane in sorted(down):
             if self.pauses.pause(lane):
                 log.warning("lane=%s engine unavailable: its lines wait in the queue", lane)

@@ -125,6 +125,20 @@ SERVE_FLAGS: list[tuple[str, str, Any, str]] = [
         "the longest another model's lines wait for the loaded model's queue to drain",
     ),
     (
+        "--reasoning-field",
+        "reasoning_field",
+        str,
+        "the field chat answers carry a model's thought in: reasoning_content (llama-server's, "
+        "SGLang's), reasoning (vLLM's, Ollama's) or both",
+    ),
+    (
+        "--reasoning-budget",
+        "reasoning_budget",
+        int,
+        "the thinking budget in tokens of a request to the embedded engine that names none "
+        "(thinking_token_budget; -1: none)",
+    ),
+    (
         "--completion-windows",
         "completion_windows",
         str,
@@ -157,7 +171,7 @@ WORKER_FLAGS = (
     "shared_prefix_cells", "threads", "engine_priority", "cpu_extra_buffers", "cache_dir", "log_level", "database_url", "node_name",
     "lease_seconds", "files_url", "s3_endpoint", "models_config", "default_model",
     "max_loaded_models", "models_memory", "model_ttl", "model_switch_after",
-    "max_image_bytes", "image_fetch_timeout",
+    "max_image_bytes", "image_fetch_timeout", "reasoning_field", "reasoning_budget",
     # A batch that ends on a worker queues its webhook there: the same endpoints as serve's.
     "api_keys_file", "webhook_url", "webhook_secret",
 )  # fmt: skip
@@ -187,9 +201,10 @@ def add_upstream_flags(p: argparse.ArgumentParser) -> None:
         dest="engine",
         action="append",
         default=None,
-        metavar="NAME=openai:URL[,key=K,models=a|b,concurrency=N]",
-        help="an upstream OpenAI-compatible server (vLLM, SGLang, llama-server, Ollama, another "
-        "batchyard) that serves the models it lists, or the ones named in models= (repeatable) "
+        metavar="NAME=KIND:URL[,key=K,models=a|b,concurrency=N]",
+        help="an upstream OpenAI-compatible server that serves the models it lists, or the ones "
+        "named in models= (repeatable); KIND is openai, or the server's own: vllm, sglang, "
+        "llama-server, ollama, batchyard (its reasoning controls written its way) "
         f"[env {Settings.env_name('engine')}, ';'-separated; default: none]",
     )
     p.add_argument(

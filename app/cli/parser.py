@@ -152,6 +152,8 @@ def _add_run(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
             "max_image_bytes",
             "image_fetch_timeout",
             "models_config",
+            "reasoning_field",
+            "reasoning_budget",
         ),
     )
     # The catalog's stores, as serve reads them: `--model gemma3:4b` names one of them.

@@ -5,6 +5,7 @@ from __future__ import annotations
 from app.config.settings import (
     AUTO_GPU_LAYERS,
     KV_CACHE_TYPES,
+    REASONING_FIELDS,
     Settings,
     bundled_model_path,
     parse_gpu_layers,
@@ -13,6 +14,7 @@ from app.config.settings import (
 __all__ = [
     "AUTO_GPU_LAYERS",
     "KV_CACHE_TYPES",
+    "REASONING_FIELDS",
     "Settings",
     "bundled_model_path",
     "parse_gpu_layers",

@@ -34,6 +34,9 @@ BUNDLED_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 #: --kv-cache-type names; the engine maps them to ggml element types (engine/llama/binding/native.py).
 KV_CACHE_TYPES = ("f16", "bf16", "q8_0", "q4_0")
 ENGINE_PRIORITIES = ("auto", "low", "normal")
+#: --reasoning-field: the name chat answers carry a thought under. llama-server, LM Studio
+#: and SGLang say `reasoning_content`, vLLM and Ollama `reasoning`; `both` writes the two.
+REASONING_FIELDS = ("reasoning_content", "reasoning", "both")
 #: --cpu-extra-buffers: what each accepted spelling means.
 CPU_EXTRA_BUFFERS = {
     "auto": "auto", "on": "on", "1": "on", "true": "on", "yes": "on",
@@ -141,7 +144,7 @@ class Settings:
     # This node's name in claims, /health and /metrics; empty means the host's name. Each
     # process adds a random suffix, so a restarted node is told from the one that died.
     node_name: str = ""
-    # Upstream OpenAI-compatible servers, one `NAME=openai:URL[,key=...,models=a|b,...]` each
+    # Upstream OpenAI-compatible servers, one `NAME=KIND:URL[,key=...,models=a|b,...]` each
     # (engine/upstream/engine.py); in BATCHYARD_ENGINE they are separated by ';' or new lines.
     engine: list[str] = field(default_factory=list)
     # Serve upstreams only: the embedded model is not loaded, an unknown model is a 404.
@@ -172,6 +175,13 @@ class Settings:
     # Another model's lines wait at most this long for the loaded model's queue to drain
     # before the engine switches to theirs.
     model_switch_after: str = "5m"
+    # The field chat answers carry a thinking model's thought in (REASONING_FIELDS): engines
+    # write `reasoning_content`; app/engine/reasoning.py's `present` renames it where answers
+    # leave batchyard (the API, a batch's output lines).
+    reasoning_field: str = "reasoning_content"
+    # The thinking budget, in tokens, of a request to the embedded engine that names none
+    # (`thinking_token_budget`); None (-1 on the command line) is no budget.
+    reasoning_budget: int | None = None
 
     @property
     def shared_cells(self) -> int:
@@ -195,6 +205,7 @@ class Settings:
             raise ValueError("--max-image-bytes must be a number of bytes above 0")
         if self.image_fetch_timeout <= 0:
             raise ValueError("--image-fetch-timeout must be a number of seconds above 0")
+        self._check_reasoning()
         if self.no_embedded and not self.engine:
             raise ValueError("--no-embedded needs at least one --engine to serve requests")
 
@@ -224,6 +235,22 @@ class Settings:
                 "choose one of auto, on, off"
             )
         self.cpu_extra_buffers = CPU_EXTRA_BUFFERS[setting]
+
+    def _check_reasoning(self) -> None:
+        """--reasoning-field is one of REASONING_FIELDS; --reasoning-budget -1 is no budget."""
+        self.reasoning_field = self.reasoning_field.strip().lower()
+        if self.reasoning_field not in REASONING_FIELDS:
+            raise ValueError(
+                f"unknown reasoning field {self.reasoning_field!r}; "
+                f"choose one of {', '.join(REASONING_FIELDS)}"
+            )
+        if self.reasoning_budget == -1:
+            self.reasoning_budget = None
+        if self.reasoning_budget is not None and self.reasoning_budget < 0:
+            raise ValueError(
+                f"--reasoning-budget must be a number of tokens, 0 or more (-1: no budget), "
+                f"not {self.reasoning_budget}"
+            )
 
     def _check_webhooks_and_files(self) -> None:
         """Webhooks are signed; an object store is named by its bucket."""
@@ -374,7 +401,7 @@ def _parse(type_name: Any, raw: str, separator: str = ",") -> Any:
     t = str(type_name)
     if t == "bool":
         return raw.strip().lower() in ("1", "true", "yes", "on")
-    if t == "int":
+    if t in ("int", "int | None"):
         return int(raw)
     if t == "float":
         return float(raw)

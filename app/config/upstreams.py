@@ -15,13 +15,20 @@ from typing import Any
 from urllib.parse import urlsplit
 
 #: Each upstream kind and the module that speaks its wire, as `KIND` (the UpstreamKind of
-#: app/engine/upstream/kinds/__init__.py). A new kind is one module there and one line here.
+#: app/engine/upstream/kinds/__init__.py), or `module:NAME` for another of its objects. A
+#: new kind is one module there (or one object of one) and one line here.
 KINDS: dict[str, str] = {
     "openai": "app.engine.upstream.kinds.openai",  # an OpenAI-compatible server
+    # The same wire, each server's reasoning controls written its way (kinds/thoughts.py).
+    "vllm": "app.engine.upstream.kinds.openai:VLLM",
+    "sglang": "app.engine.upstream.kinds.openai:SGLANG",
+    "llama-server": "app.engine.upstream.kinds.openai:LLAMA_SERVER",
+    "ollama": "app.engine.upstream.kinds.openai:OLLAMA",
+    "batchyard": "app.engine.upstream.kinds.openai:BATCHYARD",
 }
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 SPEC_HELP = (
-    "NAME=openai:URL[,key=KEY,models=a|b,concurrency=N,retries=N,timeout=SECONDS,"
+    "NAME=KIND:URL[,key=KEY,models=a|b,concurrency=N,retries=N,timeout=SECONDS,"
     "images=pass|inline|png,image_max_side=N,priority=on|off]"
 )
 #: How an upstream gets a line's images (app/images/): `pass` sends http(s) URLs as they are

@@ -10,6 +10,8 @@ checks share one reading of each rule:
   as llama.cpp's common/chat reads it: `<think>...</think>` (Qwen3, SmolLM3, DeepSeek-R1,
   whose template opens the thought in the prompt), Magistral's `[THINK]...[/THINK]`, and
   gpt-oss's channels (analysis is the thought, final the answer).
+- `present`: a chat answer or chunk as it leaves batchyard, its thought under the name
+  `--reasoning-field` gives (engines write `reasoning_content`).
 - `Thought`: the streaming split of a model's output into thought and answer, token by
   token, counting the tokens of the thought exactly (no re-tokenising); `split` is the same
   over a whole text (an upstream's answer with its thinking left inline).
@@ -21,14 +23,15 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from app.config import REASONING_FIELDS
 from app.engine.base import EngineError
 from app.errors import invalid
 
 #: OpenAI's ReasoningEffort (the `openai` SDK's type of that name), in order.
 EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
-#: Where an answer's thought goes (`--reasoning-field`): llama-server, LM Studio and SGLang
-#: name it `reasoning_content`, vLLM and Ollama `reasoning`.
-FIELDS = ("reasoning_content", "reasoning", "both")
+#: Where an answer's thought goes (`--reasoning-field`, checked with the other settings):
+#: llama-server, LM Studio and SGLang name it `reasoning_content`, vLLM and Ollama `reasoning`.
+FIELDS = REASONING_FIELDS
 #: `reasoning_format` on a request, as llama-server takes it: "none" keeps the thought
 #: inline in the content; the others put it apart.
 FORMATS = ("none", "auto", "deepseek", "deepseek-legacy")
@@ -102,7 +105,9 @@ class Controls:
     template_kwargs: dict[str, Any] = field(default_factory=dict)
 
 
-def _effort(value: Any, param: str) -> str | None:
+def effort_of(value: Any, param: str) -> str | None:
+    """An effort (`reasoning_effort`, or Responses' `reasoning.effort` as `param` names it),
+    checked against EFFORTS; None when none is given."""
     if value is None:
         return None
     if value not in EFFORTS:
@@ -136,7 +141,7 @@ def request_controls(body: dict[str, Any], default_budget: int | None = None) ->
     names it; else the server's `--reasoning-budget`), `reasoning_format` and the template's
     variables. "none" turns thinking off where the template has a switch; any other effort
     reaches the template as `reasoning_effort`. The request's own `chat_template_kwargs` win."""
-    effort = _effort(body.get("reasoning_effort"), "reasoning_effort")
+    effort = effort_of(body.get("reasoning_effort"), "reasoning_effort")
     budget = budget_of(body.get("thinking_token_budget"), "thinking_token_budget")
     fmt = body.get("reasoning_format")
     if fmt is not None and fmt not in FORMATS:
@@ -182,7 +187,7 @@ def body_error(body: Any) -> EngineError | None:
     try:
         asked = body.get("reasoning")
         if isinstance(asked, dict):
-            _effort(asked.get("effort"), "reasoning.effort")
+            effort_of(asked.get("effort"), "reasoning.effort")
         request_controls(body)
     except EngineError as exc:
         return exc
@@ -330,3 +335,22 @@ INLINE = ThinkingFormat(start="<think>", end="</think>")
 def remaining(budget: int | None, spent: int) -> float:
     """Tokens the thought may still take (infinite without a budget)."""
     return math.inf if budget is None else budget - spent
+
+
+def present(body: dict[str, Any], field: str) -> dict[str, Any]:
+    """A chat answer (`chat.completion`) or stream chunk as it leaves batchyard: the thought
+    that engines write as `reasoning_content` goes under `field` (one of FIELDS: `reasoning`
+    for clients written for vLLM or Ollama, `both`), changed in place. Any other body (a
+    Responses answer or event, a completion, an error) is returned as it is."""
+    if field == FIELDS[0]:
+        return body
+    for choice in body.get("choices") or ():
+        if not isinstance(choice, dict):
+            continue
+        part = choice.get("message") or choice.get("delta")
+        if isinstance(part, dict) and "reasoning_content" in part:
+            thought = (
+                part["reasoning_content"] if field == "both" else part.pop("reasoning_content")
+            )
+            part["reasoning"] = thought
+    return body

@@ -1,7 +1,8 @@
 """Recording: the results of the lines a node handed to its engine, written on their
 Request rows in the runner's transaction, by the holder of each line's claim alone.
 
-A result is a resolved future. Its outcome is the answer (200), the engine's error, or a
+A result is a resolved future. Its outcome is the answer (200; a chat answer's thought under
+the name `--reasoning-field` gives, as the output line will carry it), the engine's error, or a
 server error for anything else the engine raised; a cancelled line is marked cancelled, and
 a line whose engine was down (`EngineUnavailable`) goes back to the queue with its attempt
 unused. A line this node no longer holds (cancelled, expired, or claimed again elsewhere
@@ -25,6 +26,7 @@ from sqlmodel import Session, col, select
 
 from app.batches.lifecycle.lifecycle import failure, lock_batches, record
 from app.engine.base import EngineError, EngineUnavailable, RequestCancelled
+from app.engine.reasoning import present
 from app.tables import Request, RequestStatus
 
 log = logging.getLogger("batchyard.runner")
@@ -57,10 +59,11 @@ class Held(NamedTuple):
 
 
 def record_done(
-    s: Session, done: list[Result], worker_id: str, held: Mapping[str, Held]
+    s: Session, done: list[Result], worker_id: str, held: Mapping[str, Held], *, field: str
 ) -> set[str]:
     """Write the results in the caller's transaction; the lanes whose engine was found
-    down (their lines went back to the queue)."""
+    down (their lines went back to the queue). `field` is `--reasoning-field`: where a chat
+    answer's thought goes in the body written (outcome)."""
     t = time.time()
     down: set[str] = set()
     futures = {request_id: fut for request_id, _, fut in done}
@@ -95,7 +98,7 @@ def record_done(
             if h is not None:
                 down.add(h.lane)
             continue
-        results.append((request_id, batch_id, outcome(request_id, fut)))
+        results.append((request_id, batch_id, outcome(request_id, fut, field)))
     if cancelled:
         s.exec(
             update(Request)
@@ -117,11 +120,13 @@ def record_done(
     return down
 
 
-def outcome(request_id: str, fut: Future[dict[str, Any]]) -> Outcome:
-    """What a resolved future records: its answer, its engine's error, or a server error."""
+def outcome(request_id: str, fut: Future[dict[str, Any]], field: str) -> Outcome:
+    """What a resolved future records: its answer (a chat answer's thought under `field`,
+    as the batch's output line carries it: reasoning.present), its engine's error, or a
+    server error."""
     exc = fut.exception()
     if exc is None:
-        return (200, fut.result())
+        return (200, present(fut.result(), field))
     if isinstance(exc, EngineError):
         return (exc.status_code, exc.to_body())
     log.error("request=%s error=engine_failure reason=%r", request_id, exc)

@@ -98,7 +98,7 @@ class LlamaEngine:
             embedding_dim=model.n_embd,
             vision=projector,
             grammars=grammars,
-            thought_budget=getattr(settings, "reasoning_budget", None),
+            thought_budget=settings.reasoning_budget,
         )
         self._embedder = Embedder(
             model.model, ctx_size=self.ctx_per_slot, threads=model.threads, dim=model.n_embd

@@ -212,7 +212,10 @@ class UpstreamEngine:
     ) -> Future[dict[str, Any]]:
         if endpoint not in ENDPOINTS:
             raise ValueError(f"unknown endpoint {endpoint!r}")
-        payload = self._wire.encode(endpoint, body)
+        try:
+            payload = self._wire.encode(endpoint, body)
+        except EngineError as exc:  # a parameter its kind refuses (kinds/thoughts.py)
+            return refused(exc)
         job = self._job(endpoint, payload, bool(body.get("stream")), priority, on_chunk)
         if job is not None:
             self._loop.call_soon_threadsafe(self._enqueue, job)
@@ -474,8 +477,13 @@ def model_info(spec: UpstreamSpec) -> ModelInfo:
 
 def closed_future() -> Future[dict[str, Any]]:
     """The answer to a request sent to an engine that is shutting down."""
+    return refused(engine_closed())
+
+
+def refused(error: EngineError) -> Future[dict[str, Any]]:
+    """The answer to a request refused before it was sent: its error."""
     future: Future[dict[str, Any]] = Future()
-    future.set_exception(engine_closed())
+    future.set_exception(error)
     return future
 
 
@@ -489,4 +497,4 @@ def new_loop() -> asyncio.AbstractEventLoop:
     return uvloop.new_event_loop()
 
 
-__all__ = ["UpstreamEngine", "UpstreamStatus", "model_info"]
+__all__ = ["UpstreamEngine", "UpstreamStatus", "model_info", "refused"]

@@ -45,6 +45,7 @@ from app.engine.upstream.engine import (
     UpstreamStatus,
     closed_future,
     model_info,
+    refused,
 )
 from app.engine.upstream.kinds import kind_of
 from app.engine.upstream.pipe import (
@@ -188,7 +189,10 @@ class UpstreamProcess:
     ) -> Future[dict[str, Any]]:
         if endpoint not in ENDPOINTS:
             raise ValueError(f"unknown endpoint {endpoint!r}")
-        payload = self._wire.encode(endpoint, body)
+        try:
+            payload = self._wire.encode(endpoint, body)
+        except EngineError as exc:  # a parameter its kind refuses (kinds/thoughts.py)
+            return refused(exc)
         future: Future[dict[str, Any]] = Future()
         with self._lock:
             if self._closing:

@@ -31,10 +31,10 @@ def test_a_full_spec() -> None:
 @pytest.mark.parametrize(
     ("text", "says"),
     [
-        ("gpu1", "expected NAME=openai:URL"),
+        ("gpu1", "expected NAME=KIND:URL"),
         ("gpu 1=openai:http://h/v1", "engine name"),
         ("embedded=openai:http://h/v1", "built-in engine"),
-        ("g=vllm:http://h/v1", "kind must be 'openai'"),
+        ("g=tgi:http://h/v1", "kind must be 'openai' or 'vllm' or"),
         ("g=openai:h:8000", "not an http(s) URL"),
         ("g=openai:http://h/v1,concurrency=0", "concurrency must be a whole number from 1"),
         ("g=openai:http://h/v1,concurrency=many", "concurrency must be"),
@@ -57,14 +57,15 @@ def test_a_bad_spec_is_refused_with_its_reason(text: str, says: str) -> None:
 def test_the_spec_keeps_its_kind() -> None:
     assert parse_engine_spec("g=openai:http://h/v1").kind == "openai"
     assert parse_engine_spec("g= openai :http://h/v1").kind == "openai"
+    assert parse_engine_spec("g=llama-server:http://h:8080/v1").kind == "llama-server"
 
 
 def test_the_table_of_kinds_says_which_kinds_are_taken(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(KINDS, "gateway", "tests.unit.engine.upstream.gateway_kind")
     assert parse_engine_spec("g=gateway:http://h/gw").kind == "gateway"
     with pytest.raises(ValueError) as caught:
-        parse_engine_spec("g=vllm:http://h/v1")
-    assert "the engine kind must be 'openai' or 'gateway'" in str(caught.value)
+        parse_engine_spec("g=tgi:http://h/v1")
+    assert "or 'batchyard' or 'gateway'" in str(caught.value)
 
 
 def test_two_engines_with_one_name_are_refused() -> None:

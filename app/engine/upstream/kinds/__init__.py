@@ -3,9 +3,11 @@
 The engine (engine.py, attempt.py, watch.py) knows HTTP, its queue and its window; what a
 request and an answer look like on the wire is its kind's. A kind module (openai.py is the
 first) defines `KIND`, an object with the `UpstreamKind` methods below, and names itself in
-the table `KINDS` of app/config/upstreams.py; `kind_of` reads that table. Whatever the kind,
-the engine's side of it is OpenAI's: a request body as the Engine contract takes it, and an
-answer, a stream chunk or a model object as OpenAI writes them.
+the table `KINDS` of app/config/upstreams.py (`module:NAME` names another object of a
+module: openai.py's kinds for vLLM, SGLang, llama-server, Ollama and batchyard differ only
+in how they write a request's reasoning controls, thoughts.py); `kind_of` reads that table.
+Whatever the kind, the engine's side of it is OpenAI's: a request body as the Engine
+contract takes it, and an answer, a stream chunk or a model object as OpenAI writes them.
 """
 
 from __future__ import annotations
@@ -76,9 +78,10 @@ class UpstreamKind(Protocol):
 
 
 def kind_of(spec: UpstreamSpec) -> UpstreamKind:
-    """The wire `spec` names: the `KIND` of its module in the table KINDS."""
-    module = importlib.import_module(KINDS[spec.kind])
-    kind: UpstreamKind = module.KIND
+    """The wire `spec` names: the `KIND` of its module in the table KINDS (or the object a
+    `module:NAME` entry names)."""
+    path, _, name = KINDS[spec.kind].partition(":")
+    kind: UpstreamKind = getattr(importlib.import_module(path), name or "KIND")
     return kind
 
 

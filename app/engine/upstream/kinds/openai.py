@@ -1,11 +1,13 @@
-"""The `openai` kind: the wire of an OpenAI-compatible server (vLLM, SGLang, llama-server,
-Ollama, LM Studio, another batchyard).
+"""The wire of an OpenAI-compatible server: the `openai` kind, and the kinds named for the
+servers that speak it (`vllm`, `sglang`, `llama-server`, `ollama`, `batchyard`).
 
 Its requests are the OpenAI body as sent, POSTed to the endpoint's own path (`/v1/...`)
-with the key as `Authorization: Bearer`; `GET /v1/models` lists its models. This module
-reads what it answers as the Engine contract's: errors (OpenAI's shape, or vLLM's older
-flat one), Retry-After, and server-sent event streams. Pure functions of what the upstream
-sent; no engine state.
+with the key as `Authorization: Bearer`; `GET /v1/models` lists its models. The kinds differ
+only in how a body's reasoning controls are written for their server (thoughts.py: WIRES);
+`openai` sends them as written. This module reads what it answers as the Engine contract's:
+errors (OpenAI's shape, or vLLM's older flat one), Retry-After, server-sent event streams,
+and each answer's thought as batchyard's `reasoning_content` (thoughts.py). Pure functions
+of what the upstream sent; no engine state.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any
 
 from app.config.upstreams import UpstreamSpec
 from app.engine.base import EngineError
+from app.engine.upstream.kinds.thoughts import WIRES, StreamThoughts, incoming, outgoing
 from app.runtime import jsoncodec
 from app.wire.endpoints import CHAT, RESPONSES
 
@@ -94,6 +97,9 @@ class StreamAssembler:
             piece = delta.get("content") if isinstance(delta, dict) else choice.get("text")
             if isinstance(piece, str):
                 acc["text"] += piece
+            thought = delta.get("reasoning_content") if isinstance(delta, dict) else None
+            if isinstance(thought, str):
+                acc["thought"] = acc.get("thought", "") + thought
             if choice.get("finish_reason"):
                 acc["finish_reason"] = choice["finish_reason"]
 
@@ -106,6 +112,8 @@ class StreamAssembler:
             acc = self.choices[index]
             if chat:
                 message = {"role": acc["role"], "content": acc["text"]}
+                if "thought" in acc:
+                    message["reasoning_content"] = acc["thought"]
                 choice = {"index": index, "message": message, "logprobs": None}
             else:
                 choice = {"index": index, "text": acc["text"], "logprobs": None}
@@ -122,13 +130,15 @@ class StreamAssembler:
 
 class EventReader:
     """One server-sent event stream: `data: {chunk}` lines until `data: [DONE]`; an event
-    carrying an error is the request's error (the API relays it as its own)."""
+    carrying an error is the request's error (the API relays it as its own). A chat chunk's
+    thought is batchyard's `delta.reasoning_content` (StreamThoughts)."""
 
     def __init__(self, endpoint: str, engine: str) -> None:
         self.endpoint = endpoint
         self.engine = engine
         self.done = False
         self._chunks = StreamAssembler()
+        self._thoughts = StreamThoughts() if endpoint == CHAT else None
 
     def read(self, line: bytes) -> list[dict[str, Any]]:
         text = line.decode("utf-8").strip()
@@ -143,6 +153,12 @@ class EventReader:
             isinstance(chunk.get("error"), dict) or chunk.get("type") == "error"
         ):  # the upstream failed mid-stream
             raise error_from(500, chunk, self.engine)
+        if not isinstance(chunk, dict):
+            return [chunk]
+        if self._thoughts is not None:
+            self._thoughts.chunk(chunk)
+        elif isinstance(chunk.get("response"), dict):  # a Responses event with the Response
+            incoming(RESPONSES, chunk["response"])
         self._chunks.add(chunk)
         return [chunk]
 
@@ -151,9 +167,14 @@ class EventReader:
 
 
 class OpenAIKind:
-    """The `openai` kind (see the module's docstring)."""
+    """An OpenAI-compatible server's kind (see the module's docstring); `name` is its row
+    of thoughts.py's WIRES."""
 
     models_path = "/v1/models"
+
+    def __init__(self, name: str = "openai") -> None:
+        self.name = name
+        self.wire = WIRES[name]
 
     def headers(self, spec: UpstreamSpec) -> dict[str, str]:
         headers = {"Content-Type": "application/json"}
@@ -164,14 +185,14 @@ class OpenAIKind:
     def path(self, endpoint: str) -> str:
         return endpoint  # batchyard's endpoints are OpenAI's paths
 
-    def encode(self, endpoint: str, body: dict[str, Any]) -> bytes:  # noqa: ARG002 - the kind interface
-        return jsoncodec.dumps_bytes(body)
+    def encode(self, endpoint: str, body: dict[str, Any]) -> bytes:
+        return jsoncodec.dumps_bytes(outgoing(self.wire, endpoint, body))
 
-    def answer(self, endpoint: str, content: bytes) -> dict[str, Any]:  # noqa: ARG002 - the kind interface
+    def answer(self, endpoint: str, content: bytes) -> dict[str, Any]:
         data = jsoncodec.loads(content)
         if not isinstance(data, dict):
             raise ValueError("the answer is not a JSON object")
-        return data
+        return incoming(endpoint, data)
 
     def error(self, status: int, content: bytes, engine: str) -> EngineError:
         try:
@@ -194,12 +215,23 @@ class OpenAIKind:
         return [m for m in data if isinstance(m, dict)]
 
 
-#: This module's kind, as app/engine/upstream/kinds/__init__.py: kind_of loads it.
-KIND = OpenAIKind()
+#: This module's kinds, as app/engine/upstream/kinds/__init__.py: kind_of loads the one
+#: KINDS names (`KIND` is `openai`'s).
+KIND = OpenAIKind("openai")
+VLLM = OpenAIKind("vllm")
+SGLANG = OpenAIKind("sglang")
+LLAMA_SERVER = OpenAIKind("llama-server")
+OLLAMA = OpenAIKind("ollama")
+BATCHYARD = OpenAIKind("batchyard")
 
 __all__ = [
+    "BATCHYARD",
     "KIND",
+    "LLAMA_SERVER",
+    "OLLAMA",
     "RETRY_AFTER_MAX_S",
+    "SGLANG",
+    "VLLM",
     "EventReader",
     "OpenAIKind",
     "StreamAssembler",
