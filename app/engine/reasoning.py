@@ -225,6 +225,7 @@ class Thought:
         self.inside = 0
         self._buffer = ""
         self._undecided = 0  # tokens fed while it was not yet known whether a thought opens
+        self._said = False  # some of the thought's text went out
 
     @classmethod
     def for_prompt(cls, fmt: ThinkingFormat, prompt: str) -> Thought:
@@ -286,16 +287,21 @@ class Thought:
             self.state = ANSWER
 
     def _think(self) -> str:
+        """The thought's text that is sure: white space at its ends is left out (as
+        llama.cpp's parser trims it), so what streams is what the answer holds."""
+        if not self._said:
+            self._buffer = self._buffer.lstrip()
         end = self.fmt.end
         at = self._buffer.find(end)
         if at >= 0:
-            thought, self._buffer = self._buffer[:at], self._buffer[at + len(end) :]
+            thought, self._buffer = self._buffer[:at].rstrip(), self._buffer[at + len(end) :]
             self.state = CLOSING
             return thought
         keep = _held(self._buffer, end)
-        thought = self._buffer[: len(self._buffer) - keep]
-        self._buffer = self._buffer[len(thought) :]
-        return thought
+        sure = self._buffer[: len(self._buffer) - keep].rstrip()
+        self._buffer = self._buffer[len(sure) :]
+        self._said = self._said or bool(sure)
+        return sure
 
     def _close(self) -> None:
         head = self._buffer.lstrip()
@@ -314,7 +320,7 @@ class Thought:
         thought, answer = self._step(text)
         rest, self._buffer = self._buffer, ""
         if self.state == THINKING:
-            return thought + rest, answer
+            return thought + rest.rstrip(), answer
         if self.state == BEFORE:
             return thought, answer + rest
         return thought, answer + (rest.lstrip() if self.state == CLOSING else rest)

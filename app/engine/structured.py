@@ -105,23 +105,41 @@ def _embedded(schema: dict[str, Any], strict: bool) -> str:
     return json.dumps(dict(closed(schema), **{"x-guidance": options}))
 
 
-def after_thought(grammar: str, start: str, end: str, *, opened: bool) -> str:
+def after_thought(
+    grammar: str, start: Tag, end: Tag, *, opened: bool, direct: Tag | None = None
+) -> str:
     """`grammar` (any compiled one: a schema, json_object, a tool call) for the answer after a
-    thought written freely: `opened`, the output starts inside the thought (its template opened
-    it) and runs to `end`; else the model may open one with `start` or answer at once. White
-    space may follow the closing tag. The thought is free text; only the answer is held."""
+    thought written freely. `opened`: the output starts inside the thought (its template
+    opened it) and runs to `end`; else the model may open one with `start`, or answer at once
+    (after `direct`, gpt-oss's final channel header). White space may follow the closing tag.
+    The thought is free text; only the answer is held. Each tag is its text, and the Lark
+    expression of its tokens where the model's vocabulary holds it as special tokens (None:
+    plain text; binding/grammars.py's `tag`)."""
     top = json.loads(grammar)
     subs = top["grammars"]
     subs[0]["name"] = "answer0"
-    # Lark's regex ends at a slash: the tags' own are escaped.
-    closing = re.escape(end).replace("/", "\\/")
-    thought = f"thought[lazy]: /(?s:.*){closing}/\n"
-    if opened:
-        lark = "start: thought /[ \\t\\r\\n]*/ @answer0\n" + thought
+    if end[1] is not None:
+        thought = f"thought: /(?s:.*)/ {end[1]}\n"
     else:
-        lark = f"start: @answer0 | {json.dumps(start)} thought /[ \\t\\r\\n]*/ @answer0\n" + thought
-    top["grammars"] = [{"name": "thought", "lark_grammar": lark}, *subs]
+        # Lark's regex ends at a slash: the tag's own is escaped.
+        closing = re.escape(end[0]).replace("/", "\\/")
+        thought = f"thought[lazy]: /(?s:.*){closing}/\n"
+    answer = "thought /[ \\t\\r\\n]*/ @answer0"
+    if opened:
+        lark = f"start: {answer}\n"
+    else:
+        at_once = f"{_expr(direct)} @answer0" if direct is not None else "@answer0"
+        lark = f"start: {at_once} | {_expr(start)} {answer}\n"
+    top["grammars"] = [{"name": "thought", "lark_grammar": lark + thought}, *subs]
     return json.dumps(top)
+
+
+#: A tag for after_thought: its text, and its tokens as a Lark expression (None: plain text).
+Tag = tuple[str, "str | None"]
+
+
+def _expr(tag: Tag) -> str:
+    return tag[1] if tag[1] is not None else json.dumps(tag[0])
 
 
 def call_grammar(call_schema: dict[str, Any], *, strict: bool, or_text: bool) -> str:

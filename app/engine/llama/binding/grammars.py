@@ -14,6 +14,7 @@ engine/structured.py.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
@@ -66,6 +67,25 @@ class Grammars:
                 # It reads each token's attributes by llama.cpp's older name.
                 warnings.simplefilter("ignore", DeprecationWarning)
                 self._tokenizer = lltokenizer_from_vocab(ptr, eos_token=eog or None)
+
+    def tag(self, text: str) -> str | None:
+        """A thought's tag (`</think>`, gpt-oss's `<|end|><|start|>assistant...`) as a Lark
+        expression of its tokens, where llguidance holds any of them as a special token (a
+        control token, or a user-defined one spelled `<...>`): those can only be named by id
+        (`<[ID]>`), never matched as text. None: the tag is plain text to the grammar."""
+        out, special = [], False
+        for token in self.vocab.tokenize(text, add_special=False):
+            attr = lc.llama_vocab_get_attr(self.vocab.ptr, token)
+            piece = self.vocab.piece(token, True)
+            user = (
+                attr & lc.LLAMA_TOKEN_ATTR_USER_DEFINED and piece[:1] == b"<" and piece[-1:] == b">"
+            )
+            if attr & lc.LLAMA_TOKEN_ATTR_CONTROL or user:
+                out.append(f"<[{token}]>")
+                special = True
+            else:
+                out.append(json.dumps(piece.decode("utf-8", "replace")))
+        return " ".join(out) if special else None
 
     def check(self, grammar: str) -> None:
         """Raise the 400 of a grammar the model's vocabulary cannot run (prepare.py)."""

@@ -56,6 +56,8 @@ class Constraints(Protocol):
 
     def check(self, grammar: str) -> None: ...
 
+    def tag(self, text: str) -> str | None: ...
+
 
 class Vision(Protocol):
     """What preparing needs of a projector (vision.py's Projector)."""
@@ -244,9 +246,20 @@ class Preparer:
         state = reasoning.Thought.for_prompt(fmt, prompt).state
         job.thought_start = state
         if job.params.grammar is not None and state != reasoning.ANSWER:
-            job.params.grammar = structured.after_thought(
-                job.params.grammar, fmt.start, fmt.end, opened=state == reasoning.THINKING
-            )
+            job.params.grammar = self._past_thought(job.params.grammar, fmt, close, state)
+
+    def _past_thought(
+        self, grammar: str, fmt: reasoning.ThinkingFormat, close: str, state: str
+    ) -> str:
+        """A structured answer's grammar, moved past the model's thought."""
+
+        def tag(text: str) -> structured.Tag:
+            return text, self.grammars.tag(text) if self.grammars is not None else None
+
+        direct = tag(fmt.openers[-1]) if fmt.openers else None
+        return structured.after_thought(
+            grammar, tag(fmt.start), tag(close), opened=state == reasoning.THINKING, direct=direct
+        )
 
     def _with_images(self, job: Job, text: str, images: list[bytes]) -> list[int]:
         """The token list of a prompt with images; its chunks wait on the job for the store."""
