@@ -1,6 +1,7 @@
 """Small thinking models for tests and benches, made from the embedded SmolLM2-135M-Instruct.
 `write(PATH, fmt)` writes one GGUF; `written(ROOT, fmt)` keeps one under ROOT, written the
-first time (bench/reasoning_model.py is its command line, and asks llama-server about them).
+first time (tests/e2e/test_reasoning.py serves them; llama-server `--reasoning-format deepseek`
+on the same files judged the split its expected answers come from).
 
 No registry ships a reasoning GGUF this small. Each format is SmolLM2 (its real Q4_1 weights,
 tokenizer and tied embedding) with a format's tags added to its vocabulary, a chat template
@@ -76,6 +77,7 @@ HARMONY_TAGS = ("<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|return|
 
 #: SmolLM2's own default system message (its template's), kept where a chat has none.
 SMOLLM_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
+
 
 def _chatml_template(opened: bool) -> str:
     """Qwen3's generation logic, kept small (no tools): the last user message decides which
@@ -276,7 +278,7 @@ class Wiring:
         self.w.down[self.n + out, j] = math.copysign(root, size)
 
 
-def _circuit(fmt: str, n: int, n_ff: int, tok: dict[str, int], n_vocab: int) -> Circuit:
+def _circuit(fmt: str, n: int, n_ff: int, tok: dict[str, int], n_vocab: int) -> Circuit:  # noqa: C901, PLR0915 (one layer's weights, written in order)
     """The circuit of `fmt` on SmolLM2 (width `n`, its token ids by text in `tok`).
 
     Units: after an RMS norm a dominating value reads root = sqrt(640); a small marker reads
@@ -449,6 +451,7 @@ def _vocabulary(reader: Any, fmt: str) -> tuple[list[str], list[int], dict[str, 
 
     tokens = [str(t) for t in reader.fields["tokenizer.ggml.tokens"].contents()]
     types = [int(t) for t in reader.fields["tokenizer.ggml.token_type"].contents()]
+    tags: tuple[str, ...]
     if fmt == "channels":
         tags, kind = HARMONY_TAGS, gguf.TokenType.CONTROL
     else:
@@ -474,7 +477,7 @@ def _padded(data: np.ndarray, kind: Any, rows: int = 0) -> np.ndarray:
     return np.concatenate([data, np.zeros((data.shape[0], extra), data.dtype)], axis=1)
 
 
-def write(path: Path, fmt: str, src: Path | None = None) -> Path:
+def write(path: Path, fmt: str, src: Path | None = None) -> Path:  # noqa: C901, PLR0912 (the copy, tensor by tensor)
     """Write `fmt`'s model to `path` (a .gguf); returns `path`."""
     import gguf
 

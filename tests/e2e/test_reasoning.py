@@ -1,7 +1,7 @@
 """Thinking models end to end: a live `batchyard serve` whose --models-dir holds the test
-thinking models (harness/reasoning_model.py: the embedded SmolLM2 with Qwen3's `<think>`,
-DeepSeek-R1's thought opened by its template, and gpt-oss's channels), the official openai
-SDK as the client, greedy decoding.
+thinking models (harness/reasoning_model.py: the embedded SmolLM2 with Qwen3's `<think>`
+and with DeepSeek-R1's thought opened by its template), the official openai SDK as the
+client, greedy decoding. (gpt-oss's channels are split in tests/unit/engine/test_reasoning.py.)
 
 The thought comes back apart from the answer (chat, its stream, Responses and its stream),
 counted in reasoning_tokens within the completion's; llama-server (`--reasoning-format
@@ -21,7 +21,7 @@ from typing import Any
 import openai
 import pytest
 
-from harness.reasoning_model import FORMATS, written
+from harness.reasoning_model import written
 from tests.factories import jsonl, jsonl_lines
 from tests.http_helpers import wait_for_status
 from tests.live import OUTPUT, LiveServer, start_server, stop_server
@@ -49,7 +49,7 @@ SCHEMA = {
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     models = tmp_path_factory.mktemp("thinking-models")
-    for fmt in FORMATS:
+    for fmt in ("think", "opened"):
         (models / f"{fmt}.gguf").symlink_to(written(CACHE / "reasoning-model", fmt))
     args = ["--parallel", "4", "--ctx-size", "1024", "--threads", "2", "--no-discover"]
     live = start_server(
@@ -129,7 +129,7 @@ def test_a_thought_cut_by_the_limit_is_never_the_answer(sdk: openai.OpenAI) -> N
 
 
 def test_a_schema_holds_the_answer_after_a_free_thought(sdk: openai.OpenAI) -> None:
-    for model in ("think", "opened", "channels"):
+    for model in ("think", "opened"):
         answer = chat(
             sdk, model, response_format={"type": "json_schema", "json_schema": SCHEMA}
         ).choices[0]
@@ -139,10 +139,10 @@ def test_a_schema_holds_the_answer_after_a_free_thought(sdk: openai.OpenAI) -> N
 
 def test_responses_put_a_reasoning_item_before_the_message(sdk: openai.OpenAI) -> None:
     response = sdk.responses.create(
-        model="channels",
+        model="think",
         input="What is 2+2?",
         reasoning={"effort": "low", "summary": "auto"},
-        max_output_tokens=48,
+        max_output_tokens=96,
         temperature=0,
     )
     assert [item.type for item in response.output] == ["reasoning", "message"]
@@ -155,7 +155,7 @@ def test_responses_put_a_reasoning_item_before_the_message(sdk: openai.OpenAI) -
     assert 0 < response.usage.output_tokens_details.reasoning_tokens < response.usage.output_tokens
 
     with sdk.responses.stream(
-        model="channels", input="What is 2+2?", max_output_tokens=48, temperature=0
+        model="think", input="What is 2+2?", max_output_tokens=96, temperature=0
     ) as stream:
         kinds = [event.type for event in stream]
         final = stream.get_final_response()
