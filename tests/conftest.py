@@ -7,12 +7,14 @@ this file holds fixtures only.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from harness.seaweed import Seaweed, seaweed_server
 from tests import pg
 from tests.live import OUTPUT, LiveServer, start_server, stop_server
+from tests.reasoning import reasoning_model_paths
 
 
 @pytest.fixture(scope="session")
@@ -47,3 +49,10 @@ def seaweed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Seaweed]:
         if isinstance(server, str):
             pytest.skip(server)
         yield server
+
+
+@pytest.fixture(scope="session")
+def reasoning_models() -> dict[str, Path]:
+    """The thinking models by format (`think`, `opened`, `channels`): one folder, written
+    once per machine (tests/reasoning.py); a `--models-dir` serves them under those ids."""
+    return reasoning_model_paths()
