@@ -1,15 +1,16 @@
 """Thinking models end to end: a live `batchyard serve` whose --models-dir holds the test
-thinking models (harness/reasoning_model.py: the embedded SmolLM2 with Qwen3's `<think>`
-and with DeepSeek-R1's thought opened by its template), the official openai SDK as the
-client, greedy decoding. (gpt-oss's channels are split in tests/unit/engine/test_reasoning.py.)
+thinking models (tests/reasoning.py: the embedded SmolLM2 with Qwen3's `<think>`, with
+DeepSeek-R1's thought opened by its template, and with gpt-oss's channels), the official
+openai SDK as the client, greedy decoding.
 
 The thought comes back apart from the answer (chat, its stream, Responses and its stream),
-counted in reasoning_tokens within the completion's; llama-server (`--reasoning-format
-deepseek`, the build bench/build_llama_server.sh makes) split the same file's answer to the
-same question alike: the thought and the answer's first words below are its. Effort none
-turns Qwen3's thinking off; a budget closes a thought; a thought cut by the token limit is
-never the answer; a json_schema holds the answer after a free thought; a batch sums its
-lines' reasoning tokens.
+counted in reasoning_tokens within the completion's. llama-server (`--reasoning-format
+deepseek -fa on -ctk q8_0 -ctv q8_0`, the build bench/build_llama_server.sh makes; its
+answers are in bench/README.md, bench/reasoning_model.py asks it again) split the same
+files' answers to the same question alike: every thought and answer below is its. Effort
+none turns Qwen3's thinking off; a budget closes a thought after as many tokens as
+llama-server's; a thought cut by the token limit is never the answer; a json_schema holds
+the answer after a free thought; a batch sums its lines' reasoning tokens.
 """
 
 from __future__ import annotations
@@ -21,19 +22,21 @@ from typing import Any
 import openai
 import pytest
 
-from harness.reasoning_model import written
 from tests.factories import jsonl, jsonl_lines
 from tests.http_helpers import wait_for_status
 from tests.live import OUTPUT, LiveServer, start_server, stop_server
-from tests.models import CACHE
+from tests.reasoning import reasoning_models_dir
 
 pytestmark = pytest.mark.slow
 
-QUESTION = [{"role": "user", "content": "What is 2+2?"}]
-#: llama-server's split of the `think` model's answer to QUESTION (greedy): its thought, and
-#: the words its answer opens with (later words part where the two servers' arithmetic does).
-JUDGED_THOUGHT = "The answer to this classic math problem is 4."
-JUDGED_OPENING = "In mathematics, 2 + 2 is an"
+ASKED = "What is the capital of France?"
+QUESTION = [{"role": "user", "content": ASKED}]
+#: llama-server's split of the `think` and `opened` models' answers to QUESTION (greedy).
+JUDGED_THOUGHT = "The capital of France is Paris."
+JUDGED_ANSWER = (
+    "Paris is a city steeped in history and culture, known for its iconic landmarks like the "
+    "Eiffel Tower, Louvre Museum, Notre Dame Cathedral, and many others."
+)
 SCHEMA = {
     "name": "sum",
     "strict": True,
@@ -48,9 +51,7 @@ SCHEMA = {
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
-    models = tmp_path_factory.mktemp("thinking-models")
-    for fmt in ("think", "opened"):
-        (models / f"{fmt}.gguf").symlink_to(written(CACHE / "reasoning-model", fmt))
+    models = reasoning_models_dir()
     args = ["--parallel", "4", "--ctx-size", "1024", "--threads", "2", "--no-discover"]
     live = start_server(
         tmp_path_factory.mktemp("data"),
@@ -68,7 +69,7 @@ def sdk(server: LiveServer) -> openai.OpenAI:
 
 
 def chat(sdk: openai.OpenAI, model: str, **extra: Any) -> Any:
-    settings: dict[str, Any] = {"temperature": 0, "max_completion_tokens": 48, **extra}
+    settings: dict[str, Any] = {"temperature": 0, "max_completion_tokens": 64, **extra}
     return sdk.chat.completions.create(model=model, messages=QUESTION, **settings)
 
 
@@ -76,7 +77,7 @@ def test_the_thought_comes_apart_counted_as_llama_server_splits_it(sdk: openai.O
     answer = chat(sdk, "think")
     message = answer.choices[0].message
     assert message.reasoning_content == JUDGED_THOUGHT  # type: ignore[attr-defined]
-    assert message.content is not None and message.content.startswith(JUDGED_OPENING)
+    assert message.content == JUDGED_ANSWER
     assert "<think>" not in message.content and "</think>" not in message.content
     usage = answer.usage
     assert usage is not None and usage.completion_tokens_details is not None
@@ -105,31 +106,35 @@ def test_effort_none_turns_thinking_off_and_a_budget_closes_the_thought(
     sdk: openai.OpenAI,
 ) -> None:
     off = chat(sdk, "think", reasoning_effort="none").choices[0].message
-    assert getattr(off, "reasoning_content", None) is None and off.content
-    budget = chat(sdk, "think", extra_body={"thinking_token_budget": 4})
-    message = budget.choices[0].message
-    # llama-server's reasoning_budget_tokens 4 closes it after the same words.
-    assert message.reasoning_content == "The answer to"  # type: ignore[attr-defined]
-    assert message.content
+    assert getattr(off, "reasoning_content", None) is None
+    assert off.content == "\nThe capital of France is Paris."
     # The template that opens the thought: the output starts inside it.
     opened = chat(sdk, "opened").choices[0].message
-    assert opened.reasoning_content == JUDGED_THOUGHT  # type: ignore[attr-defined]
+    assert (opened.reasoning_content, opened.content) == (JUDGED_THOUGHT, JUDGED_ANSWER)  # type: ignore[attr-defined]
+    # llama-server's thinking_budget_tokens 4 closes each after the same words.
+    for model in ("think", "opened"):
+        budget = chat(sdk, model, extra_body={"thinking_token_budget": 4}).choices[0].message
+        assert budget.reasoning_content == "The capital of", model  # type: ignore[attr-defined]
+        assert budget.content == "The capital of France is Paris.", model
+    channels = chat(sdk, "channels", extra_body={"thinking_token_budget": 4}).choices[0].message
+    assert (channels.reasoning_content, channels.content) == (
+        "The answer is:",
+        "The answer is: France",
+    )  # type: ignore[attr-defined]
 
 
 def test_a_thought_cut_by_the_limit_is_never_the_answer(sdk: openai.OpenAI) -> None:
     cut = chat(sdk, "think", max_completion_tokens=5).choices[0]
     assert cut.finish_reason == "length" and cut.message.content == ""
     assert cut.message.reasoning_content  # type: ignore[attr-defined]
-    response = sdk.responses.create(
-        model="opened", input="What is 2+2?", max_output_tokens=5, temperature=0
-    )
+    response = sdk.responses.create(model="opened", input=ASKED, max_output_tokens=5, temperature=0)
     assert response.status == "incomplete" and response.incomplete_details is not None
     assert response.incomplete_details.reason == "max_output_tokens"
     assert [item.type for item in response.output] == ["reasoning"]
 
 
 def test_a_schema_holds_the_answer_after_a_free_thought(sdk: openai.OpenAI) -> None:
-    for model in ("think", "opened"):
+    for model in ("think", "opened", "channels"):
         answer = chat(
             sdk, model, response_format={"type": "json_schema", "json_schema": SCHEMA}
         ).choices[0]
@@ -139,30 +144,32 @@ def test_a_schema_holds_the_answer_after_a_free_thought(sdk: openai.OpenAI) -> N
 
 def test_responses_put_a_reasoning_item_before_the_message(sdk: openai.OpenAI) -> None:
     response = sdk.responses.create(
-        model="think",
-        input="What is 2+2?",
+        model="channels",
+        input=ASKED,
         reasoning={"effort": "low", "summary": "auto"},
-        max_output_tokens=96,
+        max_output_tokens=64,
         temperature=0,
     )
     assert [item.type for item in response.output] == ["reasoning", "message"]
     item = response.output[0]
     assert item.type == "reasoning" and item.id.startswith("rs_") and item.summary == []
     assert item.content and item.content[0].type == "reasoning_text"
-    assert "<|" not in response.output_text and response.output_text
+    # gpt-oss's template reads the effort: llama-server's answer with reasoning_effort low.
+    assert (item.content[0].text, response.output_text) == ("The answer is: France",) * 2
     assert response.reasoning is not None and response.reasoning.effort == "low"
     assert response.usage is not None
     assert 0 < response.usage.output_tokens_details.reasoning_tokens < response.usage.output_tokens
 
     with sdk.responses.stream(
-        model="think", input="What is 2+2?", max_output_tokens=96, temperature=0
+        model="channels", input=ASKED, max_output_tokens=64, temperature=0
     ) as stream:
         kinds = [event.type for event in stream]
         final = stream.get_final_response()
     assert "response.reasoning_text.delta" in kinds and "response.reasoning_text.done" in kinds
     assert kinds.index("response.reasoning_text.done") < kinds.index("response.output_text.delta")
     assert final.output[0].type == "reasoning"
-    assert final.output[0].content == item.content and final.output_text == response.output_text
+    assert final.output[0].content[0].text == "The answer is: Paris"  # type: ignore[union-attr]
+    assert final.output_text == "The answer is: Paris"
 
 
 def test_a_batch_sums_its_lines_reasoning_tokens(sdk: openai.OpenAI) -> None:

@@ -168,6 +168,7 @@ class Job:
         self.thought_close: list[int] = []
         self.thought_inline = False
         self.thought_start = BEFORE  # where each answer starts: reasoning.Thought.state
+        self.thought_spent = 0  # budget tokens the prompt spent in a thought it opened
         self.response: ResponseRequest | None = None  # for RESPONSES (oai/responses_request.py)
         #: Images of the prompt (vision.py): the first id of each image chunk in the token
         #: list -> its key in the model's image store; the chunks prepare cut, until the

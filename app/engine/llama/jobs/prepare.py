@@ -189,6 +189,7 @@ class Preparer:
         if fmt is not None:
             for choice in job.choices:
                 choice.thought = reasoning.Thought(fmt, job.thought_start)
+                choice.thought.inside = job.thought_spent
         job.unfinished = len(job.choices)
         tasks = []
         for p in range(len(job.prompts)):
@@ -245,6 +246,11 @@ class Preparer:
         job.thought_close = self.tokenizer.tokenize(close, add_special=False)
         state = reasoning.Thought.for_prompt(fmt, prompt).state
         job.thought_start = state
+        if state == reasoning.THINKING:
+            # What the template wrote after the opening tag (DeepSeek-R1's newline) counts
+            # against the budget, as llama.cpp's reasoning budget counts it.
+            after = prompt[prompt.rfind(fmt.start.rstrip()) + len(fmt.start.rstrip()) :]
+            job.thought_spent = len(self.tokenizer.tokenize(after, add_special=False))
         if job.params.grammar is not None and state != reasoning.ANSWER:
             job.params.grammar = self._past_thought(job.params.grammar, fmt, close, state)
 
