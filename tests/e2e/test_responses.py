@@ -184,7 +184,7 @@ def test_a_named_function_streamed(client: OpenAI) -> None:
         ({"previous_response_id": "resp_123"}, "previous_response_id"),
         ({"background": True}, "background"),
         ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
-        ({"reasoning": {"effort": "high"}}, "reasoning"),
+        ({"reasoning": {"effort": "extreme"}}, "reasoning.effort"),
         ({"extra_body": {"frequency_penalty": 1}}, "frequency_penalty"),
         ({"temperature": 3}, "temperature"),
         ({"text": {"format": {"type": "xml"}}}, "text.format"),
@@ -202,6 +202,15 @@ def test_what_cannot_be_honoured_is_a_400_naming_it(
         with pytest.raises(openai.BadRequestError) as caught:
             client.responses.create(**body, stream=stream)
         assert caught.value.body["param"] == param  # type: ignore[index]
+
+
+def test_a_model_that_does_not_reason_takes_reasoning_and_ignores_it(client: OpenAI) -> None:
+    r = client.responses.create(
+        model=MODEL, input="Hi", max_output_tokens=2, reasoning={"effort": "high"}
+    )
+    assert [item.type for item in r.output] == ["message"]
+    assert r.reasoning is not None and r.reasoning.effort == "high"
+    assert r.usage is not None and r.usage.output_tokens_details.reasoning_tokens == 0
 
 
 def test_a_batch_for_v1_responses_answers_response_objects(client: OpenAI) -> None:
