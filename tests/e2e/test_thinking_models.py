@@ -108,6 +108,10 @@ def test_effort_none_turns_thinking_off_and_a_budget_closes_the_thought(
     off = chat(sdk, "think", reasoning_effort="none").choices[0].message
     assert getattr(off, "reasoning_content", None) is None
     assert off.content == "\nThe capital of France is Paris."
+    # reasoning_format none keeps the thought inline, tags and all, as llama-server does.
+    inline = chat(sdk, "think", extra_body={"reasoning_format": "none"}).choices[0].message
+    assert inline.content == f"<think>\n{JUDGED_THOUGHT}</think>\n\n{JUDGED_ANSWER}"
+    assert getattr(inline, "reasoning_content", None) is None
     # The template that opens the thought: the output starts inside it.
     opened = chat(sdk, "opened").choices[0].message
     assert (opened.reasoning_content, opened.content) == (JUDGED_THOUGHT, JUDGED_ANSWER)  # type: ignore[attr-defined]
