@@ -79,7 +79,7 @@ SCHEMAS: list[tuple[str, dict[str, Any]]] = [
         ),
     ),
     (
-        "Ana has two children, Ben and Eva; neither has children. Give Ana as a person.",
+        "Ana has two children, Ben and Eva. Ben and Eva have no children. Give Ana as a person.",
         {
             "$ref": "#/$defs/person",
             "$defs": {
