@@ -121,6 +121,20 @@ def effort_of(value: Any, param: str) -> str | None:
     return str(value)
 
 
+def responses_effort(reasoning: Any) -> str | None:
+    """The effort of Responses' `reasoning` object, checked."""
+    if reasoning is None:
+        return None
+    if not isinstance(reasoning, dict):
+        raise invalid(
+            '\'reasoning\' must be an object, as {"effort": "low"}.',
+            param="reasoning",
+            code="invalid_type",
+            cls=EngineError,
+        )
+    return effort_of(reasoning.get("effort"), "reasoning.effort")
+
+
 def budget_of(value: Any, param: str) -> int | None:
     """A thinking budget in tokens (-1 or None: unbounded), checked."""
     if value is None or value == -1:
@@ -185,9 +199,7 @@ def body_error(body: Any) -> EngineError | None:
     if not isinstance(body, dict):
         return None
     try:
-        asked = body.get("reasoning")
-        if isinstance(asked, dict):
-            effort_of(asked.get("effort"), "reasoning.effort")
+        responses_effort(body.get("reasoning"))
         request_controls(body)
     except EngineError as exc:
         return exc

@@ -30,8 +30,8 @@ from app.engine.reasoning import (
     INLINE,
     SWITCH,
     Thought,
-    effort_of,
     request_controls,
+    responses_effort,
     split,
 )
 from app.errors import invalid
@@ -97,7 +97,7 @@ def outgoing(wire: ReasoningWire, endpoint: str, body: dict[str, Any]) -> dict[s
     out = {**body, **dict(fields)}
     effort = controls.effort
     if endpoint == RESPONSES:
-        effort = _responses_effort(body.get("reasoning"))
+        effort = responses_effort(body.get("reasoning"))
         if wire.responses_effort and effort is not None:
             out.setdefault("reasoning_effort", effort)
     elif not wire.effort:
@@ -121,20 +121,6 @@ def _budget(wire: ReasoningWire, out: dict[str, Any], budget: int | None) -> Non
     value = budget if budget is not None else wire.unbounded
     if value is not None:
         out[wire.budget] = value
-
-
-def _responses_effort(reasoning: Any) -> str | None:
-    """The effort of Responses' `reasoning` object, checked."""
-    if reasoning is None:
-        return None
-    if not isinstance(reasoning, dict):
-        raise invalid(
-            '\'reasoning\' must be an object, as {"effort": "low"}.',
-            param="reasoning",
-            code="invalid_type",
-            cls=EngineError,
-        )
-    return effort_of(reasoning.get("effort"), "reasoning.effort")
 
 
 def _switch_as_effort(

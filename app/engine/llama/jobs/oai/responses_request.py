@@ -15,6 +15,7 @@ from typing import Any
 from app.engine.base import EngineError
 from app.engine.llama.jobs.jobs import ResponseRequest
 from app.engine.llama.jobs.oai.tools import bad_param
+from app.engine.reasoning import responses_effort
 from app.engine.tiers import service_tier
 from app.errors import missing
 from app.wire.endpoints import RESPONSES
@@ -390,10 +391,9 @@ def to_chat(body: dict[str, Any]) -> tuple[dict[str, Any], ResponseRequest]:
 def _reasoning(value: Any) -> dict[str, Any]:
     """The `reasoning` object ({effort, summary}), checked: its effort runs as chat's
     `reasoning_effort` (checked there against reasoning.EFFORTS)."""
+    effort = responses_effort(value)
     if value is None:
         return {"effort": None, "summary": None}
-    if not isinstance(value, dict):
-        raise bad_param("'reasoning' must be an object.", "reasoning", "invalid_type")
     summary = value.get("summary", value.get("generate_summary"))
     if summary is not None and summary not in SUMMARIES:
         raise bad_param(
@@ -402,7 +402,7 @@ def _reasoning(value: Any) -> dict[str, Any]:
             + ".",
             "reasoning.summary",
         )
-    return {"effort": value.get("effort"), "summary": summary}
+    return {"effort": effort, "summary": summary}
 
 
 def renamed(exc: EngineError) -> EngineError:
