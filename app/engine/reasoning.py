@@ -19,7 +19,6 @@ checks share one reading of each rule:
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -343,16 +342,11 @@ def split(text: str, fmt: ThinkingFormat, *, opened: bool = False) -> tuple[str,
     thought = Thought(fmt, THINKING if opened else BEFORE)
     a, b = thought.feed(text)
     c, d = thought.finish()
-    return (a + c).strip(), b + d
+    return a + c, b + d
 
 
 #: The tags upstreams leave inline most often (their own parser off): `<think>` models.
 INLINE = ThinkingFormat(start="<think>", end="</think>")
-
-
-def remaining(budget: int | None, spent: int) -> float:
-    """Tokens the thought may still take (infinite without a budget)."""
-    return math.inf if budget is None else budget - spent
 
 
 def present(body: dict[str, Any], field: str) -> dict[str, Any]:

@@ -120,6 +120,10 @@ class Preparer:
         self.ctx_per_slot = ctx_per_slot
         self.n_slots = n_slots
         self.embedding_dim = embedding_dim
+        #: A thinking model's tags, tokenized (the tokens that close a thought) and as the
+        #: grammar names them (grammars.tag): the same for every request, found once each.
+        self._tag_tokens: dict[str, list[int]] = {}
+        self._tag_grammar: dict[str, structured.Tag] = {}
 
     def prepare(self, job: Job, seq: Iterator[int]) -> list[Task]:
         """Fill in `job` (params, prompts, choices) and return its tasks, numbered from `seq`."""
@@ -243,7 +247,9 @@ class Preparer:
         job.thought_inline = controls.inline
         job.thought_budget = controls.budget
         close = fmt.end + (fmt.openers[0] if fmt.openers else "")
-        job.thought_close = self.tokenizer.tokenize(close, add_special=False)
+        if close not in self._tag_tokens:
+            self._tag_tokens[close] = self.tokenizer.tokenize(close, add_special=False)
+        job.thought_close = self._tag_tokens[close]
         state = reasoning.Thought.for_prompt(fmt, prompt).state
         job.thought_start = state
         if state == reasoning.THINKING:
@@ -260,7 +266,10 @@ class Preparer:
         """A structured answer's grammar, moved past the model's thought."""
 
         def tag(text: str) -> structured.Tag:
-            return text, self.grammars.tag(text) if self.grammars is not None else None
+            if text not in self._tag_grammar:
+                tokens = self.grammars.tag(text) if self.grammars is not None else None
+                self._tag_grammar[text] = (text, tokens)
+            return self._tag_grammar[text]
 
         direct = tag(fmt.openers[-1]) if fmt.openers else None
         return structured.after_thought(
