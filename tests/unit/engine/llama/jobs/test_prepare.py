@@ -9,7 +9,9 @@ import pytest
 
 from app.engine.base import EngineError, Priority
 from app.engine.llama.jobs.jobs import Job, Task
+from app.engine.llama.jobs.oai.chat_template import normalise_messages
 from app.engine.llama.jobs.prepare import Preparer, is_token_list
+from app.engine.reasoning import THINKING, ThinkingFormat
 from app.wire.endpoints import CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES
 
 BOS = 1
@@ -144,3 +146,48 @@ def test_a_lines_service_tier_is_checked_alike_on_chat_and_responses(endpoint: s
     err = refused(endpoint, body("priority"))
     assert (err.param, err.code) == ("service_tier", "invalid_value")
     assert "'auto', 'default', 'flex'" in err.message
+
+
+class Thinking(Template):
+    """A template that opens each thought, as DeepSeek-R1's does."""
+
+    thinking = ThinkingFormat(start="<think>", end="</think>")
+
+    def render(self, messages: Any, *args: Any, **kwargs: Any) -> str:
+        return super().render(messages) + "<think>\n"
+
+
+def test_a_thinking_models_budget_is_the_requests_or_else_the_servers() -> None:
+    preparer = Preparer(
+        Letters(), Thinking(), ctx_per_slot=64, n_slots=4, embedding_dim=8, thought_budget=8
+    )
+    ask = {"messages": [{"role": "user", "content": "hi"}]}
+    for extra, budget in (
+        ({}, 8),
+        ({"thinking_token_budget": 3}, 3),
+        ({"reasoning_effort": "low"}, 8),
+    ):
+        job = Job(CHAT, {**ask, **extra}, Priority.BATCH, None)
+        preparer.prepare(job, itertools.count())
+        assert job.thought_budget == budget
+        # The closing tag's tokens, forced when the budget is spent.
+        assert job.thought_close == [ord(c) + 2 for c in "</think>"]
+        # The answer starts inside the thought; the template's newline after the tag counts.
+        thought = job.choices[0].thought
+        assert thought is not None and thought.state == THINKING and thought.inside == 1
+
+
+def test_earlier_turns_keep_their_thought_for_the_template() -> None:
+    turns = [
+        {"role": "user", "content": "q"},
+        {"role": "assistant", "content": "a", "reasoning": "because"},
+        {"role": "user", "content": "more"},
+    ]
+    assert normalise_messages(turns)[1] == {
+        "role": "assistant",
+        "content": "a",
+        "reasoning_content": "because",
+    }
+    with pytest.raises(EngineError) as caught:
+        normalise_messages([{**turns[1], "reasoning_content": 3}])
+    assert caught.value.param == "messages[0].reasoning_content"

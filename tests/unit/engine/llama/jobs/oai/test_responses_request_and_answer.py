@@ -113,6 +113,35 @@ def test_items_with_calls_and_results_become_the_chat_turns() -> None:
     }
 
 
+def test_reasoning_items_effort_and_include_are_taken() -> None:
+    chat, state = responses_request.to_chat(
+        {
+            "model": "m",
+            "include": ["reasoning.encrypted_content"],
+            "reasoning": {"effort": "low", "summary": "auto"},
+            "input": [
+                {"role": "user", "content": "q"},
+                {
+                    "type": "reasoning",
+                    "id": "rs_1",
+                    "summary": [],
+                    "content": [{"type": "reasoning_text", "text": "because"}],
+                },
+                {"role": "assistant", "content": "a"},
+                {"role": "user", "content": "more"},
+            ],
+        }
+    )
+    # The thought goes with the assistant turn after it; the effort runs as chat's.
+    assert chat["messages"][1] == {
+        "role": "assistant",
+        "content": "a",
+        "reasoning_content": "because",
+    }
+    assert chat["reasoning_effort"] == "low"
+    assert state.reasoning == {"effort": "low", "summary": "auto"}
+
+
 @pytest.mark.parametrize(
     ("extra", "param"),
     [
