@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from PIL import Image as PIL
-from PIL import UnidentifiedImageError
 
 from app.engine.data_urls import DataURLError, parse_data_url
 from app.images.errors import IMAGE_TOO_LARGE, INVALID_IMAGE, INVALID_IMAGE_FORMAT, ImageError
@@ -81,7 +80,9 @@ def prepare(data: bytes, *, to_png: bool, max_side: int = 0) -> Image:
             img = PIL.open(io.BytesIO(data))
     except (PIL.DecompressionBombError, PIL.DecompressionBombWarning):
         raise _too_many_pixels() from None
-    except UnidentifiedImageError:
+    except (OSError, SyntaxError, ValueError, EOFError):
+        # Not an image (UnidentifiedImageError is an OSError), or one cut short inside its
+        # header: Pillow reads the header on open and raises a plain OSError there.
         raise ImageError(
             "The image could not be decoded: its bytes are not a PNG, JPEG, WEBP or GIF image.",
             code=INVALID_IMAGE,

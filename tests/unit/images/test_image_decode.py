@@ -67,11 +67,19 @@ def test_bytes_that_are_no_image_are_refused() -> None:
     assert caught.value.code == "invalid_image"
 
 
-def test_a_truncated_image_is_refused() -> None:
-    raw = image_bytes("PNG", (200, 200))
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_an_image_cut_anywhere_is_refused(fmt: str) -> None:
+    # Cut inside its header too: Pillow raises a plain OSError there, which was a 500.
+    raw = image_bytes(fmt, (200, 200))
     with pytest.raises(ImageError) as caught:
         prepare(raw[: len(raw) // 2], to_png=True)
     assert caught.value.code == "invalid_image"
+    for end in sorted({*range(64), len(raw) - 1}):
+        for to_png in (True, False):
+            try:
+                prepare(raw[:end], to_png=to_png, max_side=32)
+            except ImageError as exc:
+                assert exc.code in ("invalid_image", "invalid_image_format"), (end, exc)
 
 
 @pytest.mark.parametrize(
