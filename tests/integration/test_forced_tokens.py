@@ -74,9 +74,9 @@ def test_forced_tokens_leave_every_answer_as_it_was(
     chunks: list[int] = []
     fed = answers(engine, monkeypatch, chunks)
     assert sum(chunks) > len(SCHEMAS)  # keys and punctuation went in as chunks
-    # As chunks in one decode (the shared-prefix context's way; the slots' feed them one
-    # a step, without a mask or a sample).
-    monkeypatch.setattr(slots_context, "fill_rows", functools.partial(fill_rows, chunks=True))
+    # Each slot's whole chunk in one decode (the shared-prefix context's way; the slots'
+    # feed chunks of one length for every generating slot).
+    monkeypatch.setattr(slots_context, "fill_rows", functools.partial(fill_rows, streams=False))
     chunked = answers(engine, monkeypatch, [])
     monkeypatch.setattr(grammars, "FEED_FORCED", False)
     none: list[int] = []
@@ -85,3 +85,39 @@ def test_forced_tokens_leave_every_answer_as_it_was(
     assert fed == chunked == stepped
     for ids, completion_tokens in fed:
         assert completion_tokens == len(ids) > 0
+
+
+def test_a_request_alone_takes_its_forced_tokens_in_fewer_decodes(
+    engine: LlamaEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One sequence generating in the slots' context: its chunks add no ubatch, so they go
+    in whole, and the answer needs fewer decodes (an online request's wait)."""
+    question, schema = SCHEMAS[0]
+    body = {
+        "messages": [{"role": "user", "content": question}],
+        "temperature": 0,
+        "max_tokens": 96,
+        "response_format": {
+            "type": "json_schema",
+            "json_schema": {"name": "a", "schema": schema, "strict": True},
+        },
+    }
+    decodes: list[int] = []
+    decode = slots_context.SlotsContext.decode
+
+    def counted(self: Any, n: int) -> bool:
+        decodes.append(n)
+        return bool(decode(self, n))
+
+    monkeypatch.setattr(slots_context.SlotsContext, "decode", counted)
+    chunked = engine.submit(CHAT, body).result(timeout=300)
+    steps_chunked, decodes[:] = len(decodes), []
+    monkeypatch.setattr(grammars, "FEED_FORCED", False)
+    stepped = engine.submit(CHAT, body).result(timeout=300)
+    steps_stepped = len(decodes)
+    text = chunked["choices"][0]["message"]["content"]
+    assert text == stepped["choices"][0]["message"]["content"]
+    tokens = chunked["usage"]["completion_tokens"]
+    assert tokens == stepped["usage"]["completion_tokens"]
+    # The prompt and the sampled tokens take a decode each; forced ones ride along.
+    assert steps_chunked < steps_stepped <= tokens + 2

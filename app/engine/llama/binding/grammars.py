@@ -7,9 +7,9 @@ their rows of logits before any sampler reads them; a sequence without a grammar
 nothing. The sampled token goes into its matcher; where the grammar then allows one
 continuation only (a key, punctuation, the rest of an enum value), `forced` gives its
 canonical tokens, which the answer takes at once and the sequence feeds without a mask or a
-sample: as a chunk in its next decode in the shared-prefix context (one KV stream), one a
-step in the slots' (sequences.fill_rows). The compiled grammars come from
-engine/structured.py.
+sample: as a chunk in its next decode in the shared-prefix context (one KV stream), in
+chunks of the same length for every generating slot in the slots' (a stream each:
+sequences.equal_ahead). The compiled grammars come from engine/structured.py.
 """
 
 from __future__ import annotations

@@ -118,11 +118,8 @@ class SlotsContext:
         if self.images is not None:
             rows = self.decode_images(held, budget)
             budget, did = max(0, budget - rows), rows > 0
-        # Forced tokens go one a step here (without a mask or a sample): each slot is a KV
-        # stream of its own, and llama.cpp cuts a step whose streams bring unequal runs of
-        # tokens into a ubatch per run length. Extraction, 64 lines, 32 slots, 2 cores:
-        # decode 57 s with chunks, 40 s without (bench/README.md).
-        n = fill_rows(self.slots, self.batch, 0, budget, held, chunks=False)
+        # Each slot is a KV stream: forced tokens go in equal chunks (sequences.equal_ahead).
+        n = fill_rows(self.slots, self.batch, 0, budget, held, streams=True)
         did = did or n > 0
         if n and self.decode(n):
             self.after_decode()
