@@ -64,6 +64,11 @@ log = logging.getLogger("batchyard.runner")
 #: Seconds between two looks for batches to validate, cancel, expire or finalize when
 #: nothing on this node asked for one: a step that only records results skips them.
 POLL_INTERVAL = 0.25
+#: The same while this node runs lines: their results wake it (the hot path records them
+#: and claims into their room), and each look is several transactions, whose CPU comes
+#: out of the engine's cores. At 0.25 s they took 6-7% of a core through a batch of long
+#: prompts on 2 cores (bench/README.md).
+BUSY_POLL_INTERVAL = 1.0
 #: Seconds one step may spend validating batches one after another. Batches created together
 #: then start together, and the model pool hears of all their lines at once: told of the
 #: first alone, it would swap the loaded model out for that one's model, and the next
@@ -186,12 +191,17 @@ class Runner:
     def _tick(self) -> None:
         """One step of the runner's thread: woken by a result, it only records and claims;
         the look for lifecycle work waits for the poll interval or a wake()."""
-        poll = self._poked or time.monotonic() - self._last_poll >= POLL_INTERVAL
+        interval = BUSY_POLL_INTERVAL if self._held else POLL_INTERVAL
+        poll = self._poked or time.monotonic() - self._last_poll >= interval
         if not poll and self._held and not self._thread.stopping:
             # Woken by a result: let the next few come back too, so that one step records
             # them in one transaction; the engine's queue (a room ahead) keeps it busy.
             time.sleep(RESULT_GATHER_S)
         self.step(poll=poll)
+        # Unwoken, the thread sleeps until the next look is due, and while it holds lines
+        # wakes at least twice in each third of a lease, when leases are renewed (leases.py).
+        busy = min(BUSY_POLL_INTERVAL, max(POLL_INTERVAL, self.settings.lease_seconds / 6))
+        self._thread.interval = busy if self._held else POLL_INTERVAL
 
     def _shut_down(self) -> None:
         """The thread's last act once stopped: withdraw what the engine still runs and
