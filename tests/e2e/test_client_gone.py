@@ -11,6 +11,7 @@ from collections.abc import Callable
 import httpx
 import pytest
 
+from app.engine.upstream.engine import BACKOFF_BASE_S
 from tests.factories import chat_body
 from tests.metrics import scrape, value
 from tests.upstream_double import FLAKY_MODEL, Fleet
@@ -84,7 +85,10 @@ def test_a_client_that_gives_up_stops_an_upstreams_retries(fleet: Fleet, stream:
         # Each failed try but the last was retried; the last one's retry may have been
         # scheduled when the client went, and never ran.
         assert retries - retries_before in (tries - 1, tries)
-        time.sleep(4.5)  # longer than any backoff left: a retry still scheduled would show
+        # Past the backoff the last try's retry had (0.5 s after the first, doubling each
+        # time), and a second more: a retry still scheduled would show.
+        retry_at = fleet.double.arrivals[-1].at + BACKOFF_BASE_S * 2 ** (tries - 1)
+        time.sleep(max(0.0, retry_at + 1.0 - time.monotonic()))
         assert len(fleet.double.arrivals) == tries
         later = scrape(fleet.front.url)
         assert value(later, "batchyard_upstream_retries_total", engine="flaky") == retries
