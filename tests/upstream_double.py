@@ -25,6 +25,9 @@ from tests.live import LiveServer, free_port
 UPSTREAM_MODEL = "remote-smol"
 #: A name the front sends to the flaky double (configured with models=).
 FLAKY_MODEL = "flaky-smol"
+#: The front's first wait before it tries the double again (backoff=), doubling each time:
+#: shorter than the default 0.5 s, so that a test of retries waits seconds less.
+FLAKY_BACKOFF_S = 0.2
 
 
 def upstream_model_args(folder: Path) -> list[str]:

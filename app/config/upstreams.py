@@ -28,7 +28,7 @@ KINDS: dict[str, str] = {
 }
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 SPEC_HELP = (
-    "NAME=KIND:URL[,key=KEY,models=a|b,concurrency=N,retries=N,timeout=SECONDS,"
+    "NAME=KIND:URL[,key=KEY,models=a|b,concurrency=N,retries=N,backoff=SECONDS,timeout=SECONDS,"
     "images=pass|inline|png,image_max_side=N,priority=on|off]"
 )
 #: How an upstream gets a line's images (app/images/): `pass` sends http(s) URLs as they are
@@ -51,6 +51,9 @@ class UpstreamSpec:
     models: tuple[str, ...] = ()
     concurrency: int = 16
     retries: int = 6  # tries after the first, for connection errors, timeouts, 429 and 5xx
+    #: Seconds before the first retry, twice as long before each next one (at most 30 s),
+    #: unless the server's Retry-After says otherwise.
+    backoff: float = 0.5
     timeout: float = 600.0  # seconds to wait for one answer
     images: str = ""  # one of IMAGE_MODES; empty: the default for the server (image_mode)
     image_max_side: int = 0  # images larger than this many pixels a side are scaled down
@@ -93,7 +96,7 @@ def parse_engine_spec(text: str) -> UpstreamSpec:
         if read is None:
             raise ValueError(
                 f"{where}: unknown option {key!r}; the options are key, models, concurrency, "
-                "retries, timeout, images, image_max_side and priority"
+                "retries, backoff, timeout, images, image_max_side and priority"
             )
         try:
             values[key] = read(value)
@@ -143,13 +146,13 @@ def _count_option(key: str, low: int, high: int, value: str) -> int:
     return number
 
 
-def _timeout_option(value: str) -> float:
+def _seconds_option(key: str, value: str) -> float:
     try:
         seconds = float(value)
     except ValueError:
         seconds = 0.0
     if seconds <= 0:
-        raise ValueError("timeout must be a number of seconds above 0")
+        raise ValueError(f"{key} must be a number of seconds above 0")
     return seconds
 
 
@@ -183,7 +186,8 @@ _OPTIONS: dict[str, Callable[[str], Any]] = {
     "models": _models_option,
     "concurrency": partial(_count_option, "concurrency", 1, 4096),
     "retries": partial(_count_option, "retries", 0, 100),
-    "timeout": _timeout_option,
+    "backoff": partial(_seconds_option, "backoff"),
+    "timeout": partial(_seconds_option, "timeout"),
     "images": _images_option,
     "image_max_side": _image_max_side_option,
     "priority": _priority_option,

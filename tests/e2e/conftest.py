@@ -9,6 +9,7 @@ import pytest
 
 from tests.live import OUTPUT, start_server, stop_server
 from tests.upstream_double import (
+    FLAKY_BACKOFF_S,
     FLAKY_MODEL,
     FlakyUpstream,
     Fleet,
@@ -33,7 +34,8 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
                 "--engine",
                 f"up=openai:{upstream.api},concurrency=4",
                 "--engine",
-                f"flaky=openai:{double.api},models={FLAKY_MODEL},concurrency=4,retries=4",
+                f"flaky=openai:{double.api},models={FLAKY_MODEL},concurrency=4,retries=4,"
+                f"backoff={FLAKY_BACKOFF_S}",
             ],
         )
     except Exception:

@@ -30,9 +30,11 @@ pytestmark = pytest.mark.slow
 
 LINES = 300
 PROMPT_BYTES = 16_000
-LATENCY_MS = 200
+#: 8 lines at a time, 100 ms each: the batch outlasts the outage, and its lines reach the
+#: next read-ahead block within a second or two of the bucket going away.
+LATENCY_MS = 100
 #: Longer than the S3 client's retries of one read (bucket.py: 3, 0.1 s backoff).
-AWAY_S = 5.0
+AWAY_S = 4.0
 
 
 def test_a_batch_waits_for_its_bucket_to_come_back(tmp_path: Path) -> None:

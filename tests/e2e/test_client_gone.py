@@ -13,7 +13,7 @@ import pytest
 
 from tests.factories import chat_body
 from tests.metrics import scrape, value
-from tests.upstream_double import FLAKY_MODEL, Fleet
+from tests.upstream_double import FLAKY_BACKOFF_S, FLAKY_MODEL, Fleet
 from tests.waiting import until
 
 EMBEDDED_MODEL = "SmolLM2-135M-Instruct.Q4_1"
@@ -64,7 +64,7 @@ def test_a_client_that_gives_up_stops_an_upstreams_retries(fleet: Fleet, stream:
     before = scrape(fleet.front.url)
     retries_before = value(before, "batchyard_upstream_retries_total", engine="flaky")
     # Every try fails as a dead upstream does (the connection closes unanswered); `flaky`
-    # has retries=4, 0.5, 1, 2 and 4 s apart: 7.5 s of retrying if nobody stops it.
+    # has retries=4, 0.2, 0.4, 0.8 and 1.6 s apart: 3 s of retrying if nobody stops it.
     fleet.double.plan(*["drop"] * 5)
     try:
         body = chat_body("Hi", model=FLAKY_MODEL, max_tokens=3, stream=stream)
@@ -84,7 +84,10 @@ def test_a_client_that_gives_up_stops_an_upstreams_retries(fleet: Fleet, stream:
         # Each failed try but the last was retried; the last one's retry may have been
         # scheduled when the client went, and never ran.
         assert retries - retries_before in (tries - 1, tries)
-        time.sleep(4.5)  # longer than any backoff left: a retry still scheduled would show
+        # Past the backoff the last try's retry had (FLAKY_BACKOFF_S after the first,
+        # doubling each time), and a second more: a retry still scheduled would show.
+        retry_at = fleet.double.arrivals[-1].at + FLAKY_BACKOFF_S * 2 ** (tries - 1)
+        time.sleep(max(0.0, retry_at + 1.0 - time.monotonic()))
         assert len(fleet.double.arrivals) == tries
         later = scrape(fleet.front.url)
         assert value(later, "batchyard_upstream_retries_total", engine="flaky") == retries

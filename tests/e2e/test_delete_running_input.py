@@ -24,7 +24,7 @@ def test_delete_mid_batch_then_restart_finishes_every_line(tmp_path: Path) -> No
     data = tmp_path / "data"
     log = OUTPUT / "delete-running-input.log"
     lines = [
-        batch_line(f"d{i:02d}", f"Count from {i} to {i + 30}.", max_tokens=24, temperature=0)
+        batch_line(f"d{i:02d}", f"Count from {i} to {i + 30}.", max_tokens=8, temperature=0)
         for i in range(LINES)
     ]
     server = start_server(data, log, args=ARGS)

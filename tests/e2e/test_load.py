@@ -28,11 +28,12 @@ def test_twenty_clients_while_a_batch_runs(tmp_path: Path) -> None:
             "--clients",
             "20",
             "--duration",
-            "6",
+            # Each client makes a batch in its third round of requests, about 2.5 s in.
+            "4",
             "--idle-requests",
             "60",
             "--lines",
-            # Enough work to keep the batch running through both 6 s phases.
+            # Enough work to keep the batch running through both 4 s phases.
             "200",
             "--max-tokens",
             "16",

@@ -34,7 +34,10 @@ pytestmark = pytest.mark.slow
 
 LINES = 3
 START_TIMEOUT = 180
-NODE_ARGS = ["--parallel", "2", "--threads", "1", "--lease-seconds", "6"]
+#: A dead node's lines come back after this many seconds: short, so that the killed holder's
+#: test waits past it in seconds.
+LEASE_SECONDS = 3
+NODE_ARGS = ["--parallel", "2", "--threads", "1", "--lease-seconds", str(LEASE_SECONDS)]
 NODE_ARGS += ["--no-discover", "--strict-models"]
 
 
@@ -168,7 +171,9 @@ def test_the_only_node_holding_a_model_killed_its_lines_wait_for_it(
         until(b_published, 60, "node B's names")
         sdk = openai.OpenAI(base_url=a.api, api_key="unused", max_retries=0)
         lines = [
-            batch_line(f"g-{i}", f"Count to {i}.", model="GEMMA3-270M", max_tokens=24)
+            # 8 tokens: each line still takes a few decode steps of the one thread, so B is
+            # killed with most of them left.
+            batch_line(f"g-{i}", f"Count to {i}.", model="GEMMA3-270M", max_tokens=8)
             for i in range(KILLED_LINES)
         ]
         f = sdk.files.create(file=("in.jsonl", jsonl(*lines)), purpose="batch")
@@ -197,8 +202,8 @@ def test_the_only_node_holding_a_model_killed_its_lines_wait_for_it(
         b.process.wait(10)
         at_kill = done()
         assert at_kill < KILLED_LINES
-        # Past B's lease (6 s) by 4 s, many of A's claims: not one line is A's.
-        time.sleep(6 + 4)
+        # Past B's lease by 4 s, many of A's claims: not one line is A's.
+        time.sleep(LEASE_SECONDS + 4)
         assert a_id not in claimed()
         assert done() == at_kill
         left = KILLED_LINES - at_kill

@@ -8,6 +8,7 @@ backoff on 429 with Retry-After, per-engine /metrics and the engines page.
 
 from __future__ import annotations
 
+import itertools
 import time
 from pathlib import Path
 
@@ -22,7 +23,7 @@ from tests.factories import batch_line, jsonl, jsonl_lines
 from tests.http_helpers import FINISHED, sdk_batch, wait_for_status
 from tests.live import OUTPUT, start_server, stop_server
 from tests.metrics import scrape, value
-from tests.upstream_double import FLAKY_MODEL, UPSTREAM_MODEL, Fleet
+from tests.upstream_double import FLAKY_BACKOFF_S, FLAKY_MODEL, UPSTREAM_MODEL, Fleet
 
 EMBEDDED_MODEL = "SmolLM2-135M-Instruct.Q4_1"
 
@@ -229,6 +230,12 @@ def test_too_many_failures_end_as_the_lines_error(fleet: Fleet) -> None:
         )
     assert caught.value.status_code == 500
     assert len(fleet.double.arrivals) == 5
+    # The waits between the tries follow `flaky`'s backoff=: 0.2 s, doubling each time
+    # (the default 0.5 s would have spaced five tries 7.5 s apart).
+    at = [a.at for a in fleet.double.arrivals]
+    gaps = [later - earlier for earlier, later in itertools.pairwise(at)]
+    assert all(gap >= 0.9 * FLAKY_BACKOFF_S * 2**i for i, gap in enumerate(gaps)), gaps
+    assert at[-1] - at[0] < 7.5, gaps
 
 
 def test_429_with_retry_after_waits_and_backs_off(fleet: Fleet) -> None:

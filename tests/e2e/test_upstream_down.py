@@ -21,9 +21,10 @@ from tests.upstream_double import (
 )
 from tests.waiting import until
 
-LINES = 24
-#: retries=2: the front gives up on a request after 0.5 + 1 s of backoff.
-RETRY_BUDGET_S = 1.5
+#: Two lines in flight when the upstream goes, ten waiting behind them.
+LINES = 12
+#: retries=1: the front gives up on a request after 0.5 s of backoff.
+RETRY_BUDGET_S = 0.5
 
 
 def test_a_batch_waits_for_its_upstream_to_come_back(tmp_path: Path) -> None:
@@ -39,7 +40,7 @@ def test_a_batch_waits_for_its_upstream_to_come_back(tmp_path: Path) -> None:
             args=[
                 "--no-embedded",
                 "--engine",
-                f"up=openai:{upstream.api},models={UPSTREAM_MODEL},concurrency=2,retries=2",
+                f"up=openai:{upstream.api},models={UPSTREAM_MODEL},concurrency=2,retries=1",
             ],
         )
         c = OpenAI(base_url=front.api, api_key="unused", max_retries=0, timeout=60)

@@ -113,7 +113,7 @@ def test_cancel_drops_a_queued_request_and_aborts_a_running_one(double: FlakyUps
 
 
 def test_cancel_during_a_backoff_ends_it_at_once(double: FlakyUpstream) -> None:
-    engine = engine_for(double, "concurrency=1,retries=6")
+    engine = engine_for(double, "concurrency=1,retries=6,backoff=0.25")
     try:
         double.plan(*["500"] * 7)
         fut = engine.submit(CHAT, chat_body("Hi", model=UPSTREAM_MODEL, max_tokens=2))
@@ -122,16 +122,16 @@ def test_cancel_during_a_backoff_ends_it_at_once(double: FlakyUpstream) -> None:
             assert not fut.done(), fut.result()
             return engine.status().retries_total
 
-        # After the third retry it waits 2 s for its fourth try.
+        # After the third retry it waits 1 s (0.25 s doubled twice) for its fourth try.
         until(retries, 10, "3 retries", accept=lambda n: n >= 3)
         assert engine.stats().queue_depth == 1
         engine.cancel(fut)
         with pytest.raises(RequestCancelled):
             fut.result(timeout=1)
-        # ...at once, not when the 2 s would have passed.
+        # ...at once, not when the 1 s would have passed.
         until(lambda: engine.stats().queue_depth == 0, 0.5, "the cancelled request to leave")
         assert engine.stats().active_slots == 0
-        time.sleep(2.5)
+        time.sleep(1.5)  # past the fourth try's time: it would show
         assert len(double.arrivals) == 3 and engine.status().retries_total == 3
     finally:
         engine.close()

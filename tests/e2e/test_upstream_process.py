@@ -26,7 +26,8 @@ from tests.upstream_double import (
 )
 from tests.waiting import until
 
-LINES = 24
+#: Two lines in flight when the client process is killed, ten waiting behind them.
+LINES = 12
 CHILD_MODULE = "app.engine.upstream.child"
 
 

@@ -65,9 +65,8 @@ from app.wire.endpoints import ENDPOINTS
 
 log = logging.getLogger("batchyard.upstream")
 
-#: A retry waits BACKOFF_BASE_S, then twice as long each time, at most BACKOFF_MAX_S (or
-#: the server's Retry-After).
-BACKOFF_BASE_S = 0.5
+#: A retry waits the spec's `backoff` (0.5 s unless set), then twice as long each time, at
+#: most BACKOFF_MAX_S (or the server's Retry-After).
 BACKOFF_MAX_S = 30.0
 
 
@@ -422,7 +421,7 @@ class UpstreamEngine:
             self._retries_total += 1
         delay = retry.retry_after
         if delay is None:
-            delay = min(BACKOFF_MAX_S, BACKOFF_BASE_S * 2 ** (job.attempts - 1))
+            delay = min(BACKOFF_MAX_S, self.spec.backoff * 2 ** (job.attempts - 1))
         log.info(
             "engine=%s retry=%d in=%.2fs reason=%r",
             self.name,

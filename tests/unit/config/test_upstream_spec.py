@@ -12,7 +12,7 @@ from tests.live import batchyard
 def test_a_full_spec() -> None:
     spec = parse_engine_spec(
         "gpu1=openai:http://10.0.0.5:8000/v1/,key=sk-x,models=llama-3|qwen,concurrency=64,"
-        "retries=3,timeout=90"
+        "retries=3,backoff=0.25,timeout=90"
     )
     assert spec == UpstreamSpec(
         name="gpu1",
@@ -22,6 +22,7 @@ def test_a_full_spec() -> None:
         models=("llama-3", "qwen"),
         concurrency=64,
         retries=3,
+        backoff=0.25,
         timeout=90.0,
     )
     assert spec.root == "http://10.0.0.5:8000"
@@ -41,6 +42,7 @@ def test_a_full_spec() -> None:
         ("g=openai:http://h/v1,models=", "models= names no model"),
         ("g=openai:http://h/v1,speed=9", "unknown option 'speed'"),
         ("g=openai:http://h/v1,timeout=-1", "timeout must be"),
+        ("g=openai:http://h/v1,backoff=0", "backoff must be a number of seconds above 0"),
         ("g=openai:http://h/v1,key", "must be key=value"),
         ("g=openai:http://h/v1,images=jpeg", "images must be one of pass, inline, png"),
         ("g=openai:http://h/v1,image_max_side=8", "image_max_side must be a number of pixels"),
