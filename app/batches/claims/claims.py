@@ -57,9 +57,11 @@ from sqlalchemy import (
     Float,
     Integer,
     Select,
+    and_,
     bindparam,
     case,
     func,
+    or_,
     union_all,
     update,
 )
@@ -146,9 +148,12 @@ def _routed(routes: frozenset[str] | None) -> ColumnElement[bool] | None:
 
 
 def waiting_lines(s: Session) -> list[tuple[str | None, int, float]]:
-    """The pending lines of the batches in progress, by the batch's route: (route, lines,
-    when the oldest began to wait: its batch's start), for the model pool's plan. One
-    GROUP BY over the (batch_id, status, line) index."""
+    """The lines of the batches in progress that wait for a claim, by the batch's route:
+    (route, lines, when the oldest began to wait: its batch's start), for the model pool's
+    plan. Pending lines, and running ones whose lease ran out (a node died holding them),
+    which `claim` takes as well: without them a batch whose last lines a dead node held
+    waited for a model that no pending line asked to load. One GROUP BY over the
+    (batch_id, status, line) index."""
     rows = s.connection().execute(
         select_columns(
             col(Batch.route),
@@ -158,7 +163,13 @@ def waiting_lines(s: Session) -> list[tuple[str | None, int, float]]:
         .join(Request, col(Request.batch_id) == col(Batch.id))
         .where(
             col(Batch.status) == BatchStatus.IN_PROGRESS,
-            col(Request.status) == RequestStatus.PENDING,
+            or_(
+                col(Request.status) == RequestStatus.PENDING,
+                and_(
+                    col(Request.status) == RequestStatus.RUNNING,
+                    col(Request.lease_until) < time.time(),
+                ),
+            ),
         )
         .group_by(col(Batch.route))
     )

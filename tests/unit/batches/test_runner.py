@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from sqlmodel import select
 
-from app.batches.claims.claims import MAX_ATTEMPTS
+from app.batches.claims.claims import MAX_ATTEMPTS, waiting_lines
 from app.batches.claims.pauses import LANE_PAUSE_MIN
 from app.files.bucket import StoreError
 from app.services import Services
@@ -68,6 +68,23 @@ def test_a_dead_workers_claim_is_taken_again_once_its_lease_runs_out(tmp_path: P
     assert b.status == "completed", b.status
     assert b.completed == 3 and sorted(output_ids(svc, b.output_file_id)) == ["c0", "c1", "c2"]
     assert [r.attempts for r in requests(svc, bid)] == [2, 1, 1]
+
+
+def test_lines_a_dead_node_held_ask_the_model_pool_for_their_model(tmp_path: Path) -> None:
+    # A dead node held a batch's last lines and none is pending: the model pool hears of
+    # them once their lease ran out, or it never loads their model and the batch hangs.
+    svc = services(tmp_path, FakeEngine(n_slots=2))
+    bid = add_batch(svc, 3)
+    svc.runner._validate_next()
+    with svc.db.write() as s:
+        rows = s.exec(select(Request).where(Request.batch_id == bid).order_by(Request.line))
+        for i, r in enumerate(rows.all()):
+            lapsed = i < 2
+            r.status, r.claimed_by, r.attempts = RequestStatus.RUNNING, "dead", 1
+            r.lease_until = time.time() + (-1 if lapsed else 60)
+            s.add(r)
+    with svc.db.read() as s:
+        assert [n for _, n, _ in waiting_lines(s)] == [2]
 
 
 def test_a_stale_result_is_not_recorded_twice(tmp_path: Path) -> None:
