@@ -48,19 +48,20 @@ def decode_failed(rc: int) -> EngineError:
     )
 
 
-def equal_ahead(slots: list[Seq], held: set[int], budget: int) -> int:
-    """How many forced tokens each generating slot feeds after its sampled one this step,
-    where every slot is a KV stream of its own: the same number for all, the fewest any of
-    them has. llama.cpp cuts such a batch into ubatches of consecutive sequences that each
+def equal_ahead(slots: list[Seq], held: set[int], budget: int) -> tuple[int, int]:
+    """How many forced tokens each generating slot feeds after its sampled one this step
+    where every slot is a KV stream of its own, and how many that makes in all: the same
+    number for all, the fewest any of them has. llama.cpp cuts such a batch into ubatches of consecutive sequences that each
     bring the same count of tokens, so unequal chunks would add a ubatch per run length
     (extraction, 64 lines, 32 slots, 2 cores: decode 57 s against 40 s one a step,
     bench/README.md), while equal ones add none: a request decoding alone (an online one,
     or a batch's last lines) takes its forced tokens in one decode."""
     generating = [s for s in slots if s.generating and s.seq_id not in held]
     if not generating:
-        return 0
+        return 0, 0
     fewest = min(len(s.forced) for s in generating)
-    return max(0, min(fewest, budget // len(generating), N_UBATCH // len(generating) - 1))
+    k = max(0, min(fewest, budget // len(generating), N_UBATCH // len(generating) - 1))
+    return k, k * len(generating)
 
 
 def fill_rows(
@@ -70,7 +71,9 @@ def fill_rows(
     grammar forced after it (`streams`: as many as every generating slot has, equal_ahead),
     then prompt chunks up to `budget` tokens; returns the count."""
     add = native.batch_add
-    equal = equal_ahead(slots, held, budget) if streams else None
+    # Taken out of the budget first: a prompt in an earlier slot must leave them room.
+    equal, reserved = equal_ahead(slots, held, budget) if streams else (None, 0)
+    budget -= reserved
     # Sequences go in seq_id order: llama.cpp splits a multi-stream batch into ubatches of
     # consecutive sequence ids, so order keeps a step to as few ubatches as possible.
     for slot in slots:
@@ -80,10 +83,13 @@ def fill_rows(
         if slot.generating:
             # The sampled token, then the tokens its grammar forced after it (as far as the
             # budget goes: the rest wait for the next step, with no row of logits now).
-            ahead = slot.forced[: max(budget, 0) if equal is None else equal]
+            if equal is None:
+                ahead = slot.forced[: max(budget, 0)]
+                budget -= len(ahead)
+            else:
+                ahead = slot.forced[:equal]
             chunk = [slot.token, *ahead]
             rest = slot.forced[len(ahead) :]
-            budget -= len(ahead)
             for j, token in enumerate(chunk):
                 last = not rest and j == len(chunk) - 1
                 n = add(batch, n, token, slot.pos, slot.seq_id, last)
