@@ -27,6 +27,19 @@ def engine() -> Any:
     eng.close()
 
 
+def body(question: str, schema: dict[str, Any]) -> dict[str, Any]:
+    """A greedy chat request whose answer holds to `schema`."""
+    return {
+        "messages": [{"role": "user", "content": question}],
+        "temperature": 0,
+        "max_tokens": 96,
+        "response_format": {
+            "type": "json_schema",
+            "json_schema": {"name": "a", "schema": schema, "strict": True},
+        },
+    }
+
+
 def answers(
     engine: LlamaEngine, monkeypatch: pytest.MonkeyPatch, fed: list[int]
 ) -> list[tuple[list[int], int]]:
@@ -48,21 +61,7 @@ def answers(
 
     monkeypatch.setattr(Sequences, "finish", record)
     monkeypatch.setattr(sequences, "forced", counted)
-    futures = [
-        engine.submit(
-            CHAT,
-            {
-                "messages": [{"role": "user", "content": question}],
-                "temperature": 0,
-                "max_tokens": 96,
-                "response_format": {
-                    "type": "json_schema",
-                    "json_schema": {"name": "a", "schema": schema, "strict": True},
-                },
-            },
-        )
-        for question, schema in SCHEMAS
-    ]
+    futures = [engine.submit(CHAT, body(question, schema)) for question, schema in SCHEMAS]
     results = [f.result(timeout=300) for f in futures]
     monkeypatch.undo()
     return [(tokens[r["id"]], r["usage"]["completion_tokens"]) for r in results]
@@ -92,16 +91,7 @@ def test_a_request_alone_takes_its_forced_tokens_in_fewer_decodes(
 ) -> None:
     """One sequence generating in the slots' context: its chunks add no ubatch, so they go
     in whole, and the answer needs fewer decodes (an online request's wait)."""
-    question, schema = SCHEMAS[0]
-    body = {
-        "messages": [{"role": "user", "content": question}],
-        "temperature": 0,
-        "max_tokens": 96,
-        "response_format": {
-            "type": "json_schema",
-            "json_schema": {"name": "a", "schema": schema, "strict": True},
-        },
-    }
+    request = body(*SCHEMAS[0])
     decodes: list[int] = []
     decode = slots_context.SlotsContext.decode
 
@@ -110,10 +100,10 @@ def test_a_request_alone_takes_its_forced_tokens_in_fewer_decodes(
         return bool(decode(self, n))
 
     monkeypatch.setattr(slots_context.SlotsContext, "decode", counted)
-    chunked = engine.submit(CHAT, body).result(timeout=300)
+    chunked = engine.submit(CHAT, request).result(timeout=300)
     steps_chunked, decodes[:] = len(decodes), []
     monkeypatch.setattr(grammars, "FEED_FORCED", False)
-    stepped = engine.submit(CHAT, body).result(timeout=300)
+    stepped = engine.submit(CHAT, request).result(timeout=300)
     steps_stepped = len(decodes)
     text = chunked["choices"][0]["message"]["content"]
     assert text == stepped["choices"][0]["message"]["content"]
