@@ -51,11 +51,11 @@ def decode_failed(rc: int) -> EngineError:
 def equal_ahead(slots: list[Seq], held: set[int], budget: int) -> tuple[int, int]:
     """How many forced tokens each generating slot feeds after its sampled one this step
     where every slot is a KV stream of its own, and how many that makes in all: the same
-    number for all, the fewest any of them has. llama.cpp cuts such a batch into ubatches of consecutive sequences that each
-    bring the same count of tokens, so unequal chunks would add a ubatch per run length
-    (extraction, 64 lines, 32 slots, 2 cores: decode 57 s against 40 s one a step,
-    bench/README.md), while equal ones add none: a request decoding alone (an online one,
-    or a batch's last lines) takes its forced tokens in one decode."""
+    number for all, the fewest any of them has. llama.cpp cuts such a batch into ubatches
+    of consecutive sequences that each bring the same count of tokens, so unequal chunks
+    would add a ubatch per run length (extraction, 64 lines, 32 slots, 2 cores: decode 57 s
+    against 40 s one a step, bench/README.md), while equal ones add none: a request decoding
+    alone (an online one, or a batch's last lines) takes its forced tokens in one decode."""
     generating = [s for s in slots if s.generating and s.seq_id not in held]
     if not generating:
         return 0, 0
