@@ -17,7 +17,7 @@ from app.files.bucket import StoreError
 from app.services import Services
 from app.tables import Request, RequestStatus
 from tests.factories import batch_line, jsonl_lines
-from tests.fakes import FakeEngine
+from tests.fakes import FakeEngine, HangingEngine
 from tests.unit.helpers import batch, drive, file_lines, make_batch, request_rows, services
 
 
@@ -263,3 +263,23 @@ def test_lines_waiting_for_their_store_end_only_with_the_window(tmp_path: Path) 
     errors = file_lines(svc, b.error_file_id)
     assert [e["custom_id"] for e in errors] == ["c0", "c1", "c2", "c3"]
     assert all(e["error"]["code"] == "batch_expired" for e in errors)
+
+
+def test_while_it_runs_lines_the_runner_looks_for_lifecycle_work_once_a_second(
+    tmp_path: Path,
+) -> None:
+    # The look (validate, cancel, expire, finalize) took the engine's cores every 0.25 s;
+    # with lines running it waits a second, and the thread still wakes in time for leases.
+    eng = HangingEngine(n_slots=1)
+    svc = services(tmp_path, eng)
+    make_batch(svc, [batch_line(f"c{i}", f"HANG {i}") for i in range(2)])
+    runner = svc.runner
+    runner._tick()  # a first look: validates and claims
+    assert runner.held and runner._thread.interval == 1.0
+    looked = runner._last_poll
+    runner._tick()  # woken by nothing new at once: records and claims only
+    assert runner._last_poll == looked
+    runner.settings.lease_seconds = 3
+    runner._tick()
+    assert runner._thread.interval == 0.5  # twice in each third of a 3 s lease
+    eng.close()
